@@ -1,0 +1,26 @@
+# The two commands of the README. Each makes its own virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint clean
+
+$(BIN)/llmchat: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(BIN)/llmchat  ## install and start the chat app
+	$(BIN)/llmchat $(ARGS)
+
+test: $(BIN)/llmchat  ## install and run the linter and the tests
+	$(BIN)/ruff check app tests
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(BIN)/llmchat
+	$(BIN)/ruff check app tests
+	$(BIN)/ruff format --check app tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,84 @@
+"""The ``llmchat`` command line: the TUI by default, subcommands for everything else.
+
+Each subcommand lives in its own module under ``app/commands/`` exposing ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int``; this module only wires them up and turns
+``LlmchatError`` into a readable message and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from app import __version__
+from app.errors import LlmchatError, NotAvailableYet
+
+#: subcommand name -> module under app.commands
+SUBCOMMANDS: dict[str, str] = {
+    "doctor": "doctor",
+    "models": "models",
+    "download": "download",
+    "remove": "remove",
+    "import": "import_gguf",
+    "ask": "ask",
+    "bench": "bench",
+}
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"app.commands.{SUBCOMMANDS[name]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (the TUI's options at top level, one sub-parser per command)."""
+    parser = argparse.ArgumentParser(
+        prog="llmchat",
+        description="Chat with LLMs in the terminal, compiled for your own GPU with Apache TVM. "
+        "Without a subcommand, starts the chat app.",
+    )
+    parser.add_argument("--version", action="version", version=f"llmchat {__version__}")
+    parser.add_argument("--model", help="catalog id or model directory to chat with")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="auto (default), cpu, cuda, rocm, vulkan or metal; optionally with an index, e.g. cuda:1",
+    )
+    parser.add_argument(
+        "--continue",
+        dest="continue_last",
+        action="store_true",
+        help="resume the most recent conversation",
+    )
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module = _command_module(name)
+        sub = subs.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+    return parser
+
+
+def _fail(err: LlmchatError) -> int:
+    print(f"llmchat: {err}", file=sys.stderr)
+    return 2 if isinstance(err, NotAvailableYet) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``llmchat`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command is None:
+            from app.tui import run_tui  # imported lazily: Textual is slow to import
+
+            return run_tui(args)
+        return int(_command_module(args.command).run(args) or 0)
+    except LlmchatError as err:
+        return _fail(err)
+    except KeyboardInterrupt:
+        print("llmchat: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

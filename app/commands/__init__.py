@@ -1,0 +1,1 @@
+"""One module per ``llmchat`` subcommand: ``HELP``, ``add_arguments(parser)``, ``run(args)``."""
