@@ -1,0 +1,255 @@
+"""Picking the next token from logits: greedy, temperature, top-p, penalties, seed.
+
+Also the validation of sampling settings, shared by the CLI flags and the TUI's ``/set``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+import numpy as np
+
+from app.errors import LlmchatError
+from app.inference.api import SamplingParams
+
+# How many of the most likely tokens top-p looks at before falling back to a full sort.
+_TOP_P_CANDIDATES = 256
+
+# key -> the allowed range, in words (error messages and /help)
+ALLOWED_RANGES: dict[str, str] = {
+    "temperature": "a number from 0 to 2 (0 = greedy)",
+    "top_p": "a number greater than 0 and at most 1",
+    "max_tokens": "a whole number of at least 1",
+    "seed": "a whole number of at least 0, or 'none'",
+    "repetition_penalty": "a number greater than 0 (typically 1 to 2; 1 = off)",
+    "presence_penalty": "a number from -2 to 2",
+    "frequency_penalty": "a number from -2 to 2",
+    "stop": "a list of non-empty strings (in /set: separated by commas)",
+}
+
+
+def _range_error(key: str, value: object) -> LlmchatError:
+    return LlmchatError(
+        f"{key}={value!r} is out of range: {key} must be {ALLOWED_RANGES[key]}.",
+        f"use {key}=<{ALLOWED_RANGES[key]}>",
+    )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_value(key: str, value: Any) -> Any:
+    """Check one sampling setting; returns it (ints widened to float where a float is meant)."""
+    if key not in ALLOWED_RANGES:
+        raise LlmchatError(
+            f"unknown sampling setting {key!r}.",
+            "use one of: " + ", ".join(ALLOWED_RANGES),
+        )
+    if key == "stop":
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            raise _range_error(key, value)
+        if not all(isinstance(s, str) and s for s in value):
+            raise _range_error(key, value)
+        return list(value)
+    if key == "seed":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _range_error(key, value)
+        return value
+    if key == "max_tokens":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _range_error(key, value)
+        return value
+    if not _is_number(value):
+        raise _range_error(key, value)
+    number = float(value)
+    ok = {
+        "temperature": 0.0 <= number <= 2.0,
+        "top_p": 0.0 < number <= 1.0,
+        "repetition_penalty": number > 0.0,
+        "presence_penalty": -2.0 <= number <= 2.0,
+        "frequency_penalty": -2.0 <= number <= 2.0,
+    }[key]
+    if not ok:
+        raise _range_error(key, value)
+    return number
+
+
+def validate(params: SamplingParams) -> SamplingParams:
+    """Raise LlmchatError naming the first setting out of range; returns ``params``."""
+    for f in fields(SamplingParams):
+        validate_value(f.name, getattr(params, f.name))
+    return params
+
+
+def _parse_value(key: str, text: str) -> Any:
+    text = text.strip()
+    if key == "stop":
+        return [part for part in text.split(",") if part != ""]
+    if key == "seed" and text.lower() in ("none", "null", ""):
+        return None
+    try:
+        if key in ("max_tokens", "seed"):
+            return int(text)
+        return float(text)
+    except ValueError:
+        raise _range_error(key, text) from None
+
+
+def parse_set_command(text: str) -> dict[str, Any]:
+    """Parse ``/set`` overrides: ``"temperature=0.5; top_p=0.9; stop=###,END"`` -> validated dict.
+
+    Pairs are separated by ``;`` (as in MLC's ``/set``), stop strings by ``,``. Raises
+    LlmchatError naming the key and its allowed range.
+    """
+    result: dict[str, Any] = {}
+    for pair in text.split(";"):
+        if not pair.strip():
+            continue
+        if "=" not in pair:
+            raise LlmchatError(
+                f"{pair.strip()!r} is not a key=value setting.",
+                "write /set key=value;key=value, for example /set temperature=0.5;top_p=0.9",
+            )
+        key, _, raw = pair.partition("=")
+        key = key.strip()
+        if key not in ALLOWED_RANGES:
+            validate_value(key, None)  # raises the unknown-setting error
+        result[key] = validate_value(key, _parse_value(key, raw))
+    return result
+
+
+def apply_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
+    """A copy of ``params`` with validated overrides (from ``parse_set_command``) applied."""
+    return validate(replace(params, **overrides))
+
+
+class Sampler:
+    """Samples one token per call from float32 logits, for one sequence.
+
+    Penalties count the token ids the caller says were generated so far. ``sample`` takes
+    them as ``previous_ids``, treated as an append-only history: only the ids past the
+    length seen on the last call are counted (O(new ids) per step), so pass the same
+    growing list each step. A shorter list than last time starts the counts over.
+    Callers that do not keep a list can call ``observe(token_id)`` after each step and
+    pass ``previous_ids=None``. ``reset()`` forgets the history.
+
+    Order of operations (as MLC and Hugging Face): repetition penalty, then presence and
+    frequency penalties, then temperature, then top-p, then a draw with the seeded
+    generator. Temperature 0 is greedy (argmax after the penalties).
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = validate(params)
+        self.rng = np.random.default_rng(params.seed)
+        self._counts: dict[int, int] = {}
+        self._history_len = 0
+
+    # -- penalty bookkeeping -------------------------------------------------------------
+    def observe(self, token_id: int) -> None:
+        """Count one generated token for the penalties."""
+        self._counts[token_id] = self._counts.get(token_id, 0) + 1
+        self._history_len += 1
+
+    def reset(self) -> None:
+        """Forget the generated tokens (a new sequence)."""
+        self._counts.clear()
+        self._history_len = 0
+
+    def _sync(self, previous_ids: Sequence[int]) -> None:
+        if len(previous_ids) < self._history_len:
+            self.reset()
+        for token_id in previous_ids[self._history_len :]:
+            self.observe(int(token_id))
+
+    @property
+    def _penalties_on(self) -> bool:
+        p = self.params
+        return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+    def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
+        """Penalized copy of ``logits`` (or ``logits`` itself when no penalty applies)."""
+        if not self._counts or not self._penalties_on:
+            return logits
+        p = self.params
+        vocab = logits.shape[0]
+        ids = np.fromiter((i for i in self._counts if 0 <= i < vocab), dtype=np.int64)
+        if ids.size == 0:
+            return logits
+        counts = np.fromiter((self._counts[int(i)] for i in ids), dtype=np.float32, count=ids.size)
+        out = logits.astype(np.float32, copy=True)
+        seen = out[ids]
+        if p.repetition_penalty != 1.0:
+            r = np.float32(p.repetition_penalty)
+            seen = np.where(seen > 0, seen / r, seen * r)
+        seen = seen - np.float32(p.presence_penalty) - np.float32(p.frequency_penalty) * counts
+        out[ids] = seen
+        return out
+
+    # -- sampling ------------------------------------------------------------------------
+    def sample(self, logits: np.ndarray, previous_ids: Sequence[int] | None = None) -> int:
+        """The next token id for ``logits`` (shape ``(vocab,)``)."""
+        if previous_ids is not None:
+            self._sync(previous_ids)
+        logits = np.asarray(logits).reshape(-1)
+        logits = self.apply_penalties(logits)
+        if self.params.temperature == 0.0:
+            return int(np.argmax(logits))
+        candidates, probs = self.distribution(logits)
+        cumulative = np.cumsum(probs)
+        draw = self.rng.random() * cumulative[-1]
+        index = int(np.searchsorted(cumulative, draw, side="right"))
+        return int(candidates[min(index, len(candidates) - 1)])
+
+    def distribution(self, penalized_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, probabilities) the next draw is taken from, after temperature and top-p.
+
+        The probabilities (float64) sum to 1. With top_p < 1 this is exactly the nucleus:
+        tokens in order of decreasing probability (ties: lower id first) up to and including
+        the first one at which the cumulative probability reaches top_p.
+        """
+        scaled = penalized_logits.astype(np.float64) / self.params.temperature
+        top = float(np.max(scaled))
+        if not math.isfinite(top):
+            raise LlmchatError(
+                "the model produced no finite logits (all -inf or NaN).",
+                "check the model's weights; try another quantization",
+            )
+        weights = np.exp(scaled - top)
+        total = float(weights.sum())
+        top_p = self.params.top_p
+        if top_p >= 1.0:
+            ids = np.arange(weights.shape[0])
+            return ids, weights / total
+        ids = _nucleus(weights, total, top_p)
+        kept = weights[ids]
+        return ids, kept / kept.sum()
+
+
+def _nucleus(weights: np.ndarray, total: float, top_p: float) -> np.ndarray:
+    """Ids of the smallest set of most likely tokens whose probability sum reaches top_p.
+
+    Looks at the top candidates found with argpartition first; that answer is exact when
+    the cut falls strictly above the smallest candidate weight (so no token outside the
+    candidates ties with or beats a token inside). Otherwise it sorts the whole vocabulary.
+    """
+    vocab = weights.shape[0]
+    threshold = top_p * total
+    k = min(_TOP_P_CANDIDATES, vocab)
+    while k < vocab:
+        part = np.argpartition(-weights, k - 1)[:k]
+        order = part[np.lexsort((part, -weights[part]))]
+        cumulative = np.cumsum(weights[order])
+        cut = int(np.searchsorted(cumulative, threshold, side="left"))
+        if cut < k and weights[order[cut]] > weights[order[-1]]:
+            return order[: cut + 1]
+        k *= 8
+    order = np.lexsort((np.arange(vocab), -weights))
+    cumulative = np.cumsum(weights[order])
+    cut = min(int(np.searchsorted(cumulative, threshold, side="left")), vocab - 1)
+    return order[: cut + 1]
