@@ -1,20 +1,95 @@
-"""`llmchat download`: download a model's prebuilt quantized weights"""
+"""`llmchat download`: download a model's prebuilt quantized weights (progress on stderr)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
+import time
 
-from app.errors import NotAvailableYet
+from app.errors import LlmchatError
 
 HELP = "download a model's prebuilt quantized weights"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument(
+        "model", metavar="ID_OR_HF_REPO", help="catalog id (see `llmchat models`) or HF://owner/repo"
+    )
+
+
+class ProgressBar:
+    """Draws download progress on stderr: one redrawn line on a terminal, a line every few s otherwise."""
+
+    def __init__(self, stream=None, width: int = 30, log_every_s: float = 5.0) -> None:
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.log_every_s = log_every_s
+        self._last_log = 0.0
+        self._drawn = False
+
+    def __call__(self, event) -> None:
+        fraction = event.fraction
+        if fraction is None or (event.done in (None, 0) and not self.tty):
+            self._line(event.message)
+            return
+        if self.tty:
+            filled = int(self.width * fraction)
+            bar = "#" * filled + "-" * (self.width - filled)
+            self.stream.write(f"\r[{bar}] {fraction * 100:5.1f}% {event.message}\x1b[K")
+            self.stream.flush()
+            self._drawn = True
+        elif time.monotonic() - self._last_log >= self.log_every_s or fraction >= 1.0:
+            self._last_log = time.monotonic()
+            self._line(f"{fraction * 100:5.1f}% {event.message}")
+
+    def _line(self, text: str) -> None:
+        if self._drawn:
+            self.stream.write("\n")
+            self._drawn = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotAvailableYet(
-        "`llmchat download` is not available yet in this version.",
-        "follow https://github.com/llmchat/llmchat/issues for progress",
-    )
+    from app.inference.downloads import DownloadCancelled, download_model
+
+    bar = ProgressBar()
+    cancel = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["path"] = download_model(args.model, progress=bar, cancel=cancel)
+        except BaseException as err:  # handed to the main thread
+            outcome["error"] = err
+
+    worker = threading.Thread(target=work, name="download", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        cancel.set()
+        worker.join(30)
+        bar.finish()
+        print("llmchat: download cancelled; run the same command again to resume", file=sys.stderr)
+        return 130
+    bar.finish()
+    error = outcome.get("error")
+    if isinstance(error, DownloadCancelled):
+        print(f"llmchat: {error}", file=sys.stderr)
+        return 130
+    if isinstance(error, LlmchatError):
+        raise error
+    if error is not None:
+        raise error  # type: ignore[misc]
+    print(outcome["path"])
+    return 0

@@ -1,20 +1,141 @@
-"""`llmchat models`: list the model catalog with size, fit on this machine and installed state"""
+"""`llmchat models`: list the model catalog with size, fit on this machine and installed state."""
 
 from __future__ import annotations
 
 import argparse
-
-from app.errors import NotAvailableYet
+import json
+import threading
 
 HELP = "list the model catalog with size, fit on this machine and installed state"
 
+#: the hardware probe gets this long before fit is shown as "unknown" (the command answers in < 1 s)
+PROBE_TIMEOUT_S = 0.6
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    parser.add_argument(
+        "--memory",
+        type=float,
+        metavar="GB",
+        help="memory budget for the fit estimate in GB (default: what the hardware probe reports)",
+    )
+    parser.add_argument(
+        "--context", type=int, metavar="TOKENS", help="context length for the fit estimate (default 4096)"
+    )
+
+
+def memory_budget_bytes(timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
+    """The probe's memory budget, or None when the probe is missing, fails or is too slow."""
+    result: list[int | None] = [None]
+
+    def run_probe() -> None:
+        try:
+            from app.inference import hardware
+
+            budget = hardware.probe().memory_budget_bytes  # type: ignore[attr-defined]
+            result[0] = int(budget) if budget else None
+        except Exception:  # the probe belongs to another module: any failure means "unknown"
+            result[0] = None
+
+    worker = threading.Thread(target=run_probe, name="hardware-probe", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return result[0]
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def collect(budget: int | None, context: int | None = None) -> list[dict]:
+    """One row per catalog entry plus installed models outside the catalog."""
+    from app.inference import fit
+    from app.inference.catalog import installed_model_path, list_installed, load_catalog
+
+    catalog = load_catalog()
+    installed = set(list_installed())
+    rows = []
+    for entry in catalog.entries:
+        est = fit.estimate(entry, budget, context)
+        path = installed_model_path(entry.id) if entry.id in installed else None
+        rows.append(
+            {
+                "id": entry.id,
+                "name": entry.name,
+                "source": entry.source.describe(),
+                "format": entry.format,
+                "architecture": entry.architecture,
+                "quantization": entry.quantization,
+                "parameters": entry.parameters,
+                "download_bytes": entry.download_bytes,
+                "context_window": entry.context_window,
+                "license": entry.license,
+                "gated": entry.gated,
+                "origin": entry.origin,
+                "installed": path is not None,
+                "path": str(path) if path else None,
+                "fit": {
+                    "verdict": est.verdict,
+                    "context": est.context,
+                    "needed_bytes": est.total_bytes,
+                    "budget_bytes": est.budget_bytes,
+                    "max_context": est.max_context if est.max_context >= 0 else None,
+                },
+            }
+        )
+    known = {row["id"] for row in rows}
+    for model_id in sorted(installed - known):
+        path = installed_model_path(model_id)
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path else 0
+        rows.append(
+            {
+                "id": model_id, "name": model_id, "source": "local", "format": None, "architecture": None,
+                "quantization": None, "parameters": None, "download_bytes": size, "context_window": None,
+                "license": None, "gated": None, "origin": "installed", "installed": True,
+                "path": str(path) if path else None,
+                "fit": {"verdict": "unknown", "context": None, "needed_bytes": None, "budget_bytes": budget,
+                        "max_context": None},
+            }
+        )
+    return rows
+
+
+def _fit_text(row: dict) -> str:
+    fit = row["fit"]
+    if fit["verdict"] == "unknown":
+        return "unknown"
+    max_ctx = fit["max_context"]
+    return f"{fit['verdict']} (max ctx {max_ctx})" if max_ctx else fit["verdict"]
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotAvailableYet(
-        "`llmchat models` is not available yet in this version.",
-        "follow https://github.com/llmchat/llmchat/issues for progress",
-    )
+    budget = int(args.memory * 1e9) if args.memory else memory_budget_bytes()
+    rows = collect(budget, args.context)
+    if args.json:
+        print(json.dumps({"memory_budget_bytes": budget, "models": rows}, indent=2))
+        return 0
+    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "INSTALLED")
+    table = [header]
+    for row in rows:
+        table.append(
+            (
+                row["id"],
+                _params(row["parameters"]) if row["parameters"] else "-",
+                _size(row["download_bytes"]),
+                str(row["context_window"] or "-"),
+                _fit_text(row),
+                "yes" if row["installed"] else "",
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    context = args.context or 4096
+    memory = f"{budget / 1e9:.1f} GB" if budget else "unknown (pass --memory GB)"
+    print(f"\nfit at {context} tokens of context, memory budget {memory}; `llmchat download ID` to get one")
+    return 0

@@ -1,20 +1,25 @@
-"""`llmchat remove`: remove an installed model"""
+"""`llmchat remove`: remove an installed model (and any partial download of it)."""
 
 from __future__ import annotations
 
 import argparse
 
-from app.errors import NotAvailableYet
-
 HELP = "remove an installed model"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument("model", metavar="ID", help="id of an installed model (see `llmchat models`) or HF://owner/repo")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotAvailableYet(
-        "`llmchat remove` is not available yet in this version.",
-        "follow https://github.com/llmchat/llmchat/issues for progress",
-    )
+    from app.inference.catalog import id_for_hf_repo, load_catalog, parse_hf_reference, remove_model
+
+    model_id = args.model
+    repo = parse_hf_reference(model_id)
+    if repo is not None:
+        entry = load_catalog().find_hf_repo(repo)
+        model_id = entry.id if entry else id_for_hf_repo(repo)
+    removed = remove_model(model_id)
+    for path in removed:
+        print(f"removed {path}")
+    return 0
