@@ -1,0 +1,341 @@
+"""The Textual App: owns the engine, the sampling settings, the conversation store and the screens.
+
+The UI reaches the engine, the hardware probe, the catalog and downloads only through ``Services``
+(the real implementations by default; tests pass their own loader, e.g. one returning the tiny engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from app import chat_commands
+from app.history import HistoryStore
+from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
+
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
+
+
+def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
+    from app.inference.engine import load_engine
+
+    return load_engine(model, device=device, progress=progress)
+
+
+def _probe() -> Any:
+    from app.inference.hardware import probe
+
+    return probe()
+
+
+def _catalog() -> Any:
+    from app.inference.catalog import load_catalog
+
+    return load_catalog()
+
+
+def _installed_path(model_id: str) -> Path | None:
+    from app.inference.catalog import installed_model_path
+
+    return installed_model_path(model_id)
+
+
+def _list_installed() -> list[str]:
+    from app.inference.catalog import list_installed
+
+    return list_installed()
+
+
+def _remove(model_id: str) -> Any:
+    from app.inference.catalog import remove_model
+
+    return remove_model(model_id)
+
+
+def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
+    if model_id == DEFAULT_MODEL_ID:
+        from app.inference.default_model import ensure_default_model
+
+        return ensure_default_model(progress)
+    from app.inference.downloads import download_model
+
+    return download_model(model_id, progress, cancel)
+
+
+def _fit(entry: Any, report: Any) -> str:
+    """'fits', 'tight' or 'does not fit' for a catalog entry on the probed hardware."""
+    from app.inference import fit
+
+    for name in ("estimate_fit", "estimate", "fit_for", "check_fit"):
+        function = getattr(fit, name, None)
+        if callable(function):
+            result = function(entry, report)
+            verdict = getattr(result, "verdict", None) or getattr(result, "label", None) or result
+            return str(getattr(verdict, "value", verdict))
+    return "?"
+
+
+@dataclass
+class Services:
+    """What the UI calls outside itself; each is replaceable in tests."""
+
+    load_engine: Callable[[str | Path, str, ProgressCallback | None], Engine] = _load_engine
+    probe: Callable[[], Any] = _probe
+    load_catalog: Callable[[], Any] = _catalog
+    installed_model_path: Callable[[str], Path | None] = _installed_path
+    list_installed: Callable[[], list[str]] = _list_installed
+    remove_model: Callable[[str], Any] = _remove
+    download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
+    fit: Callable[[Any, Any], str] = _fit
+    default_model_id: str = DEFAULT_MODEL_ID
+
+
+class ChatCommandsProvider(Provider):
+    """The slash commands (and switching to an installed model) in the command palette."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        app: LlmchatApp = self.app  # type: ignore[assignment]
+        found = []
+        for spec in chat_commands.COMMANDS:
+            found.append((f"/{spec.name}", spec.help, _bind(app.palette_command, spec)))
+        try:
+            installed = app.services.list_installed()
+        except Exception:
+            installed = []
+        for model_id in installed:
+            title = f"/model {model_id}"
+            found.append((title, "switch to this installed model", _bind(app.start_model, model_id)))
+        return found
+
+    async def discover(self) -> Hits:
+        for title, help_text, callback in self._commands():
+            yield DiscoveryHit(title, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, callback in self._commands():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), callback, help=help_text)
+
+
+def _bind(function: Callable[[Any], Any], arg: Any) -> Callable[[], Any]:
+    return lambda: function(arg)
+
+
+@dataclass
+class StartOptions:
+    """How the app starts: the CLI's --model, --device and --continue."""
+
+    model: str | None = None
+    device: str = "auto"
+    continue_last: bool = False
+    history_path: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LlmchatApp(App):
+    """llmchat: chat with a locally compiled model."""
+
+    TITLE = "llmchat"
+    CSS_PATH = str(CSS_FILE)
+    COMMANDS: ClassVar = App.COMMANDS | {ChatCommandsProvider}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+c", "quit", "Quit", priority=True),
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
+        Binding("q", "quit", "Quit", show=False),
+    ]
+
+    def __init__(self, options: StartOptions | None = None, services: Services | None = None) -> None:
+        super().__init__()
+        self.options = options or StartOptions()
+        self.services = services or Services()
+        self.engine: Engine | None = None
+        self.params = SamplingParams()
+        self.system_prompt: str | None = None
+        self.history: HistoryStore = HistoryStore(self.options.history_path)
+        self.conversation_id: int | None = None
+        self.resumed_messages: list[Message] = []
+        self.prompt_history: list[str] = []
+        self.hardware_report: Any = None
+        self.cancel_events: set[threading.Event] = set()
+        self._quitting = False
+
+    # -- start ---------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        options = self.options
+        resume = None
+        if options.continue_last:
+            resume = self.history.latest()
+            if resume is None:
+                self.notify("There is no saved conversation to continue: starting a new one.")
+        model = options.model or (resume.model if resume else None)
+        if model:
+            self.start_model(model, resume_id=resume.id if resume else None)
+            return
+        try:
+            installed = self.services.list_installed()
+        except Exception:
+            installed = []
+        if installed:
+            preferred = self.services.default_model_id
+            self.start_model(preferred if preferred in installed else installed[0])
+        else:
+            from app.screens.first_run import FirstRunScreen
+
+            self.push_screen(FirstRunScreen())
+
+    def start_model(self, model: str, resume_id: int | None = None) -> None:
+        """Download (when needed), compile and load ``model``, then open the chat."""
+        from app.screens.loading import LoadingScreen
+
+        self.push_screen(LoadingScreen(model, self.options.device, resume_id=resume_id))
+
+    async def engine_ready(self, engine: Engine, resume_id: int | None = None) -> None:
+        """Called by the loading screen: swap in the new engine and open a chat on it."""
+        from app.screens.chat import ChatScreen
+
+        old = self.engine
+        self.engine = engine
+        if old is not None and old is not engine:
+            await self._stop_chat_screens()
+            await asyncio.to_thread(old.close)
+        self.resumed_messages = []
+        self.conversation_id = None
+        if resume_id is not None:
+            conversation = self.history.get(resume_id)
+            if conversation is not None:
+                messages = self.history.messages(resume_id)
+                self.system_prompt = conversation.system_prompt
+                engine.set_system_prompt(conversation.system_prompt)
+                engine.load_history(messages)
+                self.resumed_messages = messages
+                self.conversation_id = resume_id
+                self.prompt_history = [m.content for m in messages if m.role == "user"]
+        elif self.system_prompt:
+            engine.set_system_prompt(self.system_prompt)
+        # one chat screen at a time: drop everything above the default screen and open the chat
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        await self.push_screen(ChatScreen(engine))
+
+    async def _stop_chat_screens(self) -> None:
+        from app.screens.chat import ChatScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                await screen.wait_reply_stopped()
+
+    # -- conversation store --------------------------------------------------------------------
+    def new_conversation(self) -> None:
+        """The next message starts a new saved conversation."""
+        self.conversation_id = None
+
+    def save_message(self, role: str, content: str, stats: dict | None = None) -> None:
+        """Commit one complete message (creating the conversation with its first message)."""
+        try:
+            if self.conversation_id is None:
+                model = self.engine.info.model_id if self.engine else ""
+                self.conversation_id = self.history.new_conversation(model, self.system_prompt)
+            self.history.add_message(self.conversation_id, role, content, stats)
+        except Exception as err:  # never lose the chat because the disk is full
+            self.notify(f"Could not save the message: {err}", severity="error")
+
+    def save_system_prompt(self, text: str | None) -> None:
+        if self.conversation_id is not None:
+            self.history.set_system_prompt(self.conversation_id, text)
+
+    async def resume_conversation(self, conversation_id: int) -> None:
+        """Open a saved conversation (loading its model when it is another one)."""
+        conversation = self.history.get(conversation_id)
+        if conversation is None:
+            return
+        if self.engine is not None and conversation.model in ("", self.engine.info.model_id):
+            await self._stop_chat_screens()
+            self.engine.reset()
+            await self.engine_ready(self.engine, resume_id=conversation_id)
+        else:
+            self.start_model(conversation.model, resume_id=conversation_id)
+
+    # -- navigation ----------------------------------------------------------------------------
+    def action_open_models(self) -> None:
+        from app.screens.models import ModelsScreen
+
+        if not isinstance(self.screen, ModelsScreen):
+            self.push_screen(ModelsScreen())
+
+    def action_open_hardware(self) -> None:
+        from app.screens.hardware import HardwareScreen
+
+        if not isinstance(self.screen, HardwareScreen):
+            self.push_screen(HardwareScreen())
+
+    def action_open_history(self) -> None:
+        from app.screens.conversations import ConversationsScreen
+
+        if not isinstance(self.screen, ConversationsScreen):
+            self.push_screen(ConversationsScreen())
+
+    def palette_command(self, spec: chat_commands.CommandSpec) -> None:
+        """A command chosen in the palette: run it, or put it in the prompt when it takes an argument."""
+        from app.screens.chat import ChatScreen
+        from app.widgets.prompt_input import PromptInput
+
+        chat = next((s for s in reversed(self.screen_stack) if isinstance(s, ChatScreen)), None)
+        if spec.name in ("models", "hardware", "history"):
+            getattr(self, f"action_open_{spec.name}")()
+            return
+        if spec.name == "exit":
+            self.run_worker(self.action_quit())
+            return
+        if chat is None:
+            self.notify("Load a model first (F2 opens the models).", severity="warning")
+            return
+        while self.screen is not chat:
+            self.pop_screen()
+        if spec.name in ("set", "system", "model", "export"):
+            prompt = chat.query_one(PromptInput)
+            prompt.load_text(f"/{spec.name} ")
+            prompt.move_cursor(prompt.document.end)
+            prompt.focus()
+            return
+        chat.run_worker(chat.run_command(chat_commands.Command(spec.name)), group="input")
+
+    def show_error(self, err: BaseException) -> None:
+        """A readable notification with the fix (never a traceback)."""
+        from app.widgets.chat_log import error_markdown
+
+        self.notify(error_markdown(err).replace("**", ""), severity="error", timeout=12, markup=False)
+
+    # -- quit ----------------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        """Quit cleanly, also mid-reply (cancel the engine) and mid-download (cancel event)."""
+        if self._quitting:
+            return
+        self._quitting = True
+        if self.engine is not None:
+            self.engine.cancel()
+        for event in list(self.cancel_events):
+            event.set()
+        running = [w for w in self.workers if w.is_running and w.group in ("reply", "download")]
+        if running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.workers.wait_for_complete(running), timeout=10)
+        self.exit(0)
+
+    async def on_unmount(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                self.engine.close()
+        self.history.close()
+

@@ -1,0 +1,51 @@
+"""Loading what the models and first-run screens show, off the UI thread: catalog, installed, fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from textual.message import Message
+
+if TYPE_CHECKING:
+    from app.chat_app import LlmchatApp
+
+
+@dataclass
+class CatalogData:
+    """The catalog entries, the installed ids and the hardware report (None when the probe failed)."""
+
+    entries: list[Any] = field(default_factory=list)
+    installed: set[str] = field(default_factory=set)
+    report: Any = None
+    probe_error: BaseException | None = None
+
+
+class CatalogLoaded(Message):
+    """Posted by a worker thread with the data, or the error that stopped it."""
+
+    def __init__(self, data: CatalogData | None, error: BaseException | None) -> None:
+        super().__init__()
+        self.data = data
+        self.error = error
+
+
+def load_catalog_data(app: LlmchatApp) -> CatalogData:
+    """Call from a worker thread: probe (once per app), catalog and installed models."""
+    data = CatalogData()
+    if app.hardware_report is None:
+        try:
+            app.hardware_report = app.services.probe()
+        except Exception as err:  # the catalog is still useful without fit badges
+            data.probe_error = err
+    data.report = app.hardware_report
+    data.entries = list(app.services.load_catalog().entries)
+    data.installed = set(app.services.list_installed())
+    return data
+
+
+def fit_function(app: LlmchatApp, report: Any):
+    """entry -> 'fits' / 'tight' / 'does not fit' ('?' without a hardware report)."""
+    if report is None:
+        return lambda entry: "?"
+    return lambda entry: app.services.fit(entry, report)

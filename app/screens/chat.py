@@ -1,0 +1,384 @@
+"""The chat screen: streams replies from a worker thread, runs slash commands, shows live stats."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Static
+
+from app import chat_commands
+from app.errors import LlmchatError
+from app.inference.api import ContextTrimmed, ReplyStats, SamplingParams, TextDelta
+from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine, error_markdown
+from app.widgets.prompt_input import PromptInput
+
+if TYPE_CHECKING:
+    from app.chat_app import LlmchatApp
+    from app.inference.api import Engine
+
+#: how often the UI pulls streamed text from the worker (seconds): at most 20 UI updates per second
+UI_REFRESH_S = 0.05
+
+KEYS_HELP: list[tuple[str, str]] = [
+    ("enter", "send"),
+    ("shift+enter / ctrl+j / alt+enter", "new line"),
+    ("up / down", "previous / next prompt (on the first / last line)"),
+    ("esc", "stop the reply, keeping what was generated"),
+    ("ctrl+p", "command palette (all the commands below)"),
+    ("f2", "models"),
+    ("f3", "hardware"),
+    ("ctrl+s", "export the conversation to Markdown"),
+    ("ctrl+c / ctrl+q", "quit"),
+]
+
+
+@dataclass
+class ReplyBuffer:
+    """Text streamed by the worker thread, pulled by the UI timer; the worker never touches widgets."""
+
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    deltas: int = 0
+    text: str = ""
+    stats: ReplyStats | None = None
+    trimmed: ContextTrimmed | None = None
+    error: BaseException | None = None
+    _pending: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, text: str) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+            self.deltas += 1
+            self._pending.append(text)
+
+    def take(self) -> str:
+        with self._lock:
+            text = "".join(self._pending)
+            self._pending.clear()
+        self.text += text
+        return text
+
+    def live_line(self) -> str:
+        """Stats while streaming: tokens so far, tok/s, time to first token."""
+        if self.first_token_at is None:
+            return f"waiting for the first token… {time.perf_counter() - self.started:.1f} s"
+        ttft = self.first_token_at - self.started
+        span = (self.last_token_at or self.first_token_at) - self.first_token_at
+        rate = (self.deltas - 1) / span if span > 0 else 0.0
+        return f"▍ {self.deltas} tokens · {rate:.1f} tok/s · TTFT {ttft:.2f} s"
+
+
+def final_stats_line(stats: ReplyStats) -> str:
+    """The stats line kept under a finished reply."""
+    line = (
+        f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
+    )
+    notes = {"cancelled": "stopped", "length": "max_tokens reached", "context": "context window full"}
+    if stats.finish_reason in notes:
+        line += f" · {notes[stats.finish_reason]}"
+    return line
+
+
+def format_bytes(count: float | None) -> str:
+    if count is None:
+        return "unknown"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(count) < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+class ChatScreen(Screen):
+    """One conversation with the loaded engine."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("f2", "app.open_models", "Models"),
+        Binding("f3", "app.open_hardware", "Hardware"),
+        Binding("ctrl+s", "export", "Export"),
+        Binding("ctrl+l", "reset", "Reset", show=False),
+    ]
+
+    class ReplyDone(Message):
+        """The worker finished (normally, stopped or failed)."""
+
+        def __init__(self, buffer: ReplyBuffer) -> None:
+            super().__init__()
+            self.buffer = buffer
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+        self._buffer: ReplyBuffer | None = None
+        self._reply: tuple[AssistantMessage, StatsLine] | None = None
+        self._timer: Timer | None = None
+        self._idle = asyncio.Event()  # set while no reply is streaming
+        self._idle.set()
+
+    @property
+    def llm_app(self) -> LlmchatApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        info = self.engine.info
+        yield Static(f"{info.model_id} · {info.device} ({info.backend})", id="chat-title")
+        yield ChatLog(id="chat-log")
+        yield PromptInput(
+            id="prompt",
+            placeholder="Message (Enter sends, Shift+Enter or Ctrl+J new line, /help for commands)",
+            sent=self.llm_app.prompt_history,
+        )
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.query_one(PromptInput).focus()
+        resumed = self.llm_app.resumed_messages
+        if resumed:
+            log = self.query_one(ChatLog)
+            for message in resumed:
+                if message.role == "user":
+                    await log.add_user(message.content)
+                elif message.role == "assistant":
+                    await log.add_reply(message.content)
+            await log.add_notice(f"*Resumed conversation ({len(resumed)} messages).*")
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def replying(self) -> bool:
+        return not self._idle.is_set()
+
+    async def wait_reply_stopped(self) -> None:
+        """Stop a running reply and wait until it is finished and saved."""
+        if self.replying:
+            self.engine.cancel()
+            await self._idle.wait()
+
+    # -- input ---------------------------------------------------------------------------------
+    @on(PromptInput.Submitted)
+    def on_prompt_submitted(self, event: PromptInput.Submitted) -> None:
+        # a task of its own, so that a command may wait for the reply to finish (ReplyDone)
+        self.run_worker(self.handle_input(event.text), group="input")
+
+    async def handle_input(self, text: str) -> None:
+        """A line from the prompt: a slash command or a message for the model."""
+        log = self.query_one(ChatLog)
+        try:
+            command = chat_commands.parse(text)
+        except LlmchatError as err:
+            await log.add_error(err)
+            return
+        if command is not None:
+            await self.run_command(command)
+            return
+        await self.send(chat_commands.message_text(text))
+
+    async def send(self, text: str) -> None:
+        """Show the prompt, save it and stream the reply from a worker thread."""
+        log = self.query_one(ChatLog)
+        if self.replying:
+            self.notify("A reply is streaming: wait for it or press Esc to stop it.", severity="warning")
+            return
+        self._idle.clear()
+        log.anchor()
+        await log.add_user(text)
+        self.llm_app.save_message("user", text)
+        reply, stats = await log.add_reply()
+        stats.add_class("live")
+        buffer = ReplyBuffer()
+        self._buffer = buffer
+        self._reply = (reply, stats)
+        stats.update(buffer.live_line())
+        self._timer = self.set_interval(UI_REFRESH_S, self._pull_stream)
+        self._stream_reply(text, self.llm_app.params, buffer)
+
+    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
+    def _stream_reply(self, text: str, params: SamplingParams, buffer: ReplyBuffer) -> None:
+        """Decode in this worker thread; only the buffer is touched here (no widgets)."""
+        try:
+            for event in self.engine.chat(text, params):
+                if isinstance(event, TextDelta):
+                    buffer.add(event.text)
+                elif isinstance(event, ReplyStats):
+                    buffer.stats = event
+                elif isinstance(event, ContextTrimmed):
+                    buffer.trimmed = event
+        except BaseException as err:  # shown in the chat, never as a traceback
+            buffer.error = err
+        finally:
+            self.post_message(self.ReplyDone(buffer))
+
+    async def _pull_stream(self) -> None:
+        """Timer: move streamed text into the Markdown widget and refresh the live stats line."""
+        buffer, reply = self._buffer, self._reply
+        if buffer is None or reply is None:
+            return
+        text = buffer.take()
+        if text:
+            await reply[0].append(text)
+        reply[1].update(buffer.live_line())
+
+    @on(ReplyDone)
+    async def on_reply_done(self, event: ReplyDone) -> None:
+        buffer = event.buffer
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        assert self._reply is not None
+        reply, stats_line = self._reply
+        rest = buffer.take()
+        if rest:
+            await reply.append(rest)
+        stats_line.remove_class("live")
+        log = self.query_one(ChatLog)
+        if buffer.stats is not None:
+            stats_line.update(final_stats_line(buffer.stats))
+        else:
+            stats_line.update("no reply" if not buffer.text else "stopped")
+        if buffer.text:
+            stats_dict = asdict(buffer.stats) if buffer.stats else None
+            self.llm_app.save_message("assistant", buffer.text, stats_dict)
+        elif buffer.error is not None:
+            await reply.remove()
+        if buffer.trimmed is not None:
+            await log.add_notice(
+                f"*The conversation no longer fitted the {buffer.trimmed.context_window}-token context: "
+                f"the oldest {buffer.trimmed.dropped_messages} messages were dropped.*"
+            )
+        if buffer.error is not None:
+            await log.add_error(buffer.error)
+        self._buffer = None
+        self._reply = None
+        self._idle.set()
+
+    # -- actions -------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        """Esc: stop the reply now, keeping what was generated."""
+        if self.replying:
+            self.engine.cancel()
+
+    async def action_export(self) -> None:
+        await self.run_command(chat_commands.Command("export"))
+
+    async def action_reset(self) -> None:
+        await self.run_command(chat_commands.Command("reset"))
+
+    # -- commands ------------------------------------------------------------------------------
+    async def run_command(self, command: chat_commands.Command) -> None:
+        """Run a slash command; errors are shown in the chat with their fix."""
+        log = self.query_one(ChatLog)
+        handler = getattr(self, f"_command_{command.name}")
+        try:
+            await handler(command.arg)
+        except LlmchatError as err:
+            await log.add_error(err)
+        except Exception as err:  # an unexpected bug still shows as a message
+            await log.add_notice(error_markdown(err), error=True)
+
+    async def _command_help(self, arg: str) -> None:
+        await self.query_one(ChatLog).add_notice(chat_commands.help_text(KEYS_HELP))
+
+    async def _command_stats(self, arg: str) -> None:
+        await self.query_one(ChatLog).add_notice(self.stats_markdown())
+
+    def stats_markdown(self) -> str:
+        """The /stats text: last reply, session totals, device, backend, memory."""
+        engine = self.engine
+        info = engine.info
+        last = engine.last_stats
+        session = engine.session_stats
+        lines = ["**Stats**", ""]
+        if last is not None:
+            lines.append(f"- last reply: {last.format()}")
+            lines.append(
+                f"- last reply tokens: {last.prompt_tokens} prompt, {last.generated_tokens} generated, "
+                f"TTFT {last.time_to_first_token_s:.2f} s, finish: {last.finish_reason}"
+            )
+        else:
+            lines.append("- last reply: none yet")
+        decode_steps = max(session.generated_tokens - session.replies, 0)
+        session_decode = decode_steps / session.decode_s if session.decode_s > 0 else 0.0
+        session_prefill = session.prompt_tokens / session.prefill_s if session.prefill_s > 0 else 0.0
+        lines.append(
+            f"- session: {session.replies} replies, {session.prompt_tokens} prompt tokens, "
+            f"{session.generated_tokens} generated tokens "
+            f"(prefill: {session_prefill:.1f} tok/s, decode: {session_decode:.1f} tok/s)"
+        )
+        lines.append(f"- model: {info.model_id} ({info.quantization}, context {info.context_window} tokens)")
+        lines.append(f"- device: {info.device}, backend: {info.backend}")
+        lines.append(f"- memory in use: {format_bytes(engine.memory_in_use_bytes())}")
+        return "\n".join(lines)
+
+    async def _command_reset(self, arg: str) -> None:
+        await self.wait_reply_stopped()
+        self.engine.reset()
+        self.llm_app.new_conversation()
+        log = self.query_one(ChatLog)
+        await log.clear()
+        await log.add_notice("*Conversation cleared (KV cache reset). New conversation started.*")
+
+    async def _command_set(self, arg: str) -> None:
+        from app.inference import sampling
+
+        log = self.query_one(ChatLog)
+        if arg.strip():
+            overrides = sampling.parse_set_command(arg)
+            self.llm_app.params = sampling.apply_overrides(self.llm_app.params, overrides)
+            changed = ", ".join(f"{key}={value!r}" for key, value in overrides.items())
+            await log.add_notice(f"*Set {changed}.*")
+        else:
+            params = asdict(self.llm_app.params)
+            await log.add_notice("**Sampling**\n\n" + "\n".join(f"- {k} = {v!r}" for k, v in params.items()))
+
+    async def _command_system(self, arg: str) -> None:
+        await self.wait_reply_stopped()
+        text = arg.strip() or None
+        self.engine.set_system_prompt(text)
+        self.llm_app.system_prompt = text
+        self.llm_app.save_system_prompt(text)
+        note = f"*System prompt set: {text}*" if text else "*System prompt cleared.*"
+        await self.query_one(ChatLog).add_notice(note)
+
+    async def _command_model(self, arg: str) -> None:
+        if not arg.strip():
+            self.llm_app.action_open_models()
+            return
+        await self.wait_reply_stopped()
+        self.llm_app.start_model(arg.strip())
+
+    async def _command_models(self, arg: str) -> None:
+        self.llm_app.action_open_models()
+
+    async def _command_hardware(self, arg: str) -> None:
+        self.llm_app.action_open_hardware()
+
+    async def _command_history(self, arg: str) -> None:
+        self.llm_app.action_open_history()
+
+    async def _command_export(self, arg: str) -> None:
+        conversation_id = self.llm_app.conversation_id
+        if conversation_id is None:
+            raise LlmchatError("There is nothing to export yet.", "send a message first")
+        target = Path(arg.strip()).expanduser() if arg.strip() else Path.cwd()
+        path = self.llm_app.history.export_markdown(conversation_id, target)
+        await self.query_one(ChatLog).add_notice(f"*Exported to `{path}`.*")
+        self.notify(f"Exported to {path}")
+
+    async def _command_exit(self, arg: str) -> None:
+        await self.app.action_quit()

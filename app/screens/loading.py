@@ -1,0 +1,169 @@
+"""Getting a model ready: download when not installed, compile and load — in a worker thread, with
+progress ("compiling for vulkan:0 …") — then the chat. Errors show as a panel with the fix."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, ProgressBar, Static
+
+from app.errors import LlmchatError
+from app.inference.api import Engine, ProgressEvent
+from app.widgets.chat_log import error_markdown
+
+if TYPE_CHECKING:
+    from app.chat_app import LlmchatApp
+
+STAGE_NAMES = {"download": "Downloading", "import": "Importing", "compile": "Compiling", "load": "Loading"}
+
+
+class ProgressThrottle:
+    """Forward progress events at most every ``interval`` seconds (always on a new stage or message)."""
+
+    def __init__(self, forward, interval: float = 0.1) -> None:
+        self.forward = forward
+        self.interval = interval
+        self._last = 0.0
+        self._last_key: tuple[str, str] | None = None
+
+    def __call__(self, event: ProgressEvent) -> None:
+        now = time.monotonic()
+        key = (event.stage, event.message)
+        finished = event.total is not None and event.done is not None and event.done >= event.total
+        if key != self._last_key or finished or now - self._last >= self.interval:
+            self._last, self._last_key = now, key
+            self.forward(event)
+
+
+class LoadingScreen(Screen):
+    """Download → compile → load one model, then hand the engine to the app."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel / back"),
+        Binding("r", "retry", "Retry", show=False),
+        Binding("f2", "app.open_models", "Models"),
+        Binding("f3", "app.open_hardware", "Hardware"),
+    ]
+
+    class Progress(Message):
+        def __init__(self, event: ProgressEvent) -> None:
+            super().__init__()
+            self.event = event
+
+    class Finished(Message):
+        def __init__(self, engine: Engine | None, error: BaseException | None) -> None:
+            super().__init__()
+            self.engine = engine
+            self.error = error
+
+    def __init__(self, model: str, device: str = "auto", resume_id: int | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.device = device
+        self.resume_id = resume_id
+        self.cancel_event = threading.Event()
+        self.failed = False
+        self.stages: list[str] = []
+
+    @property
+    def llm_app(self) -> LlmchatApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="loading-panel"):
+            yield Static(f"Preparing **{self.model}**", id="loading-title", markup=False)
+            yield Static("starting…", id="loading-status", markup=False)
+            yield ProgressBar(id="loading-progress", show_eta=False)
+            yield Static("", id="loading-stages", markup=False)
+            yield Static("", id="loading-error", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#loading-title", Static).update(f"Preparing {self.model} on {self.device}")
+        self._start()
+
+    def _start(self) -> None:
+        self.failed = False
+        self.cancel_event = threading.Event()
+        self.llm_app.cancel_events.add(self.cancel_event)
+        self.query_one("#loading-error", Static).update("")
+        self.query_one("#loading-error").display = False
+        self._prepare()
+
+    @work(thread=True, exclusive=True, group="download", exit_on_error=False)
+    def _prepare(self) -> None:
+        services = self.llm_app.services
+        progress = ProgressThrottle(lambda event: self.post_message(self.Progress(event)))
+        try:
+            model: str | Path = self.model
+            is_directory = Path(self.model).expanduser().is_dir()
+            if not is_directory and services.installed_model_path(self.model) is None:
+                progress(ProgressEvent("download", f"downloading {self.model}"))
+                model = services.download_model(self.model, progress, self.cancel_event)
+                if self.cancel_event.is_set():
+                    raise LlmchatError("The download was cancelled.", "press r to start it again")
+                installed = services.installed_model_path(self.model)
+                model = self.model if installed is not None else model
+            progress(ProgressEvent("load", f"loading {self.model}"))
+            engine = services.load_engine(model, self.device, progress)
+        except BaseException as err:
+            self.post_message(self.Finished(None, err))
+            return
+        self.post_message(self.Finished(engine, None))
+
+    @on(Progress)
+    def on_progress(self, message: Progress) -> None:
+        event = message.event
+        bar = self.query_one("#loading-progress", ProgressBar)
+        if event.fraction is not None:
+            bar.update(total=100, progress=event.fraction * 100)
+        else:
+            bar.update(total=None)
+        detail = ""
+        if event.stage == "download" and event.total:
+            detail = f" — {(event.done or 0) / 1e6:.1f} / {event.total / 1e6:.1f} MB"
+        self.query_one("#loading-status", Static).update(f"{event.message}{detail}")
+        line = f"{STAGE_NAMES.get(event.stage, event.stage)}: {event.message}"
+        if not self.stages or self.stages[-1] != line:
+            self.stages.append(line)
+            self.query_one("#loading-stages", Static).update("\n".join(f"✓ {s}" for s in self.stages[-8:]))
+
+    @on(Finished)
+    async def on_finished(self, message: Finished) -> None:
+        self.llm_app.cancel_events.discard(self.cancel_event)
+        if message.engine is not None:
+            await self.llm_app.engine_ready(message.engine, resume_id=self.resume_id)
+            return
+        self.failed = True
+        err = message.error or LlmchatError("The model did not load.")
+        panel = self.query_one("#loading-error", Static)
+        keys = "r: retry · F2: models · Esc: back · Ctrl+C: quit"
+        panel.update(error_markdown(err).replace("**", "") + "\n\n" + keys)
+        panel.display = True
+        self.query_one("#loading-status", Static).update(f"Could not prepare {self.model}.")
+        self.query_one("#loading-progress", ProgressBar).update(total=100, progress=0)
+
+    def action_cancel(self) -> None:
+        if not self.failed and not self.cancel_event.is_set():
+            self.cancel_event.set()
+            self.query_one("#loading-status", Static).update("cancelling…")
+            return
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()
+        else:
+            from app.screens.first_run import FirstRunScreen
+
+            self.app.switch_screen(FirstRunScreen())
+
+    def action_retry(self) -> None:
+        if self.failed:
+            self._start()

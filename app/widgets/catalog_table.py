@@ -1,0 +1,81 @@
+"""The model catalog as a table: size, context, fit badge on this machine, installed state."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+FIT_STYLES = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def human_count(count: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f}{unit}".replace(".0", "")
+    return str(count)
+
+
+def human_bytes(count: int | float | None) -> str:
+    if not count:
+        return "?"
+    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
+
+
+def human_context(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
+
+
+def fit_badge(verdict: str) -> Text:
+    """A coloured fit badge ('fits', 'tight', 'does not fit'; anything else dim)."""
+    return Text(verdict, style=FIT_STYLES.get(verdict.lower(), "dim"))
+
+
+class CatalogTable(DataTable):
+    """One row per catalog entry, keyed by the model id."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        self.add_columns("Model", "Params", "Download", "Context", "Fit", "Installed")
+
+    def show(
+        self,
+        entries: Iterable[Any],
+        installed: set[str],
+        fit: Callable[[Any], str],
+        select: str | None = None,
+    ) -> None:
+        """Fill the table and put the cursor on ``select`` (e.g. the default model)."""
+        self.clear()
+        for entry in entries:
+            try:
+                verdict = fit(entry)
+            except Exception:
+                verdict = "?"
+            self.add_row(
+                Text(f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id),
+                human_count(entry.parameters),
+                human_bytes(entry.download_bytes),
+                human_context(entry.context_window),
+                fit_badge(verdict),
+                Text("✓ installed", style="green") if entry.id in installed else Text("—", style="dim"),
+                key=entry.id,
+                height=2 if entry.name != entry.id else 1,
+            )
+        if select is not None:
+            self.select(select)
+
+    def select(self, model_id: str) -> None:
+        with contextlib.suppress(Exception):
+            self.move_cursor(row=self.get_row_index(model_id))
+
+    @property
+    def selected_id(self) -> str | None:
+        if self.row_count == 0:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return str(row_key.value)
