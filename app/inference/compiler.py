@@ -1,0 +1,259 @@
+"""Compile a model library for a target and keep it in the user cache.
+
+``get_library(cfg, target)`` returns a ``CompiledModel`` (path of the shared library plus the
+parameter list the runtime needs), compiling only when no library with the same cache key is
+cached.  The key hashes everything that changes the generated code: the model's architecture
+fields, its weight formats, the target (with GPU architecture / CPU model), the TVM version,
+``ENGINE_VERSION`` and the source of the model, quantization and pipeline modules.
+
+Libraries are written atomically (temp file, then rename); the ``.json`` beside the ``.so`` is
+written last and marks a complete entry.  A library runs with a runtime-only TVM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app import paths
+from app.errors import LlmchatError
+from app.inference.api import ProgressCallback, ProgressEvent
+from app.inference.config import ModelConfig
+from app.inference.devices import DeviceSpec
+
+#: bump when the engine's calling convention or model code changes incompatibly
+ENGINE_VERSION = "1"
+
+#: number of compilations done in this process (tests assert cache hits with it)
+COMPILE_COUNT = 0
+
+_SOURCE_DIRS = ("models", "quantization", "pipelines")
+
+
+@dataclass(frozen=True)
+class CompiledModel:
+    """A cached model library and the parameters its functions take (in order)."""
+
+    lib_path: Path
+    params: list[dict[str, Any]]  # [{"name", "shape", "dtype"}] in the VM's packed order
+    target: str
+    model_dtype: str
+
+
+def libs_dir() -> Path:
+    """Where compiled libraries live."""
+    return paths.cache_dir() / "libs"
+
+
+# ------------------------------------------------------------------------------------------
+# Targets
+# ------------------------------------------------------------------------------------------
+def _host() -> dict[str, Any]:
+    import tvm
+
+    return {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+
+
+def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
+    """The target (dict form, as TVM 0.27 wants) for ``device``; ``arch`` overrides detection
+    (``sm_90``, ``gfx1100``) for cross-compiling."""
+    import tvm
+
+    backend = device.backend
+    if backend == "cpu":
+        return _host()
+    if backend == "cuda":
+        if arch is None:
+            dev = tvm.cuda(device.index)
+            if not dev.exist:
+                raise LlmchatError("No CUDA device found to compile for.",
+                                   "pass the architecture, e.g. sm_90")
+            arch = "sm_" + str(dev.compute_version).replace(".", "")
+        return {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152,
+                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": _host()}
+    if backend == "rocm":
+        if arch is None:
+            dev = tvm.rocm(device.index)
+            if not dev.exist:
+                raise LlmchatError("No ROCm device found to compile for.",
+                                   "pass the gfx architecture, e.g. gfx1100")
+            arch = "gfx" + str(dev.compute_version).replace(".", "")
+        wave = 32 if arch.startswith(("gfx10", "gfx11", "gfx12")) else 64
+        return {"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc",
+                "max_shared_memory_per_block": 65536, "max_threads_per_block": 1024,
+                "thread_warp_size": wave, "host": _host()}
+    if backend == "vulkan":
+        return {"kind": "vulkan", "max_threads_per_block": 256, "max_shared_memory_per_block": 32768,
+                "thread_warp_size": 1, "supports_float16": 1, "supports_int16": 1, "supports_int8": 1,
+                "supports_8bit_buffer": 1, "supports_16bit_buffer": 1,
+                "supports_storage_buffer_storage_class": 1, "host": _host()}
+    if backend == "metal":
+        return {"kind": "metal", "max_threads_per_block": 1024, "max_shared_memory_per_block": 32768,
+                "thread_warp_size": 32, "host": {"kind": "llvm", "mtriple": "arm64-apple-macos"}}
+    raise LlmchatError(f"Unknown backend {backend!r}.", "use cpu, cuda, rocm, vulkan or metal")
+
+
+def make_target(device: DeviceSpec, arch: str | None = None) -> Any:
+    """A ``tvm.target.Target`` for ``device``."""
+    import tvm
+
+    try:
+        return tvm.target.Target(target_dict(device, arch))
+    except LlmchatError:
+        raise
+    except Exception as err:
+        raise LlmchatError(f"TVM cannot build code for {device.backend} ({err}).",
+                           "use --device cpu or a TVM build with that back end") from err
+
+
+# ------------------------------------------------------------------------------------------
+# Cache key
+# ------------------------------------------------------------------------------------------
+def _source_digest() -> str:
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    files = [root / "config.py", root / "compiler.py"]
+    for sub in _SOURCE_DIRS:
+        files += sorted((root / sub).glob("*.py"))
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(cfg: ModelConfig, target_desc: dict[str, Any] | str) -> str:
+    """Hex digest naming the library of ``cfg`` compiled for ``target_desc``."""
+    import tvm
+
+    blob = json.dumps(
+        {
+            "model": cfg.code_key(),
+            "target": target_desc if isinstance(target_desc, str)
+            else json.dumps(target_desc, sort_keys=True),
+            "tvm": tvm.__version__,
+            "engine": ENGINE_VERSION,
+            "source": _source_digest(),
+            "plain_pipeline": _plain_pipeline(),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+# ------------------------------------------------------------------------------------------
+# Compile
+# ------------------------------------------------------------------------------------------
+def export_model(cfg: ModelConfig, target: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """The Relax IRModule of the model and its named parameters (export order)."""
+    from app.inference.models import model_class
+
+    model = model_class(cfg.model_type)(cfg, target)
+    mod, named_params = model.export_tvm(spec=model.get_default_spec())
+    return mod, named_params
+
+
+def param_list(named_params: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """JSON-able ``[{"name", "shape", "dtype"}]`` from ``export_tvm``'s named params."""
+    return [{"name": n, "shape": [int(x) for x in p.shape], "dtype": str(p.dtype)} for n, p in named_params]
+
+
+def _plain_pipeline() -> bool:
+    """``LLMCHAT_TVM_PIPELINE=default`` compiles with TVM's stock pipeline (a fallback when a
+    schedule misbehaves; slower code)."""
+    return os.environ.get("LLMCHAT_TVM_PIPELINE", "").strip().lower() == "default"
+
+
+def _pass_config(target: Any) -> dict[str, Any]:
+    try:
+        from app.inference import pipelines
+
+        fn = getattr(pipelines, "pass_config_for", None)
+        return dict(fn(target)) if fn else {}
+    except ImportError:
+        return {}
+
+
+def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
+                    progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
+    """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic)."""
+    global COMPILE_COUNT
+    import tvm
+
+    from app.inference.pipelines import pipeline_for
+
+    kind = target.kind.name
+    if progress:
+        progress(ProgressEvent("compile", f"compiling {cfg.model_type} {cfg.quantization} for {kind}", 0, 3))
+    try:
+        mod, named_params = export_model(cfg, target)
+        if progress:
+            progress(ProgressEvent("compile", "generating kernels", 1, 3))
+        pipeline = "default" if _plain_pipeline() else pipeline_for(target)
+        with tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
+            executable = tvm.compile(mod, target, relax_pipeline=pipeline)
+        if progress:
+            progress(ProgressEvent("compile", "writing the library", 2, 3))
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=out_path.stem + ".", suffix=".so.tmp", dir=out_path.parent)
+        os.close(fd)
+        try:
+            executable.export_library(tmp)
+            os.replace(tmp, out_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except LlmchatError:
+        raise
+    except Exception as err:  # TVM raises many types; the user gets one clear message
+        raise LlmchatError(
+            f"Compiling the model for {kind} failed: {type(err).__name__}: {str(err).strip()[:2000]}",
+            "run with --device cpu, or report this with the message above",
+        ) from err
+    COMPILE_COUNT += 1
+    if progress:
+        progress(ProgressEvent("compile", "compiled", 3, 3))
+    return param_list(named_params)
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".json.tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
+                progress: ProgressCallback | None = None) -> CompiledModel:
+    """The cached library for ``cfg`` on ``device``, compiling it first if needed."""
+    desc = target_dict(device, arch)
+    key = cache_key(cfg, desc)
+    base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
+    lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")
+    if lib.is_file() and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            return CompiledModel(lib, meta["params"], meta["target"], meta["model_dtype"])
+        except (OSError, ValueError, KeyError):
+            pass  # damaged entry: rebuild it
+    target = make_target(device, arch)
+    t0 = time.monotonic()
+    params = compile_library(cfg, target, lib, progress)
+    meta = {"params": params, "target": str(target), "model_dtype": cfg.model_dtype, "key": key,
+            "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key()}
+    _write_json_atomic(meta_path, meta)
+    return CompiledModel(lib, params, meta["target"], cfg.model_dtype)
+
+
+def parameter_specs(cfg: ModelConfig) -> list[dict[str, Any]]:
+    """The model's parameters (name, shape, dtype) in export order, without compiling."""
+    from app.inference.models import model_class
+
+    model = model_class(cfg.model_type)(cfg, None)
+    return param_list(list(model.named_parameters()))

@@ -1,0 +1,144 @@
+"""``--device`` parsing and the check that the installed TVM runtime can drive that device.
+
+``resolve_device("auto" | "cpu" | "cuda" | "rocm" | "vulkan" | "metal" [":N"])`` returns a
+``DeviceSpec`` or raises ``LlmchatError`` saying what is missing and how to get it — PyPI's
+``apache-tvm`` has no ROCm, Vulkan or Metal runtime, and asking such a build for one of those
+devices must never reach native code that could crash.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.errors import LlmchatError
+
+BACKENDS = ("cpu", "cuda", "rocm", "vulkan", "metal")
+_DEVICE_RE = re.compile(r"^(auto|cpu|llvm|cuda|rocm|vulkan|metal)(?::(\d+))?$")
+
+MLC_WHEELS_HINT = (
+    "install a TVM runtime built with {what}: MLC's TVM wheels, e.g. "
+    "`pip install --pre -f https://mlc.ai/wheels mlc-ai-nightly-rocm62` (includes ROCm and Vulkan), "
+    "or run on the CPU with --device cpu"
+)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A concrete device: backend name and index."""
+
+    backend: str  # one of BACKENDS
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.index}"
+
+
+def parse_device(text: str) -> tuple[str, int | None]:
+    """Split ``"cuda:1"`` into ``("cuda", 1)``; ``"auto"`` -> ``("auto", None)``."""
+    match = _DEVICE_RE.match((text or "auto").strip().lower())
+    if not match:
+        raise LlmchatError(
+            f"Unknown device {text!r}.",
+            "use one of: auto, cpu, cuda, rocm, vulkan, metal (optionally with an index, e.g. cuda:1)",
+        )
+    kind = "cpu" if match.group(1) == "llvm" else match.group(1)
+    return kind, int(match.group(2)) if match.group(2) is not None else None
+
+
+def _global_func_exists(name: str) -> bool:
+    import tvm
+
+    return tvm.get_global_func(name, allow_missing=True) is not None
+
+
+def _prepare_cuda() -> None:
+    try:
+        from app.inference.cuda_support import prepare_cuda_runtime
+    except ImportError:
+        return
+    prepare_cuda_runtime()
+
+
+def runtime_problem(backend: str) -> str | None:
+    """Why the installed TVM cannot run ``backend`` (None when it can, as far as can be told safely)."""
+    if backend == "cpu":
+        return None
+    if backend == "cuda":
+        _prepare_cuda()
+    if not _global_func_exists(f"device_api.{backend}"):
+        if backend == "cuda":
+            return ("the installed TVM cannot load its CUDA runtime (libtvm_runtime_cuda.so needs "
+                    "libcudart.so.13 from CUDA 13 and an NVIDIA driver)")
+        name = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}.get(backend, backend)
+        return f"the installed TVM runtime was built without {name} support"
+    return None
+
+
+def check_device(spec: DeviceSpec) -> None:
+    """Raise LlmchatError unless ``spec`` exists and the TVM runtime can drive it."""
+    problem = runtime_problem(spec.backend)
+    if problem:
+        what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "cuda": "CUDA"}[spec.backend]
+        fix = (
+            "install the CUDA 13 runtime (`pip install nvidia-cuda-runtime`) and an NVIDIA driver, "
+            "or run on the CPU with --device cpu"
+            if spec.backend == "cuda"
+            else MLC_WHEELS_HINT.format(what=what)
+        )
+        raise LlmchatError(f"Cannot use --device {spec}: {problem}.", fix)
+    if spec.backend == "cpu":
+        return
+    import tvm
+
+    if not tvm.device(spec.backend, spec.index).exist:
+        raise LlmchatError(
+            f"No {spec.backend} device {spec.index} was found.",
+            "check the driver (`llmchat doctor`), pick another index, or use --device cpu",
+        )
+
+
+def _auto() -> DeviceSpec:
+    try:
+        from app.inference.hardware import probe
+    except ImportError:
+        return DeviceSpec("cpu", 0)
+    try:
+        report = probe()
+    except Exception:  # the probe is best effort; never block a start on it
+        return DeviceSpec("cpu", 0)
+    backend = str(getattr(report, "backend", "cpu") or "cpu")
+    device = str(getattr(report, "device", "") or "")
+    index = 0
+    if ":" in device:
+        try:
+            index = int(device.rsplit(":", 1)[1])
+        except ValueError:
+            index = 0
+    if backend not in BACKENDS or runtime_problem(backend):
+        return DeviceSpec("cpu", 0)
+    spec = DeviceSpec(backend, index)
+    try:
+        check_device(spec)
+    except LlmchatError:
+        return DeviceSpec("cpu", 0)
+    return spec
+
+
+def resolve_device(text: str = "auto") -> DeviceSpec:
+    """Turn a ``--device`` value into a usable ``DeviceSpec`` (raises LlmchatError otherwise)."""
+    kind, index = parse_device(text)
+    if kind == "auto":
+        return _auto()
+    spec = DeviceSpec(kind, index or 0)
+    check_device(spec)
+    return spec
+
+
+def tvm_device(spec: DeviceSpec):
+    """The ``tvm.runtime.Device`` for ``spec``."""
+    import tvm
+
+    if spec.backend == "cuda":
+        _prepare_cuda()
+    return tvm.device(spec.backend, spec.index)

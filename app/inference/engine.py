@@ -1,0 +1,270 @@
+"""The TVM engine: ``load_engine(model, device)`` and the ``Engine`` the CLI and the TUI drive.
+
+A conversation lives in one KV-cache sequence.  Each ``chat()`` renders the whole conversation
+with the model's chat template, keeps the longest prefix of tokens already in the KV cache, rolls
+the rest back (``popn``) and prefills only the new tokens.  When the conversation no longer fits
+the context window the oldest turns are dropped (the system prompt stays) and the caller gets a
+``ContextTrimmed`` event.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from app import paths
+from app.errors import LlmchatError
+from app.inference.api import (
+    ChatEvent,
+    ContextTrimmed,
+    EngineInfo,
+    Message,
+    ProgressCallback,
+    ProgressEvent,
+    ReplyStats,
+    SamplingParams,
+    SessionStats,
+)
+from app.inference.config import ModelConfig
+from app.inference.generation import GenerationResult, generate
+from app.inference.runtime import ModelRuntime
+
+#: default KV-cache size when the caller does not ask for one (the model's window, capped)
+DEFAULT_CONTEXT_CAP = 8192
+
+
+def resolve_model_dir(model: str | Path) -> tuple[str, Path]:
+    """(model id, directory) for a model directory path or an installed model id."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.name, path
+    installed = paths.models_dir() / str(model)
+    if installed.is_dir():
+        return str(model), installed
+    if path.exists() or "/" in str(model) or str(model).startswith("."):
+        raise LlmchatError(f"{model} is not a model directory.",
+                           "pass a directory containing mlc-chat-config.json")
+    raise LlmchatError(f"Model {model!r} is not installed.", f"llmchat download {model}")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+class TVMEngine:
+    """A compiled model, its weights and one conversation (implements ``app.inference.api.Engine``)."""
+
+    def __init__(self, info: EngineInfo, config: ModelConfig, runtime: ModelRuntime, tokenizer: object,
+                 formatter: object) -> None:
+        self.info = info
+        self.config = config
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self.formatter = formatter
+        self.last_stats: ReplyStats | None = None
+        self.session_stats = SessionStats()
+        self._system: str | None = None
+        self._history: list[Message] = []
+        self._kv_ids: list[int] = []
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        stop_ids = set(getattr(tokenizer, "eos_ids", set()) or set())
+        stop_ids.update(getattr(formatter, "stop_token_ids", []) or [])
+        self.stop_token_ids = frozenset(stop_ids)
+        self.stop_strings = list(getattr(formatter, "stop_strings", []) or [])
+
+    # -- conversation state -------------------------------------------------------------------
+    @property
+    def history(self) -> list[Message]:
+        """The conversation (without the system prompt)."""
+        return list(self._history)
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self._system
+
+    def set_system_prompt(self, text: str | None) -> None:
+        self._system = text or None
+        self.reset()
+
+    def load_history(self, messages: list[Message]) -> None:
+        msgs = list(messages)
+        if msgs and msgs[0].role == "system":
+            self._system = msgs.pop(0).content or None
+        self._history = [m for m in msgs if m.role != "system"]
+
+    def reset(self) -> None:
+        self._history = []
+        self._kv_ids = []
+        if self.runtime is not None:
+            self.runtime.clear()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def kv_sequence_length(self) -> int:
+        """Tokens of the conversation held in the KV cache."""
+        return self.runtime.sequence_length
+
+    # -- prompt building ----------------------------------------------------------------------
+    def _messages(self, history: list[Message]) -> list[Message]:
+        system = [Message("system", self._system)] if self._system else []
+        return system + history
+
+    def _encode(self, messages: list[Message]) -> list[int]:
+        return self.formatter.encode_prompt(self.tokenizer, messages, add_generation_prompt=True)
+
+    def _fit(self, history: list[Message], reserve: int) -> tuple[list[int], list[Message], int]:
+        """Prompt ids for ``history``, dropping the oldest turns until it leaves ``reserve`` tokens."""
+        ctx = self.runtime.context_window
+        dropped = 0
+        ids = self._encode(self._messages(history))
+        while len(ids) + reserve > ctx and len(history) > 1:
+            # drop the oldest turn: a user message and the assistant reply after it
+            cut = 2 if len(history) > 2 and history[1].role == "assistant" else 1
+            history = history[cut:]
+            dropped += cut
+            ids = self._encode(self._messages(history))
+        if len(ids) >= ctx:
+            raise LlmchatError(
+                f"The prompt is {len(ids)} tokens long; the context window holds {ctx}.",
+                "shorten the message or the system prompt, or load the model with a larger context window",
+            )
+        return ids, history, dropped
+
+    def _prepare_kv(self, ids: list[int]) -> list[int]:
+        """Keep the cached prefix of ``ids``, roll the rest back; the ids still to prefill."""
+        keep = _common_prefix(self._kv_ids, ids)
+        if keep == len(ids):
+            keep -= 1  # prefill at least one token to get logits
+        if keep < len(self._kv_ids):
+            self.runtime.popn(len(self._kv_ids) - keep)
+            del self._kv_ids[keep:]
+        return ids[keep:]
+
+    # -- generation ---------------------------------------------------------------------------
+    def chat(self, user_message: str, params: SamplingParams | None = None) -> Iterator[ChatEvent]:
+        params = params or SamplingParams()
+        if not self._lock.acquire(blocking=False):
+            raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
+        try:
+            self._cancel.clear()
+            history = [*self._history, Message("user", user_message)]
+            reserve = max(1, min(int(params.max_tokens), self.runtime.context_window // 4))
+            ids, history, dropped = self._fit(history, reserve)
+            if dropped:
+                self._history = history[:-1]
+                yield ContextTrimmed(dropped, self.runtime.context_window)
+            new_ids = self._prepare_kv(ids)
+            result = GenerationResult()
+            try:
+                yield from generate(
+                    self.runtime, new_ids, params, kv_ids=self._kv_ids, cancel=self._cancel,
+                    tokenizer=self.tokenizer, stop_token_ids=self.stop_token_ids,
+                    stop_strings=self.stop_strings, result=result,
+                )
+            finally:
+                # the turn joins the history even when the consumer stopped early or it was cancelled
+                self._history = [*history, Message("assistant", result.text)]
+                if result.stats.generated_tokens:
+                    self.last_stats = result.stats
+                    self.session_stats.add(result.stats)
+        finally:
+            self._lock.release()
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, ignore_eos: bool = False,
+                 detokenize: bool = True) -> Iterator[ChatEvent]:
+        """Raw completion of ``prompt_ids`` from an empty KV cache; the conversation is reset."""
+        if not prompt_ids:
+            raise LlmchatError("generate() needs at least one prompt token.", "pass a non-empty prompt")
+        if len(prompt_ids) >= self.runtime.context_window:
+            raise LlmchatError(
+                f"The prompt is {len(prompt_ids)} tokens long; the context window holds "
+                f"{self.runtime.context_window}.", "use a shorter prompt")
+        if not self._lock.acquire(blocking=False):
+            raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
+        try:
+            self._cancel.clear()
+            self.reset()
+            result = GenerationResult()
+            yield from generate(
+                self.runtime, list(prompt_ids), params, kv_ids=self._kv_ids, cancel=self._cancel,
+                tokenizer=self.tokenizer if detokenize else None,
+                stop_token_ids=() if ignore_eos else self.stop_token_ids,
+                stop_strings=() if ignore_eos else self.stop_strings, result=result,
+            )
+            self.last_stats = result.stats
+            self.session_stats.add(result.stats)
+        finally:
+            self.reset()
+            self._lock.release()
+
+    # -- resources ----------------------------------------------------------------------------
+    def memory_in_use_bytes(self) -> int | None:
+        return self.runtime.memory_in_use_bytes() if self.runtime is not None else None
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+
+def load_engine(
+    model: str | Path,
+    device: str = "auto",
+    progress: ProgressCallback | None = None,
+    context_window: int | None = None,
+    *,
+    arch: str | None = None,
+) -> TVMEngine:
+    """Load ``model`` (a model directory or an installed id) on ``device``, compiling if needed."""
+    from app.inference.chat_template import ChatFormatter
+    from app.inference.compiler import get_library
+    from app.inference.devices import resolve_device, tvm_device
+    from app.inference.tokenizer import Tokenizer
+    from app.inference.weights import load_weights
+
+    model_id, model_dir = resolve_model_dir(model)
+    cfg = ModelConfig.load(model_dir)
+    tokenizer = Tokenizer.from_model_dir(model_dir)
+    formatter = ChatFormatter.from_model_dir(model_dir, cfg.raw)
+    spec = resolve_device(device)
+    compiled = get_library(cfg, spec, arch=arch, progress=progress)
+
+    ctx = int(context_window) if context_window else min(cfg.context_window_size, DEFAULT_CONTEXT_CAP)
+    if ctx < 2:
+        raise LlmchatError(f"A context window of {ctx} tokens is too small.", "use at least 64")
+    ctx = min(ctx, cfg.context_window_size)
+    dev = tvm_device(spec)
+
+    def on_load(done: int, total: int) -> None:
+        if progress:
+            progress(ProgressEvent("load", f"loading weights to {spec}", done, total))
+
+    params, weight_bytes = load_weights(model_dir, compiled.params, dev,
+                                        progress=on_load if progress else None)
+    itemsize = 2 if cfg.model_dtype in ("float16", "bfloat16") else 4
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    runtime = ModelRuntime(
+        str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=cfg.model_dtype,
+        context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
+        weight_bytes=weight_bytes,
+    )
+    info = EngineInfo(
+        model_id=model_id, model_path=str(model_dir), backend=spec.backend, device=str(spec),
+        quantization=cfg.quantization, context_window=ctx, weight_bytes=weight_bytes,
+    )
+    return TVMEngine(info, cfg, runtime, tokenizer, formatter)
+
+
+Engine = TVMEngine
+ProgressFn = Callable[[ProgressEvent], None]

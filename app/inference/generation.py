@@ -1,0 +1,103 @@
+"""The generation loop: prefill the new tokens, then sample / decode until a stop condition.
+
+Per generated token the Python work is one sample, one detokenizer push and one stop-string
+check; everything else is set up once per reply.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from app.inference.api import ReplyStats, SamplingParams, TextDelta
+from app.inference.runtime import ModelRuntime
+from app.inference.sampling import Sampler
+from app.inference.stop import StopMatcher
+from app.inference.tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced (filled in while it runs)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    stats: ReplyStats = field(default_factory=ReplyStats)
+
+
+def generate(
+    runtime: ModelRuntime,
+    new_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    kv_ids: list[int],
+    cancel: threading.Event,
+    tokenizer: Tokenizer | None = None,
+    stop_token_ids: Collection[int] = (),
+    stop_strings: Sequence[str] = (),
+    result: GenerationResult | None = None,
+) -> Iterator[TextDelta | ReplyStats]:
+    """Prefill ``new_ids`` (appended to ``kv_ids``), stream the reply, end with ``ReplyStats``.
+
+    ``kv_ids`` mirrors the tokens in the runtime's KV cache and is extended in place.
+    ``tokenizer=None`` skips detokenization (benchmarks). Raises nothing on cancel: the reply
+    ends with ``finish_reason="cancelled"``."""
+    result = result if result is not None else GenerationResult()
+    stats = result.stats
+    stats.prompt_tokens = len(new_ids)
+    sampler = Sampler(params)
+    stream = StreamDecoder(tokenizer) if tokenizer is not None else None
+    matcher = StopMatcher(list(params.stop) + list(stop_strings)) if stream is not None else None
+    stop_ids = frozenset(stop_token_ids)
+    generated = result.token_ids
+    pieces: list[str] = []
+    max_tokens = max(1, int(params.max_tokens))
+    context_window = runtime.context_window
+
+    t_start = time.perf_counter()
+    logits = runtime.prefill(list(new_ids))
+    kv_ids.extend(new_ids)
+    t_prefilled = time.perf_counter()
+    stats.prefill_s = t_prefilled - t_start
+    finish = "stop"
+    stopped_by_string = False
+    while True:
+        token = sampler.sample(logits, generated)
+        generated.append(token)
+        if len(generated) == 1:
+            stats.time_to_first_token_s = time.perf_counter() - t_start
+        if token in stop_ids:
+            break
+        if stream is not None:
+            text = stream.push(token)
+            if text:
+                safe, stopped = matcher.push(text)
+                if safe:
+                    pieces.append(safe)
+                    yield TextDelta(safe)
+                if stopped:
+                    stopped_by_string = True
+                    break
+        if len(generated) >= max_tokens:
+            finish = "length"
+            break
+        if cancel.is_set():
+            finish = "cancelled"
+            break
+        if runtime.sequence_length + 1 > context_window:
+            finish = "context"
+            break
+        logits = runtime.decode(token)
+        kv_ids.append(token)
+    stats.decode_s = time.perf_counter() - t_prefilled
+    if stream is not None and not stopped_by_string:
+        tail = matcher.push(stream.flush())[0] + matcher.flush()
+        if tail:
+            pieces.append(tail)
+            yield TextDelta(tail)
+    stats.generated_tokens = len(generated)
+    stats.finish_reason = finish
+    result.text = "".join(pieces)
+    yield stats

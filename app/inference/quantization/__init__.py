@@ -1,0 +1,11 @@
+"""Weight formats (MLC group quantization, unquantized, GGUF blocks) behind one registry."""
+
+from app.inference.quantization.base import (
+    FORMATS,
+    WeightFormat,
+    get_format,
+    known_formats,
+    register_format,
+)
+
+__all__ = ["FORMATS", "WeightFormat", "get_format", "known_formats", "register_format"]

@@ -1,0 +1,223 @@
+"""Weight formats: how a linear layer's or an embedding's weight is stored and dequantized.
+
+A ``WeightFormat`` names a storage layout (``q4f16_1``, ``q0f32``, ``ggml_q4_0`` …) and supplies
+
+* ``param_specs(out_features, in_features)``: the stored parameters (suffix -> shape, dtype), e.g.
+  ``{"q_weight": ((out, in // 8), "uint32"), "q_scale": ((out, in // 32), "float16")}``;
+* ``dequant(params, row, col)``: a TIR expression (float32) for element ``W[row, col]`` from the
+  stored ``te.Tensor`` params — the generic modules below put it *inside* the matmul reduction,
+  so the weight is never materialised in full;
+* numpy ``quantize(w)`` (tests, random weights) and ``dequantize(params)`` (references).
+
+``linear()`` and ``embedding()`` build ``tvm.relax.frontend.nn`` modules from those; a format can
+override them (the unquantized formats use plain ``nn.Linear``).  Formats register themselves in
+``FORMATS`` with ``register_format``; ``get_format(name)`` looks one up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from app.errors import LlmchatError
+
+ParamSpecs = dict[str, tuple[tuple[int, ...], str]]
+
+
+class WeightFormat:
+    """A storage layout for 2-D weights ``W[out_features, in_features]``."""
+
+    #: registry name, e.g. "q4f16_1"
+    name: str = ""
+    #: activation / compute dtype of models whose quantization is this format
+    model_dtype: str = "float32"
+
+    # -- what a scheme supplies -------------------------------------------------------------
+    def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
+        """Stored parameter suffixes -> (shape, dtype)."""
+        raise NotImplementedError
+
+    def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
+        """TIR float32 expression of ``W[row, col]`` from the stored ``te.Tensor`` params."""
+        raise NotImplementedError
+
+    def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        """Encode a float matrix ``[out, in]`` into this format's params (numpy)."""
+        raise NotImplementedError
+
+    def dequantize(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Decode this format's params into a float64 matrix ``[out, in]`` (numpy)."""
+        raise NotImplementedError
+
+    def check_shape(self, out_features: int, in_features: int) -> None:
+        """Raise LlmchatError when a ``[out, in]`` weight cannot be stored in this format."""
+
+    # -- module builders (generic: dequantize inside the reduction) --------------------------
+    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str) -> Any:
+        """An nn.Module computing ``x @ W.T (+ bias)`` with output dtype ``dtype``."""
+        return DequantLinear(self, in_features, out_features, bias, dtype)
+
+    def embedding(self, num_embeddings: int, embedding_dim: int, dtype: str) -> Any:
+        """An nn.Module with ``forward(ids)`` (row lookup) and ``lm_head_forward(x)`` (tied head)."""
+        return DequantEmbedding(self, num_embeddings, embedding_dim, dtype)
+
+
+FORMATS: dict[str, WeightFormat] = {}
+
+
+def register_format(fmt: WeightFormat) -> WeightFormat:
+    """Add ``fmt`` to the registry under ``fmt.name`` (later registrations replace earlier ones)."""
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def _load_builtin_formats() -> None:
+    # imported for their registration side effect
+    from app.inference.quantization import group, none  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # GGUF block formats (optional module)
+        from app.inference.quantization import ggml  # noqa: F401
+
+
+def get_format(name: str) -> WeightFormat:
+    """The registered format ``name``; LlmchatError listing the known ones otherwise."""
+    if not FORMATS or name not in FORMATS:
+        _load_builtin_formats()
+    if name not in FORMATS:
+        raise LlmchatError(
+            f"Unsupported quantization {name!r}.",
+            f"use a model quantized as one of: {', '.join(sorted(FORMATS))}",
+        )
+    return FORMATS[name]
+
+
+def known_formats() -> list[str]:
+    """Names of every registered format."""
+    _load_builtin_formats()
+    return sorted(FORMATS)
+
+
+# ------------------------------------------------------------------------------------------
+# Generic TVM modules (imported lazily: runtime-only installs never build models)
+# ------------------------------------------------------------------------------------------
+def _nn():
+    from tvm.relax.frontend import nn
+
+    return nn
+
+
+def dequant_matmul_te(
+    fmt: WeightFormat, names: list[str], in_features: int, out_features: int, out_dtype: str
+) -> Callable[..., Any]:
+    """TE function ``(x, *params[, bias]) -> x @ dequant(W).T`` accumulating in float32."""
+    from tvm import te
+
+    def compute(x, *tensors):
+        params = dict(zip(names, tensors[: len(names)], strict=True))
+        bias = tensors[len(names)] if len(tensors) > len(names) else None
+        k = te.reduce_axis((0, in_features), name="k")
+        lead = list(x.shape[:-1])
+
+        def body(*idx):
+            n = idx[-1]
+            return te.sum(
+                x(*idx[:-1], k).astype("float32") * fmt.dequant(params, n, k),
+                axis=k,
+            )
+
+        acc = te.compute([*lead, out_features], body, name="dequant_matmul")
+        if bias is None and out_dtype == "float32":
+            return acc
+
+        def finish(*idx):
+            val = acc(*idx)
+            if bias is not None:
+                val = val + bias[idx[-1]].astype("float32")
+            return val.astype(out_dtype) if out_dtype != "float32" else val
+
+        return te.compute(acc.shape, finish, name="dequant_matmul_out")
+
+    return compute
+
+
+class _Lazy:
+    """Namespace for classes that subclass ``nn.Module`` (built on first use)."""
+
+    classes: ClassVar[dict[str, type]] = {}
+
+
+def _module_classes() -> dict[str, type]:
+    if _Lazy.classes:
+        return _Lazy.classes
+    nn = _nn()
+    from tvm import te
+    from tvm.relax.frontend.nn import op
+
+    class _DequantLinear(nn.Module):
+        """``y = x @ dequant(W).T (+ bias)`` with the dequantization inside the reduction."""
+
+        def __init__(self, fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str):
+            super().__init__()
+            fmt.check_shape(out_features, in_features)
+            self.fmt, self.in_features, self.out_features, self.dtype = fmt, in_features, out_features, dtype
+            self.param_names = list(fmt.param_specs(out_features, in_features))
+            for pname, (shape, pdtype) in fmt.param_specs(out_features, in_features).items():
+                setattr(self, pname, nn.Parameter(shape, pdtype))
+            self.bias = nn.Parameter((out_features,), dtype) if bias else None
+
+        def _params(self) -> list[Any]:
+            return [getattr(self, n) for n in self.param_names]
+
+        def forward(self, x: Any, out_dtype: str | None = None) -> Any:
+            args = [x, *self._params()]
+            if self.bias is not None:
+                args.append(self.bias)
+            fn = dequant_matmul_te(
+                self.fmt, self.param_names, self.in_features, self.out_features, out_dtype or self.dtype
+            )
+            return op.tensor_expr_op(fn, "dequant_matmul", args)
+
+    class _DequantEmbedding(nn.Module):
+        """Row lookup of a stored ``[vocab, dim]`` table; also the tied lm_head."""
+
+        def __init__(self, fmt: WeightFormat, num_embeddings: int, embedding_dim: int, dtype: str):
+            super().__init__()
+            fmt.check_shape(num_embeddings, embedding_dim)
+            self.fmt, self.num, self.dim, self.dtype = fmt, num_embeddings, embedding_dim, dtype
+            self.param_names = list(fmt.param_specs(num_embeddings, embedding_dim))
+            for pname, (shape, pdtype) in fmt.param_specs(num_embeddings, embedding_dim).items():
+                setattr(self, pname, nn.Parameter(shape, pdtype))
+
+        def forward(self, ids: Any) -> Any:
+            fmt, names, dim, dtype = self.fmt, self.param_names, self.dim, self.dtype
+
+            def lookup(ids_t, *tensors):
+                params = dict(zip(names, tensors, strict=True))
+                return te.compute(
+                    (ids_t.shape[0], dim),
+                    lambda i, j: fmt.dequant(params, ids_t[i], j).astype(dtype),
+                    name="dequant_take",
+                )
+
+            return op.tensor_expr_op(lookup, "dequant_take", [ids, *[getattr(self, n) for n in names]])
+
+        def lm_head_forward(self, x: Any) -> Any:
+            fn = dequant_matmul_te(self.fmt, self.param_names, self.dim, self.num, "float32")
+            params = [getattr(self, n) for n in self.param_names]
+            return op.tensor_expr_op(fn, "dequant_lm_head", [x, *params])
+
+    _Lazy.classes = {"linear": _DequantLinear, "embedding": _DequantEmbedding}
+    return _Lazy.classes
+
+
+def DequantLinear(fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str) -> Any:
+    """Build the generic dequantizing linear module."""
+    return _module_classes()["linear"](fmt, in_features, out_features, bias, dtype)
+
+
+def DequantEmbedding(fmt: WeightFormat, num_embeddings: int, embedding_dim: int, dtype: str) -> Any:
+    """Build the generic dequantizing embedding module."""
+    return _module_classes()["embedding"](fmt, num_embeddings, embedding_dim, dtype)

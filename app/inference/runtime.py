@@ -1,0 +1,157 @@
+"""Drive a compiled model library: weights, the paged KV cache, prefill and decode steps.
+
+Uses only TVM's runtime API (``tvm.runtime.load_module`` + ``tvm.runtime.vm.VirtualMachine`` and
+the ``vm.builtin.*`` KV-state functions), so a runtime-only TVM install can run cached libraries.
+One sequence (id 0) holds the conversation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from app.errors import LlmchatError
+
+PAGE_SIZE = 16
+SEQ_ID = 0
+
+
+class ModelRuntime:
+    """A loaded model library with its weights and one KV-cache sequence."""
+
+    def __init__(
+        self,
+        lib_path: str,
+        device: Any,
+        params: list[Any],
+        *,
+        hidden_size: int,
+        model_dtype: str,
+        context_window: int,
+        prefill_chunk: int,
+        kv_bytes_per_token: int,
+        weight_bytes: int,
+    ) -> None:
+        import tvm
+        from tvm.runtime import ShapeTuple
+        from tvm.runtime.vm import VirtualMachine
+
+        self.device = device
+        self.params = params
+        self.hidden_size = hidden_size
+        self.model_dtype = model_dtype
+        self.context_window = int(context_window)
+        self.prefill_chunk = max(1, min(int(prefill_chunk), self.context_window))
+        self.weight_bytes = weight_bytes
+        pages = math.ceil(self.context_window / PAGE_SIZE) + 1
+        self.kv_bytes = pages * PAGE_SIZE * kv_bytes_per_token
+        self._ShapeTuple = ShapeTuple
+        try:
+            self.vm = VirtualMachine(tvm.runtime.load_module(lib_path), device)
+            self._f_embed = self.vm["embed"]
+            self._f_prefill = self.vm["prefill"]
+            self._f_decode = self.vm["decode"]
+            self.kv = self.vm["create_paged_kv_cache"](
+                ShapeTuple([1]), ShapeTuple([self.context_window]), ShapeTuple([self.prefill_chunk]),
+                ShapeTuple([PAGE_SIZE]), ShapeTuple([0]),
+            )
+        except Exception as err:
+            raise LlmchatError(
+                f"Could not start the model library {lib_path}: {err}",
+                "delete the compiled-library cache (it is rebuilt) or check device memory",
+            ) from err
+        get = tvm.get_global_func
+        self._f_add = get("vm.builtin.kv_state_add_sequence")
+        self._f_remove = get("vm.builtin.kv_state_remove_sequence")
+        self._f_begin = get("vm.builtin.kv_state_begin_forward")
+        self._f_end = get("vm.builtin.kv_state_end_forward")
+        self._f_popn = get("vm.builtin.kv_state_popn")
+        self._f_len = get("vm.builtin.attention_kv_cache_get_sequence_length")
+        self._f_reshape = get("vm.builtin.reshape")
+        self._seq = ShapeTuple([SEQ_ID])
+        self._one = ShapeTuple([1])
+        self._decode_shape = ShapeTuple([1, 1, hidden_size])
+        self._ids1 = np.zeros(1, dtype=np.int32)
+        self._f_add(self.kv, SEQ_ID)
+        self._length = 0
+
+    # -- KV state --------------------------------------------------------------------------
+    @property
+    def sequence_length(self) -> int:
+        """Tokens held in the KV cache for the conversation."""
+        return self._length
+
+    def kv_sequence_length(self) -> int:
+        """The KV cache's own count (for tests)."""
+        return int(self._f_len(self.kv, SEQ_ID))
+
+    def clear(self) -> None:
+        """Drop every cached token."""
+        self._f_remove(self.kv, SEQ_ID)
+        self._f_add(self.kv, SEQ_ID)
+        self._length = 0
+
+    def popn(self, n: int) -> None:
+        """Roll the last ``n`` tokens back."""
+        if n <= 0:
+            return
+        if n >= self._length:
+            self.clear()
+            return
+        self._f_popn(self.kv, SEQ_ID, n)
+        self._length -= n
+
+    # -- steps -----------------------------------------------------------------------------
+    def _embed(self, ids: np.ndarray) -> Any:
+        import tvm
+
+        return self._f_embed(tvm.runtime.tensor(ids, device=self.device), self.params)
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the sequence (in chunks); logits after the last one, float32 [vocab]."""
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        if self._length + len(ids) > self.context_window:
+            raise LlmchatError(
+                f"{self._length + len(ids)} tokens do not fit the context window of {self.context_window}.",
+                "start a new conversation or use a shorter prompt",
+            )
+        arr = np.asarray(ids, dtype=np.int32)
+        logits = None
+        for start in range(0, len(arr), self.prefill_chunk):
+            chunk = arr[start: start + self.prefill_chunk]
+            n = len(chunk)
+            emb = self._f_reshape(self._embed(chunk), self._ShapeTuple([1, n, self.hidden_size]))
+            self._f_begin(self.kv, self._seq, self._ShapeTuple([n]))
+            logits, self.kv = self._f_prefill(emb, self.kv, self.params)
+            self._f_end(self.kv)
+            self._length += n
+        return logits.numpy().reshape(-1)
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; its logits, float32 [vocab]."""
+        if self._length + 1 > self.context_window:
+            raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
+                               "start a new conversation")
+        self._ids1[0] = token
+        emb = self._f_reshape(self._embed(self._ids1), self._decode_shape)
+        self._f_begin(self.kv, self._seq, self._one)
+        logits, self.kv = self._f_decode(emb, self.kv, self.params)
+        self._f_end(self.kv)
+        self._length += 1
+        return logits.numpy().reshape(-1)
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory_in_use_bytes(self) -> int:
+        """Weights + the KV cache pages (what this runtime allocated on the device)."""
+        return self.weight_bytes + self.kv_bytes
+
+    def close(self) -> None:
+        """Release the device memory (weights, KV cache, VM)."""
+        self.params = []
+        self.kv = None
+        self.vm = None
+        self._f_embed = self._f_prefill = self._f_decode = None
