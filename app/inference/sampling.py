@@ -15,8 +15,11 @@ import numpy as np
 from app.errors import LlmchatError
 from app.inference.api import SamplingParams
 
-# How many of the most likely tokens top-p looks at before falling back to a full sort.
-_TOP_P_CANDIDATES = 256
+# Top-p ranks only the tokens whose weight (probability / max probability) is at least one of
+# these cutoffs, as long as there are at most _TOP_P_MAX_CANDIDATES of them; otherwise it sorts
+# the whole vocabulary.
+_TOP_P_CUTOFFS = (math.exp(-9.0), math.exp(-18.0))
+_TOP_P_MAX_CANDIDATES = 8192
 
 # key -> the allowed range, in words (error messages and /help)
 ALLOWED_RANGES: dict[str, str] = {
@@ -200,8 +203,8 @@ class Sampler:
         logits = self.apply_penalties(logits)
         if self.params.temperature == 0.0:
             return int(np.argmax(logits))
-        candidates, probs = self.distribution(logits)
-        cumulative = np.cumsum(probs)
+        candidates, weights = self._weights(logits)
+        cumulative = np.cumsum(weights, dtype=np.float64)
         draw = self.rng.random() * cumulative[-1]
         index = int(np.searchsorted(cumulative, draw, side="right"))
         return int(candidates[min(index, len(candidates) - 1)])
@@ -209,47 +212,59 @@ class Sampler:
     def distribution(self, penalized_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, probabilities) the next draw is taken from, after temperature and top-p.
 
-        The probabilities (float64) sum to 1. With top_p < 1 this is exactly the nucleus:
-        tokens in order of decreasing probability (ties: lower id first) up to and including
-        the first one at which the cumulative probability reaches top_p.
+        The probabilities (float64) sum to 1. With top_p < 1 the ids are exactly the nucleus:
+        ranking tokens by decreasing probability (ties: lower id first), every token up to and
+        including the first at which the cumulative probability reaches top_p. The order of
+        the returned ids is deterministic (the draw depends on it only through the seed).
         """
-        scaled = penalized_logits.astype(np.float64) / self.params.temperature
-        top = float(np.max(scaled))
+        ids, weights = self._weights(penalized_logits)
+        weights = weights.astype(np.float64)
+        return ids, weights / weights.sum()
+
+    def _weights(self, penalized_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate ids and their unnormalized float32 probabilities."""
+        logits = np.asarray(penalized_logits, dtype=np.float32)
+        top = float(np.max(logits))
         if not math.isfinite(top):
             raise LlmchatError(
                 "the model produced no finite logits (all -inf or NaN).",
                 "check the model's weights; try another quantization",
             )
-        weights = np.exp(scaled - top)
-        total = float(weights.sum())
+        # softmax numerator, exp in float32 (fast), sums in float64
+        weights = np.exp((logits - np.float32(top)) * np.float32(1.0 / self.params.temperature))
+        total = float(weights.sum(dtype=np.float64))
         top_p = self.params.top_p
         if top_p >= 1.0:
-            ids = np.arange(weights.shape[0])
-            return ids, weights / total
+            return np.arange(weights.shape[0]), weights
         ids = _nucleus(weights, total, top_p)
-        kept = weights[ids]
-        return ids, kept / kept.sum()
+        return ids, weights[ids]
 
 
 def _nucleus(weights: np.ndarray, total: float, top_p: float) -> np.ndarray:
     """Ids of the smallest set of most likely tokens whose probability sum reaches top_p.
 
-    Looks at the top candidates found with argpartition first; that answer is exact when
-    the cut falls strictly above the smallest candidate weight (so no token outside the
-    candidates ties with or beats a token inside). Otherwise it sorts the whole vocabulary.
+    Ranking: decreasing weight, ties broken by lower id. Candidates are all tokens whose
+    weight is at least a cutoff; every other token ranks below all of them, so if the
+    candidates' cumulative weight reaches top_p the nucleus found among them is exact. A flat
+    distribution (a huge nucleus) falls back to sorting all the weights.
     """
     vocab = weights.shape[0]
     threshold = top_p * total
-    k = min(_TOP_P_CANDIDATES, vocab)
-    while k < vocab:
-        part = np.argpartition(-weights, k - 1)[:k]
-        order = part[np.lexsort((part, -weights[part]))]
-        cumulative = np.cumsum(weights[order])
+    for cutoff in _TOP_P_CUTOFFS:
+        candidates = np.flatnonzero(weights >= cutoff)
+        if candidates.size > _TOP_P_MAX_CANDIDATES:
+            break
+        order = candidates[np.lexsort((candidates, -weights[candidates]))]
+        cumulative = np.cumsum(weights[order], dtype=np.float64)
         cut = int(np.searchsorted(cumulative, threshold, side="left"))
-        if cut < k and weights[order[cut]] > weights[order[-1]]:
+        if cut < order.size:
             return order[: cut + 1]
-        k *= 8
-    order = np.lexsort((np.arange(vocab), -weights))
-    cumulative = np.cumsum(weights[order])
+    # the weight at the cut, from the sorted values; then every token above it and the
+    # lowest ids among those equal to it (in id order)
+    values = np.sort(weights)[::-1]
+    cumulative = np.cumsum(values, dtype=np.float64)
     cut = min(int(np.searchsorted(cumulative, threshold, side="left")), vocab - 1)
-    return order[: cut + 1]
+    at_cut = values[cut]
+    above = np.flatnonzero(weights > at_cut)
+    equal = np.flatnonzero(weights == at_cut)[: cut + 1 - above.size]
+    return np.concatenate([above, equal])
