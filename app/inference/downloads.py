@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -325,9 +326,12 @@ def _fetch_file(
                 request_headers = dict(headers)
                 if offset:
                     request_headers["Range"] = f"bytes={offset}-"
+                if cancel.is_set():
+                    raise _cancelled()
                 with (
                     get_session().stream("GET", url, headers=request_headers, timeout=timeout) as response,
                     part.open("ab") as f,
+                    _close_on_cancel(response, cancel),
                 ):
                     if response.status_code == 416 and offset and remote.size is None:
                         pass  # the partial file already holds everything
@@ -360,6 +364,8 @@ def _fetch_file(
             attempt = _retry_or_raise(repo, remote, err, attempt, cancel)
             continue
         except Exception as err:
+            if cancel.is_set():  # the watcher closed the connection under a stalled read
+                raise _cancelled() from None
             retryable = _is_retryable(err)
             if not retryable:
                 raise _hub_error(repo, err, remote.name) from None
@@ -392,6 +398,38 @@ def _fetch_file(
             )
         os.replace(part, final)
         return
+
+
+def _abort(response) -> None:
+    """Shut the response's socket down: this wakes a thread blocked reading it (close() would not)."""
+    with contextlib.suppress(Exception):
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        response.close()
+
+
+@contextlib.contextmanager
+def _close_on_cancel(response, cancel: threading.Event) -> Iterator[None]:
+    """Close ``response`` as soon as ``cancel`` is set, so that a stalled read ends at once."""
+    finished = threading.Event()
+
+    def watch() -> None:
+        while not finished.is_set():
+            if cancel.wait(0.05):
+                if not finished.is_set():
+                    _abort(response)
+                return
+
+    watcher = threading.Thread(target=watch, name="download-cancel-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        watcher.join()
 
 
 def _is_retryable(err: BaseException) -> bool:
