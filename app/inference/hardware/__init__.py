@@ -1,0 +1,159 @@
+"""Hardware probe: which GPUs are here, which backend llmchat should use, why, and how much memory.
+
+    report = probe()                      # the running machine (or $LLMCHAT_SYSROOT)
+    report = probe("tests/fixtures/sysroots/amd-vangogh", tvm_runtimes={"vulkan"})
+    report.backend, report.device, report.memory_budget_bytes, report.to_json(), report.format_text()
+
+Pure functions over files under a root directory (``/`` or a fixture tree): no GPU driver is
+loaded and nothing needs root. TVM is only asked when it is already imported in this process;
+otherwise its installed runtime libraries are inspected without importing it (fast).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from app.errors import LlmchatError
+from app.inference.hardware.decision import Decision, Inputs, decide
+from app.inference.hardware.devices import GpuDevice, enumerate_gpus
+from app.inference.hardware.memory import memory_budget
+from app.inference.hardware.report import STEAMOS_NOTES, HardwareReport
+from app.inference.hardware.runtimes import (
+    NvidiaStatus,
+    RocmStatus,
+    VulkanStatus,
+    probe_nvidia,
+    probe_rocm,
+    probe_vulkan,
+    tvm_runtimes_for,
+)
+from app.inference.hardware.sysfs import SysReader
+from app.inference.hardware.system import read_system, steam_deck_model
+
+__all__ = ["GpuDevice", "HardwareReport", "probe", "resolve_sysroot"]
+
+BACKENDS = ("rocm", "vulkan", "cuda", "metal", "cpu")
+
+
+def resolve_sysroot(sysroot: str | os.PathLike[str] | None = None) -> Path:
+    """``sysroot``, else $LLMCHAT_SYSROOT, else "/"; raises LlmchatError when it is not a directory."""
+    root = Path(sysroot if sysroot is not None else os.environ.get("LLMCHAT_SYSROOT") or "/")
+    if not root.is_dir():
+        raise LlmchatError(
+            f"The sysroot {str(root)!r} is not a directory.",
+            "pass --sysroot (or set LLMCHAT_SYSROOT to) a directory laid out like / (with sys/, proc/, etc/)",
+        )
+    return root
+
+
+def probe(
+    sysroot: str | os.PathLike[str] | None = None,
+    *,
+    utilization: float = 0.85,
+    tvm_runtimes: set[str] | None = None,
+) -> HardwareReport:
+    """Probe the machine (or a sysroot) and decide the backend.
+
+    ``utilization``: share of GPU memory the model may use (MLC's gpu_memory_utilization).
+    ``tvm_runtimes``: the device runtimes the installed TVM has (e.g. {"vulkan"}); None = find out
+    (from $LLMCHAT_TVM_RUNTIMES, the imported TVM, or its installed libraries; not for a sysroot).
+    """
+    if not 0 < utilization <= 1:
+        raise LlmchatError(
+            f"GPU memory utilization must be between 0 and 1, got {utilization}.", "use a value such as 0.85"
+        )
+    started = time.perf_counter()
+    root = resolve_sysroot(sysroot)
+    reader = SysReader(root)
+    system = read_system(reader)
+    linux = system.os_name == "Linux"
+    gpus = enumerate_gpus(reader) if linux else []
+    if system.os_name == "Darwin":
+        gpus = [
+            GpuDevice(
+                vendor="apple",
+                name=f"Apple GPU ({platform.machine()})",
+                pci_id="",
+                kind="integrated",
+                vram_bytes=None,
+            )
+        ]
+    if linux and reader.is_real_root and not reader.exists("/sys/class/drm"):
+        reader.problem("/sys/class/drm", "missing (no GPU driver loaded, or a container without /dev/dri)")
+    vulkan = probe_vulkan(reader) if linux else VulkanStatus()
+    rocm = probe_rocm(reader) if linux else RocmStatus()
+    nvidia = probe_nvidia(reader) if linux else NvidiaStatus()
+    tvm = tvm_runtimes_for(reader, tvm_runtimes)
+    deck = steam_deck_model(system, [g.pci_id for g in gpus])
+    decision = decide(Inputs(gpus, system, vulkan, rocm, nvidia, tvm, deck))
+    run_gpu = None if decision.backend in ("cpu", "metal") else decision.gpu
+    budget, explanation = memory_budget(run_gpu, decision.backend, system, utilization)
+    notes = list(STEAMOS_NOTES) if (deck is not None or system.is_steamos) else []
+    return HardwareReport(
+        devices=gpus,
+        recommended_backend=decision.recommended_backend,
+        backend=decision.backend,
+        device=decision.device,
+        memory_budget_bytes=budget,
+        memory_budget_explanation=explanation,
+        steam_deck=deck is not None,
+        steam_deck_model=deck,
+        reasons=decision.recommended_reasons + decision.backend_reasons,
+        recommended_reasons=decision.recommended_reasons,
+        backend_reasons=decision.backend_reasons,
+        fixes=decision.fixes,
+        options=decision.options,
+        notes=notes,
+        problems=list(reader.problems),
+        utilization=utilization,
+        system=_system_dict(system),
+        runtimes=_runtimes_dict(decision, vulkan, rocm, nvidia, tvm),
+        sysroot=str(root),
+        probe_seconds=time.perf_counter() - started,
+    )
+
+
+def _system_dict(system) -> dict:
+    return {
+        "os": system.os_name,
+        "os_release": system.os_pretty_name,
+        "machine": system.machine,
+        "mem_total_bytes": system.mem_total_bytes,
+        "mem_available_bytes": system.mem_available_bytes,
+        "sys_vendor": system.sys_vendor,
+        "product_name": system.product_name,
+    }
+
+
+def _runtimes_dict(decision: Decision, vulkan, rocm, nvidia, tvm) -> dict:
+    return {
+        "chosen_pci_id": decision.gpu.pci_id if decision.gpu else None,
+        "vulkan": {"loader": vulkan.loader, "icds": [asdict(i) for i in vulkan.icds]},
+        "rocm": {
+            "usable": rocm.usable,
+            "kfd_exists": rocm.kfd_exists,
+            "kfd_openable": rocm.kfd_openable,
+            "kfd_error": rocm.kfd_error,
+            "user": rocm.user,
+            "in_render_group": rocm.in_render_group,
+            "hip_libs": rocm.hip_libs,
+            "rocblas_libs": rocm.rocblas_libs,
+            "rocblas_gfx": sorted(rocm.rocblas_gfx),
+            "version": rocm.version,
+        },
+        "nvidia": {
+            "driver_version": nvidia.driver_version,
+            "libcuda": nvidia.libcuda,
+            "cudart": nvidia.cudart,
+        },
+        "tvm": {
+            "method": tvm.method,
+            "available": None if tvm.available is None else sorted(tvm.available),
+            "devices_exist": tvm.devices_exist,
+            "details": tvm.details,
+        },
+    }

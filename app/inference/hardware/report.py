@@ -1,0 +1,143 @@
+"""The probe's result: :class:`HardwareReport`, as JSON (``llmchat doctor --json``) or readable text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.inference.hardware.devices import GpuDevice
+from app.inference.hardware.memory import gib
+
+STEAMOS_NOTES = [
+    "SteamOS keeps / read-only and resets it on updates: keep llmchat and its virtual environment "
+    "under your home directory (cd ~/llmchat && python3 -m venv .venv && .venv/bin/pip install -e .); "
+    "do not use sudo pacman or steamos-readonly disable.",
+    "Run it in Desktop Mode (Steam button → Power → Switch to Desktop) from Konsole; Game Mode has no "
+    "terminal.",
+    "SteamOS ships no ROCm; llmchat uses Vulkan (Mesa RADV), which SteamOS has.",
+    "The GPU and CPU share one power budget (15 W by default): plug in the charger for long chats.",
+]
+
+
+@dataclass
+class HardwareReport:
+    """What the probe found and decided. ``backend``/``device`` are what llmchat will use."""
+
+    devices: list[GpuDevice]
+    recommended_backend: str
+    backend: str
+    device: str
+    memory_budget_bytes: int
+    memory_budget_explanation: str
+    steam_deck: bool
+    reasons: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # files that could not be read, and why
+    recommended_reasons: list[str] = field(default_factory=list)
+    backend_reasons: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)  # risky choices offered, never applied
+    notes: list[str] = field(default_factory=list)  # e.g. SteamOS specifics
+    steam_deck_model: str | None = None  # "LCD" | "OLED" | "" (unknown) when a Deck
+    utilization: float = 0.85
+    system: dict[str, Any] = field(default_factory=dict)
+    runtimes: dict[str, Any] = field(default_factory=dict)
+    sysroot: str = "/"
+    probe_seconds: float = 0.0
+
+    @property
+    def gpu(self) -> GpuDevice | None:
+        """The device ``backend`` runs on (None for cpu)."""
+        if self.backend in ("cpu", "metal"):
+            return None
+        return next((d for d in self.devices if d.pci_id == self.runtimes.get("chosen_pci_id")), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "devices": [
+                {
+                    "vendor": d.vendor,
+                    "name": d.name,
+                    "pci_id": d.pci_id,
+                    "gfx_target": d.gfx_target,
+                    "kind": d.kind,
+                    "vram_bytes": d.vram_bytes,
+                    "gtt_bytes": d.gtt_bytes,
+                    "bandwidth_bytes_per_s": d.bandwidth_bytes_per_s,
+                    "driver": d.driver,
+                    "revision": d.revision,
+                    "pci_slot": d.pci_slot,
+                    "compute_units": d.compute_units,
+                    "kfd_memory_bytes": d.kfd_memory_bytes,
+                    "vram_source": d.vram_source,
+                    "gfx_source": d.gfx_source,
+                    "notes": d.notes,
+                }
+                for d in self.devices
+            ],
+            "recommended_backend": self.recommended_backend,
+            "backend": self.backend,
+            "device": self.device,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "memory_budget_explanation": self.memory_budget_explanation,
+            "utilization": self.utilization,
+            "steam_deck": self.steam_deck,
+            "steam_deck_model": self.steam_deck_model,
+            "reasons": self.reasons,
+            "recommended_reasons": self.recommended_reasons,
+            "backend_reasons": self.backend_reasons,
+            "fixes": self.fixes,
+            "options": self.options,
+            "notes": self.notes,
+            "problems": self.problems,
+            "system": self.system,
+            "runtimes": self.runtimes,
+            "sysroot": self.sysroot,
+            "probe_seconds": round(self.probe_seconds, 4),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    def format_text(self) -> str:
+        """The report ``llmchat doctor`` prints."""
+        lines: list[str] = []
+        add = lines.append
+        add("GPUs")
+        if not self.devices:
+            add("  none found")
+        for i, d in enumerate(self.devices):
+            gfx = f", {d.gfx_target}" if d.gfx_target else ""
+            add(f"  [{i}] {d.name} ({d.pci_id}{gfx}, {d.kind}, driver {d.driver or '?'})")
+            mem = [
+                f"VRAM {gib(d.vram_bytes)}" + ("" if d.vram_source in ("sysfs", "unknown") else " (typical)")
+            ]
+            if d.gtt_bytes:
+                mem.append(f"GTT {gib(d.gtt_bytes)}")
+            if d.kfd_memory_bytes:
+                mem.append(f"KFD memory {gib(d.kfd_memory_bytes)}")
+            if d.bandwidth_bytes_per_s:
+                mem.append(f"bandwidth {d.bandwidth_bytes_per_s / 1e9:g} GB/s")
+            add("      " + ", ".join(mem))
+        if self.steam_deck:
+            model = f" ({self.steam_deck_model})" if self.steam_deck_model else ""
+            add(f"Steam Deck{model}: yes")
+        add("")
+        add(f"Recommended backend: {self.recommended_backend}")
+        lines += [f"  - {r}" for r in self.recommended_reasons]
+        add(f"Backend llmchat will use: {self.backend} (device {self.device})")
+        lines += [f"  - {r}" for r in self.backend_reasons]
+        add("")
+        add(f"Memory budget: {gib(self.memory_budget_bytes)} ({self.memory_budget_bytes:,} bytes)")
+        add(f"  {self.memory_budget_explanation}")
+        for title, items in (
+            ("How to fix", self.fixes),
+            ("Options (not applied)", self.options),
+            ("Notes", self.notes),
+            ("Could not read", self.problems),
+        ):
+            if items:
+                add("")
+                add(title)
+                lines += [f"  - {item}" for item in items]
+        return "\n".join(lines) + "\n"
