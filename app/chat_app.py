@@ -73,16 +73,10 @@ def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event
 
 
 def _fit(entry: Any, report: Any) -> str:
-    """'fits', 'tight' or 'does not fit' for a catalog entry on the probed hardware."""
-    from app.inference import fit
+    """'fits', 'tight', 'does not fit' or 'unknown' for a catalog entry on the probed hardware."""
+    from app.inference.fit import estimate
 
-    for name in ("estimate_fit", "estimate", "fit_for", "check_fit"):
-        function = getattr(fit, name, None)
-        if callable(function):
-            result = function(entry, report)
-            verdict = getattr(result, "verdict", None) or getattr(result, "label", None) or result
-            return str(getattr(verdict, "value", verdict))
-    return "?"
+    return str(estimate(entry, getattr(report, "memory_budget_bytes", None)).verdict)
 
 
 @dataclass

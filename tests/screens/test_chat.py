@@ -51,3 +51,185 @@ async def test_message_streams_with_live_and_final_stats(make_app):
         messages = app.history.messages(app.conversation_id)
         assert [m.role for m in messages] == ["user", "assistant"]
         assert messages[1].content == reply.source
+
+
+async def send_and_finish(pilot, chat: ChatScreen, text: str) -> None:
+    before = chat.engine.session_stats.replies
+    await type_and_send(pilot, text)
+    await wait_until(pilot, lambda: chat.engine.session_stats.replies > before and not chat.replying)
+
+
+def notices(chat: ChatScreen) -> list[Notice]:
+    return list(chat.query_one(ChatLog).query(Notice))
+
+
+async def test_stats_command_shows_last_reply_session_device_memory(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 8
+        await send_and_finish(pilot, chat, "Hi")
+        await type_and_send(pilot, "/stats")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        text = notices(chat)[0].source
+        last = chat.engine.last_stats
+        assert f"last reply: {last.format()}" in text
+        assert "session: 1 replies" in text
+        assert f"device: {chat.engine.info.device}, backend: {chat.engine.info.backend}" in text
+        assert "memory in use:" in text
+        # commands are never sent to the model
+        assert chat.engine.session_stats.replies == 1
+
+
+async def test_reset_clears_chat_and_starts_new_conversation(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await send_and_finish(pilot, chat, "first")
+        first_id = app.conversation_id
+        assert chat.engine.history
+        await type_and_send(pilot, "/reset")
+        await wait_until(pilot, lambda: not chat.query_one(ChatLog).query(UserMessage))
+        assert chat.engine.history == []
+        assert "cleared" in notices(chat)[-1].source
+        await send_and_finish(pilot, chat, "second")
+        assert app.conversation_id != first_id
+        assert app.history.messages(first_id)[0].content == "first"
+
+
+async def test_set_bad_value_names_key_and_range_and_good_value_applies(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/set temperature=9")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        error = notices(chat)[0]
+        assert error.has_class("error")
+        assert "temperature" in error.source
+        assert "2" in error.source  # the allowed range 0..2
+        assert app.params.temperature != 9
+        await type_and_send(pilot, "/set temperature=0.25; max_tokens=7")
+        await wait_until(pilot, lambda: len(notices(chat)) == 2)
+        assert app.params.temperature == 0.25 and app.params.max_tokens == 7
+        assert chat.engine.session_stats.replies == 0
+
+
+async def test_unknown_command_hints_and_is_not_sent(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/stast")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        assert "/stats" in notices(chat)[0].source
+        assert "/help" in notices(chat)[0].source
+        assert not chat.query_one(ChatLog).query(UserMessage)
+        assert chat.engine.session_stats.replies == 0
+        assert app.conversation_id is None
+
+
+async def test_escape_stops_the_reply_and_keeps_the_text(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 100_000
+        await type_and_send(pilot, "Tell me a long story")
+        reply = None
+
+        def has_text() -> bool:
+            nonlocal reply
+            replies = list(chat.query_one(ChatLog).query(AssistantMessage))
+            reply = replies[-1] if replies else None
+            return bool(reply and reply.source.strip())
+
+        await wait_until(pilot, has_text)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not chat.replying, timeout=5)
+        stats = chat.engine.last_stats
+        assert stats.finish_reason == "cancelled"
+        assert stats.generated_tokens < 100_000
+        assert reply.source.strip()
+        assert "stopped" in str(chat.query_one(ChatLog).query(StatsLine).last().render())
+        saved = app.history.messages(app.conversation_id)
+        assert saved[-1].role == "assistant" and saved[-1].content == reply.source
+
+
+async def test_help_lists_commands_and_keys(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/help")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        text = notices(chat)[0].source
+        assert "/stats" in text and "/set" in text and "esc" in text and "ctrl+j" in text
+
+
+async def test_multiline_input_and_history(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        prompt = chat.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("a", "ctrl+j", "b")
+        assert prompt.text == "a\nb"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: chat.replying)
+        chat.action_stop()
+        await wait_until(pilot, lambda: not chat.replying)
+        assert chat.query_one(ChatLog).query_one(UserMessage).source == "a\nb"
+        await pilot.press("/", "h", "e", "l", "p", "enter")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        assert prompt.text == ""
+        await pilot.press("up")
+        assert prompt.text == "/help"
+        await pilot.press("up")
+        assert prompt.text == "a\nb"
+        await pilot.press("down", "down")
+        assert prompt.text == ""
+
+
+async def test_system_prompt_and_export(make_app, tmp_path):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await type_and_send(pilot, "/system You are terse.")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        await send_and_finish(pilot, chat, "Hello")
+        target = tmp_path / "exported.md"
+        await type_and_send(pilot, f"/export {target}")
+        await wait_until(pilot, target.exists)
+        text = target.read_text()
+        assert "You are terse." in text and "## You\n\nHello" in text and "## Assistant" in text
+
+
+async def test_quit_mid_reply_cancels_engine(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 100_000
+        await type_and_send(pilot, "go on forever")
+        await wait_until(pilot, lambda: chat.replying and chat.engine.session_stats.replies == 0)
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: not app.is_running, timeout=10)
+    assert chat.engine.last_stats is None or chat.engine.last_stats.finish_reason == "cancelled"
+    assert app.return_code == 0
+
+
+async def test_continue_resumes_the_latest_conversation(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await send_and_finish(pilot, chat, "remember me")
+        saved_id = app.conversation_id
+        await pilot.press("ctrl+c")
+    chat.engine.reset()
+    again = make_app(engine=chat.engine, continue_last=True, model=None)
+    async with again.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        log = chat.query_one(ChatLog)
+        await wait_until(pilot, lambda: bool(log.query(UserMessage)))
+        assert log.query_one(UserMessage).source == "remember me"
+        assert chat.engine.history[0].content == "remember me"
+        assert again.conversation_id == saved_id
