@@ -1,0 +1,70 @@
+"""Tiny random-weight models of each family and weight format against the numpy float64 reference:
+logits of a (chunked) prefill and of 16 greedy decode steps, and the greedy tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from app.inference.engine import load_engine
+from app.inference.weights import load_numpy
+from tests.inference.reference import forward
+
+CASES = [
+    # family, quantization, relative tolerance
+    ("llama", "q4f32_1", 1e-4),
+    ("llama", "q4f16_1", 1e-2),
+    ("llama", "q0f32", 1e-4),
+    ("qwen2", "q4f32_1", 1e-4),
+    ("qwen2", "q0f16", 1e-2),
+    ("llama3", "q0f32", 1e-4),  # Llama-3.1-style RoPE scaling
+]
+PROMPT_LEN = 45  # longer than the tiny models' prefill chunk (32): two prefill chunks
+DECODE_STEPS = 16
+
+
+@pytest.mark.parametrize(("family", "quantization", "tol"), CASES, ids=[f"{f}-{q}" for f, q, _ in CASES])
+def test_logits_match_reference(tiny_model_dir, family, quantization, tol):
+    model_dir = tiny_model_dir(family, quantization)
+    config = json.loads((model_dir / "mlc-chat-config.json").read_text())
+    params = load_numpy(model_dir)
+    engine = load_engine(model_dir, device="cpu")
+    try:
+        rt = engine.runtime
+        rng = np.random.default_rng(3)
+        prompt = rng.integers(0, config["vocab_size"], size=PROMPT_LEN).tolist()
+        logits = [rt.prefill(prompt)]
+        tokens = list(prompt)
+        for _ in range(DECODE_STEPS):
+            tokens.append(int(np.argmax(logits[-1])))
+            logits.append(rt.decode(tokens[-1]))
+        assert rt.kv_sequence_length() == PROMPT_LEN + DECODE_STEPS
+    finally:
+        engine.close()
+
+    ref = forward(config, params, tokens)[PROMPT_LEN - 1:]
+    got = np.stack(logits)
+    scale = np.abs(ref).max()
+    rel = np.abs(got - ref).max(axis=1) / scale
+    assert rel[0] <= tol, f"prefill logits off by {rel[0]:.2e} (relative)"
+    assert rel.max() <= tol, f"decode logits off by {rel.max():.2e} (relative) at step {int(rel.argmax())}"
+    # identical greedy tokens (where the reference's top two are not within the tolerance)
+    for step in range(DECODE_STEPS):
+        top2 = np.sort(ref[step])[-2:]
+        if top2[1] - top2[0] > 2 * tol * scale:
+            assert tokens[PROMPT_LEN + step] == int(np.argmax(ref[step])), f"greedy token differs at {step}"
+
+
+def test_quantized_weights_are_really_quantized(tiny_model_dir):
+    """The q4 model stores MLC's layout: uint32 words [out, in/8] and one scale per 32 inputs."""
+    params = load_numpy(tiny_model_dir("llama", "q4f16_1"))
+    qkv = params["model.layers.0.self_attn.qkv_proj.q_weight"]
+    scale = params["model.layers.0.self_attn.qkv_proj.q_scale"]
+    assert qkv.dtype == np.uint32 and qkv.shape == ((4 + 2 * 2) * 16, 64 // 8)
+    assert scale.dtype == np.float16 and scale.shape == (128, 64 // 32)
+    assert "lm_head.q_weight" in params and "model.embed_tokens.q_weight" in params
+    tied = load_numpy(tiny_model_dir("qwen2", "q4f32_1"))
+    assert not any(n.startswith("lm_head") for n in tied)
+    assert tied["model.layers.0.self_attn.c_attn.bias"].shape == ((4 + 2) * 16,)
