@@ -307,20 +307,16 @@ def tvm_runtimes_live() -> TvmRuntimes:
     return result
 
 
-def tvm_runtimes_static(reader: SysReader | None = None) -> TvmRuntimes:
+def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | None = None) -> TvmRuntimes:
     """Read the installed TVM package's runtime libraries without importing TVM (fast).
 
     0.27 wheels ship one sidecar per device runtime (``libtvm_runtime_cuda.so`` …) that loads only
     when its dependencies (``libcudart``/``libcuda``, ``libamdhip64``, ``libvulkan``) resolve; older
     monolithic builds (MLC's wheels) register ``runtime.module.loadfile_<kind>`` in libtvm_runtime.
     """
-    try:
-        spec = importlib.util.find_spec("tvm")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
+    pkg = package_dir or _tvm_package_dir()
+    if pkg is None:
         return TvmRuntimes(None, "missing", ["the tvm package is not installed"])
-    pkg = Path(next(iter(spec.submodule_search_locations)))
     lib_dirs = [p for p in (pkg / "lib", pkg) if p.is_dir()]
     found = {"cpu"}
     result = TvmRuntimes(found, "static")
@@ -344,6 +340,17 @@ def tvm_runtimes_static(reader: SysReader | None = None) -> TvmRuntimes:
         else:
             result.details.append(f"the installed TVM has no {backend} runtime")
     return result
+
+
+def _tvm_package_dir() -> Path | None:
+    """Where the tvm package is installed, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("tvm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _needed(lib: Path) -> list[str]:
