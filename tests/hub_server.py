@@ -47,6 +47,7 @@ class Faults:
     extra_listing: list[dict] = field(default_factory=list)  # siblings added to the listing
     require_token: str | None = None  # gated: files need "Authorization: Bearer <token>"
     stall_after: dict[str, int] = field(default_factory=dict)  # file -> bytes, then the server waits
+    listed_size: dict[str, int] = field(default_factory=dict)  # file -> size the listing claims
 
     @staticmethod
     def take(table: dict, key: str):
@@ -158,10 +159,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "RevisionNotFound", "Invalid rev id")
         siblings = []
         for name, data in repo.files.items():
-            sibling: dict = {"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
+            size = hub.faults.listed_size.get(name, len(data))
+            sibling: dict = {"rfilename": name, "size": size, "blobId": hashlib.sha1(data).hexdigest()}
             if repo.is_lfs(name):
                 sha256 = hashlib.sha256(data).hexdigest()
-                sibling["lfs"] = {"size": len(data), "sha256": sha256, "pointerSize": 134}
+                sibling["lfs"] = {"size": size, "sha256": sha256, "pointerSize": 134}
             siblings.append(sibling)
         siblings += hub.faults.extra_listing
         body = json.dumps(

@@ -80,6 +80,10 @@ class RemoteFile:
     size: int | None
 
 
+class _ShortBody(ConnectionError):
+    """The server ended a body before the listed size."""
+
+
 class DownloadCancelled(LlmchatError):
     """The user cancelled; the partial download is kept for a resume."""
 
@@ -187,14 +191,17 @@ def _hub_error(repo: str, err: BaseException, what: str) -> LlmchatError:
             f"{repo}: the hub answered HTTP {status} for {what}",
             "retry later (the download resumes where it stopped)",
         )
-    if isinstance(err, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.ReadTimeout)):
+    if isinstance(err, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.ReadTimeout, _ShortBody)):
         return LlmchatError(
             f"{repo}: the download of {what} from {endpoint} kept breaking off ({type(err).__name__})",
             "retry; the download resumes where it stopped",
         )
     if isinstance(err, (httpx2.TransportError, ConnectionError)):
         return _unreachable_error(endpoint, err)
-    raise err
+    return LlmchatError(
+        f"{repo}: downloading {what} failed ({type(err).__name__}: {err})",
+        "retry; the download resumes where it stopped",
+    )
 
 
 # -- listing ------------------------------------------------------------------------------------
@@ -333,8 +340,14 @@ def _fetch_file(
                     part.open("ab") as f,
                     _close_on_cancel(response, cancel),
                 ):
-                    if response.status_code == 416 and offset and remote.size is None:
-                        pass  # the partial file already holds everything
+                    if response.status_code == 416 and offset:
+                        if remote.size is not None:  # the hub has fewer bytes than the listing says
+                            raise LlmchatError(
+                                f"{repo}: {remote.name} on the hub is {offset} bytes or less, "
+                                f"the listing says {remote.size}",
+                                "retry later; the repo may be changing",
+                            )
+                        # size unknown: the partial file already holds everything
                     else:
                         hf_raise_for_status(response)
                         if offset and response.status_code == 200:  # the server ignored Range: start over
@@ -353,21 +366,15 @@ def _fetch_file(
                             progress.add(len(chunk))
         except LlmchatError:
             raise
-        except OSError as err:
-            if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        except Exception as err:
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise LlmchatError(
                     f"the disk is full: writing {remote.name} to {staging} failed ({os.strerror(err.errno)})",
                     "free some disk space, then run the download again: it resumes where it stopped",
                 ) from None
-            if not isinstance(err, ConnectionError):
-                raise
-            attempt = _retry_or_raise(repo, remote, err, attempt, cancel)
-            continue
-        except Exception as err:
-            if cancel.is_set():  # the watcher closed the connection under a stalled read
+            if cancel.is_set():  # the watcher shut the connection down under a stalled read
                 raise _cancelled() from None
-            retryable = _is_retryable(err)
-            if not retryable:
+            if not _is_retryable(err):
                 raise _hub_error(repo, err, remote.name) from None
             attempt = _retry_or_raise(repo, remote, err, attempt, cancel)
             continue
@@ -375,7 +382,7 @@ def _fetch_file(
         size = part.stat().st_size
         if remote.size is not None and size < remote.size:
             # the body ended early without an error (should not happen with Content-Length): retry
-            attempt = _retry_or_raise(repo, remote, ConnectionError("short body"), attempt, cancel)
+            attempt = _retry_or_raise(repo, remote, _ShortBody("short body"), attempt, cancel)
             continue
         if remote.size is not None and size != remote.size:
             part.unlink()
@@ -439,7 +446,7 @@ def _is_retryable(err: BaseException) -> bool:
     if isinstance(err, hf_errors.HfHubHTTPError):
         status = err.response.status_code if err.response is not None else None
         return status in (408, 429, 500, 502, 503, 504)
-    return isinstance(err, (httpx2.TransportError, httpx2.RemoteProtocolError))
+    return isinstance(err, (httpx2.TransportError, ConnectionError))
 
 
 def _cancelled() -> DownloadCancelled:
