@@ -1,0 +1,389 @@
+"""Import a llama.cpp GGUF file as an llmchat model directory (MLC's format), without re-quantizing.
+
+``import_gguf(path, name)`` reads the file (``gguf_reader``), builds the tokenizer from its metadata
+(``gguf_tokenizer``), maps the tensors onto the engine's Llama/Qwen2 parameters and writes
+``mlc-chat-config.json`` (with ``tensor_formats``: the weight format of every matrix),
+``tensor-cache.json`` + ``params_shard_*.bin``, ``tokenizer.json``, ``tokenizer_config.json`` and
+``generation_config.json`` into ``models_dir()/<name>``.
+
+Mapping (GGUF -> MLC): ``token_embd`` -> ``model.embed_tokens``; ``blk.N.attn_{q,k,v}`` ->
+``model.layers.N.self_attn.qkv_proj`` (rows concatenated: blocks run along the input dimension, so
+this moves whole blocks); ``attn_output`` -> ``o_proj``; ``ffn_{gate,up}`` -> ``mlp.gate_up_proj``;
+``ffn_down`` -> ``mlp.down_proj``; ``attn_norm`` / ``ffn_norm`` -> ``input_layernorm`` /
+``post_attention_layernorm``; ``output_norm`` -> ``model.norm``; ``output`` -> ``lm_head`` (absent:
+tied embeddings).  llama.cpp's converter permutes the rows of Llama's Q and K weights (to its
+interleaved RoPE); the import undoes that, Qwen2 is stored unpermuted.
+
+Everything is written into a staging directory next to the target and renamed into place at the
+end, so a failure (or Ctrl-C) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app import paths
+from app.errors import LlmchatError
+from app.inference.api import ProgressCallback, ProgressEvent
+from app.inference.gguf_reader import GGUFFile, GGUFTensor, read_gguf
+from app.inference.gguf_tokenizer import build_tokenizer
+
+#: the model's main quantization: GGUF imports compute in float32 (norms, activations, KV cache)
+BASE_QUANTIZATION = "q0f32"
+#: GGUF architecture -> MLC model_type
+MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+#: architectures whose Q/K rows llama.cpp's converter permuted
+PERMUTED_QK = {"llama", "mistral"}
+DEFAULT_PREFILL_CHUNK = 2048
+SHARD_BYTES = 32 << 20
+
+# per-layer GGUF tensors -> (MLC parameter prefix, GGUF parts fused in that order)
+_LAYER_MATRICES: list[tuple[str, list[str]]] = [
+    ("self_attn.qkv_proj", ["attn_q", "attn_k", "attn_v"]),
+    ("self_attn.o_proj", ["attn_output"]),
+    ("mlp.gate_up_proj", ["ffn_gate", "ffn_up"]),
+    ("mlp.down_proj", ["ffn_down"]),
+]
+_LAYER_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def default_name(path: str | Path) -> str:
+    """Model id from a file name: ``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``smollm2-135m-instruct-q4_1``."""
+    stem = Path(path).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[:-5]
+    name = re.sub(r"[^a-z0-9_.-]+", "-", stem.lower()).replace(".", "-").strip("-.")
+    return name or "imported-model"
+
+
+def _check_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
+        raise LlmchatError(f"{name!r} cannot be a model name.", "use letters, digits, '-', '_' and '.'")
+    return name
+
+
+# ------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------
+def _int(g: GGUFFile, key: str, default: int | None = None) -> int:
+    value = g.arch_value(key, default)
+    if value is None:
+        raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} is missing.",
+                           "use a GGUF converted by a recent llama.cpp")
+    return int(value)
+
+
+def _llama3_rope_scaling(g: GGUFFile, head_dim: int, theta: float) -> dict[str, Any] | None:
+    """Llama 3.1/3.2 store RoPE scaling as a ``rope_freqs`` tensor: find the parameters that made it."""
+    t = g.tensors.get("rope_freqs.weight")
+    if t is None:
+        return None
+    factors = np.asarray(t.data, np.float64).reshape(-1)
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    factor = float(factors.max())
+    for low, high, original in [(1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)]:
+        expect = []
+        for freq in freqs:
+            wavelen = 2 * math.pi / freq
+            if wavelen < original / high:
+                expect.append(1.0)
+            elif wavelen > original / low:
+                expect.append(factor)
+            else:
+                smooth = (original / wavelen - low) / (high - low)
+                expect.append(1 / ((1 - smooth) / factor + smooth))
+        if len(expect) == factors.size and np.allclose(expect, factors, rtol=1e-3):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                    "high_freq_factor": high, "original_max_position_embeddings": original}
+    raise LlmchatError(
+        f"{g.path}: its RoPE frequency factors (rope_freqs) are of a kind llmchat does not know.",
+        "use a GGUF without RoPE scaling or with Llama-3.1-style scaling",
+    )
+
+
+def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[str, Any]:
+    """``mlc-chat-config.json`` for the GGUF's model."""
+    hidden = _int(g, "embedding_length")
+    heads = _int(g, "attention.head_count")
+    kv_heads = _int(g, "attention.head_count_kv", heads)
+    head_dim = _int(g, "attention.key_length", hidden // heads)
+    theta = float(g.arch_value("rope.freq_base", 10000.0))
+    scaling_type = str(g.arch_value("rope.scaling.type", "none") or "none")
+    if scaling_type not in ("none", ""):
+        raise LlmchatError(f"{g.path}: RoPE scaling {scaling_type!r} is not supported.",
+                           "use a GGUF of the model without RoPE scaling")
+    ctx = _int(g, "context_length", 4096)
+    vocab = g.tensors["token_embd.weight"].shape[0]
+    mc: dict[str, Any] = {
+        "hidden_size": hidden,
+        "intermediate_size": _int(g, "feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": _int(g, "block_count"),
+        "rms_norm_eps": float(g.arch_value("attention.layer_norm_rms_epsilon", 1e-5)),
+        "vocab_size": vocab,
+        "position_embedding_base": theta,
+        "rope_theta": theta,
+        "context_window_size": ctx,
+        "prefill_chunk_size": min(ctx, DEFAULT_PREFILL_CHUNK),
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "hidden_act": "silu",
+    }
+    scaling = _llama3_rope_scaling(g, head_dim, theta)
+    if scaling:
+        mc["rope_scaling"] = scaling
+    return {
+        "version": "0.1.0",
+        "model_type": MODEL_TYPES[g.architecture],
+        "quantization": BASE_QUANTIZATION,
+        "model_config": mc,
+        "vocab_size": vocab,
+        "context_window_size": ctx,
+        "prefill_chunk_size": min(ctx, DEFAULT_PREFILL_CHUNK),
+        "sliding_window_size": -1,
+        "tensor_formats": tensor_formats,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_ids,
+        "pad_token_id": g.get("tokenizer.ggml.padding_token_id"),
+        "tokenizer_files": ["tokenizer.json", "tokenizer_config.json", "generation_config.json"],
+        "conv_template": None,
+        "llmchat_source": {
+            "gguf": g.path.name,
+            "bytes": g.path.stat().st_size,
+            "name": g.get("general.name"),
+            "tensor_types": g.tensor_types(),
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Tensors
+# ------------------------------------------------------------------------------------------
+def _unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Invert convert_hf_to_gguf's ``permute`` (rows grouped per head as (2, d/2) -> (d/2, 2))."""
+    out = rows.shape[0]
+    return rows.reshape(n_head, out // n_head // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+class _Group:
+    """One MLC parameter group (a matrix, maybe fused from several GGUF tensors, or a norm)."""
+
+    def __init__(self, prefix: str, parts: list[GGUFTensor], kind: str, heads: list[int | None]) -> None:
+        self.prefix, self.parts, self.kind, self.heads = prefix, parts, kind, heads
+        types = {p.type_name for p in parts}
+        # parts in different block types cannot share one format: widen them all to F32
+        self.type_name = types.pop() if len(types) == 1 else "F32"
+        self.format = _format_names()[self.type_name]
+
+    def suffixes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        if self.kind == "vector":
+            return {"": ((self.parts[0].shape[0],), "float32")}
+        from app.inference.quantization import get_format
+
+        fmt = get_format(self.format)
+        out_f = sum(p.shape[0] for p in self.parts)
+        return {f".{k}": v for k, v in fmt.param_specs(out_f, self.parts[0].shape[1]).items()}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        import gguf
+
+        from app.inference.quantization.ggml import params_from_gguf
+
+        if self.kind == "vector":
+            return {"": _as_f32(self.parts[0]).reshape(-1)}
+        rows = []
+        for part, n_head in zip(self.parts, self.heads, strict=True):
+            data = np.asarray(part.data)
+            if part.type_name != self.type_name:  # mixed types: exact fp32 values
+                data = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[part.type_name])
+            data = data.reshape(part.shape[0], -1)
+            if n_head:
+                data = _unpermute_rows(data, n_head)
+            rows.append(data)
+        raw = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+        out_f, in_f = raw.shape[0], self.parts[0].shape[1]
+        params = params_from_gguf(self.type_name, raw, out_f, in_f)
+        return {f".{k}": v for k, v in params.items()}
+
+
+def _format_names() -> dict[str, str]:
+    from app.inference.quantization.ggml import GGUF_TYPE_FORMATS
+
+    return GGUF_TYPE_FORMATS
+
+
+def _as_f32(t: GGUFTensor) -> np.ndarray:
+    import gguf
+
+    if t.type_name == "F32":
+        return np.asarray(t.data, np.float32)
+    values = gguf.quants.dequantize(np.asarray(t.data), gguf.GGMLQuantizationType[t.type_name])
+    return values.astype(np.float32)
+
+
+def _bias_group(prefix: str, parts: list[GGUFTensor]) -> _Group:
+    g = _Group.__new__(_Group)
+    g.prefix, g.parts, g.kind, g.heads, g.type_name, g.format = prefix, parts, "bias", [], "F32", "q0f32"
+    return g
+
+
+def _bias_arrays(group: _Group) -> dict[str, np.ndarray]:
+    return {"": np.concatenate([_as_f32(p).reshape(-1) for p in group.parts])}
+
+
+def plan_groups(g: GGUFFile) -> list[_Group]:
+    """Every MLC parameter group of the model, in MLC's order; LlmchatError for a missing tensor."""
+    t = g.tensors
+
+    def need(name: str) -> GGUFTensor:
+        if name not in t:
+            raise LlmchatError(f"{g.path}: tensor {name!r} is missing.",
+                               "the GGUF is incomplete or of another architecture; convert it again")
+        return t[name]
+
+    heads = _int(g, "attention.head_count")
+    kv_heads = _int(g, "attention.head_count_kv", heads)
+    permute = g.architecture in PERMUTED_QK
+    groups = [_Group("model.embed_tokens", [need("token_embd.weight")], "matrix", [None])]
+    for i in range(_int(g, "block_count")):
+        b = f"blk.{i}"
+        for name, parts in _LAYER_MATRICES:
+            tensors = [need(f"{b}.{p}.weight") for p in parts]
+            perm: list[int | None] = [None] * len(parts)
+            if name == "self_attn.qkv_proj" and permute:
+                perm = [heads, kv_heads, None]
+            groups.append(_Group(f"model.layers.{i}.{name}", tensors, "matrix", perm))
+            if name == "self_attn.qkv_proj" and f"{b}.attn_q.bias" in t:
+                biases = [need(f"{b}.{p}.bias") for p in parts]
+                groups.append(_bias_group(f"model.layers.{i}.{name}.bias", biases))
+        for gg, mlc in _LAYER_NORMS.items():
+            norm = need(f"{b}.{gg}.weight")
+            groups.append(_Group(f"model.layers.{i}.{mlc}.weight", [norm], "vector", [None]))
+    groups.append(_Group("model.norm.weight", [need("output_norm.weight")], "vector", [None]))
+    if "output.weight" in t:
+        groups.append(_Group("lm_head", [t["output.weight"]], "matrix", [None]))
+    return groups
+
+
+class _LazyParams(Mapping[str, np.ndarray]):
+    """name -> array, converted group by group as ``write_tensor_cache`` asks for them."""
+
+    def __init__(self, groups: list[_Group], on_group: Callable[[int], None] | None = None) -> None:
+        self.groups = groups
+        self.on_group = on_group
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        for gi, grp in enumerate(groups):
+            keys = ("",) if grp.kind == "bias" else tuple(grp.suffixes())
+            for suffix in keys:
+                self.index[grp.prefix + suffix] = gi
+                self.names.append(grp.prefix + suffix)
+        self._cached: tuple[int, dict[str, np.ndarray]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        gi = self.index[name]
+        if self._cached is None or self._cached[0] != gi:
+            grp = self.groups[gi]
+            arrays = _bias_arrays(grp) if grp.kind == "bias" else grp.arrays()
+            self._cached = (gi, {grp.prefix + s: a for s, a in arrays.items()})
+            if self.on_group:
+                self.on_group(gi)
+        return self._cached[1][name]
+
+
+def _check_against_engine(config: dict[str, Any], params: _LazyParams) -> None:
+    """The parameters the engine's model takes are exactly the ones written (names, shapes, dtypes)."""
+    from app.inference.compiler import parameter_specs
+    from app.inference.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(config)
+    expected = {p["name"]: (tuple(p["shape"]), str(p["dtype"])) for p in parameter_specs(cfg)}
+    written: dict[str, tuple[tuple[int, ...], str]] = {}
+    for grp in params.groups:
+        if grp.kind == "bias":
+            written[grp.prefix] = ((sum(p.shape[0] for p in grp.parts),), "float32")
+        else:
+            for suffix, (shape, dtype) in grp.suffixes().items():
+                written[grp.prefix + suffix] = (tuple(shape), dtype)
+    if written != expected:
+        missing = sorted(set(expected) - set(written))[:3]
+        extra = sorted(set(written) - set(expected))[:3]
+        wrong = sorted(k for k in set(written) & set(expected) if written[k] != expected[k])[:3]
+        raise LlmchatError(
+            f"The GGUF's tensors do not fit llmchat's {config['model_type']} model "
+            f"(missing {missing}, unexpected {extra}, wrong shape {wrong}).",
+            "this GGUF variant is not supported; report it with the file's name",
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Import
+# ------------------------------------------------------------------------------------------
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def import_gguf(
+    path: str | Path, name: str | None = None, progress: ProgressCallback | None = None
+) -> Path:
+    """Import the GGUF at ``path`` as model ``name`` (default: from the file name); its directory."""
+    path = Path(path).expanduser()
+    name = _check_name(name or default_name(path))
+    target = paths.models_dir() / name
+    if target.exists():
+        raise LlmchatError(f"A model named {name!r} is already installed ({target}).",
+                           f"choose another name with --name, or remove it first: llmchat remove {name}")
+
+    def report(message: str, done: float | None = None, total: float | None = None) -> None:
+        if progress:
+            progress(ProgressEvent("import", message, done, total))
+
+    report(f"reading {path.name}")
+    g = read_gguf(path)
+    tok = build_tokenizer(g.metadata)
+    groups = plan_groups(g)
+    tensor_formats = {grp.prefix: grp.format for grp in groups if grp.kind == "matrix"}
+    config = model_config(g, tok, tensor_formats)
+    total = len(groups)
+    params = _LazyParams(groups, lambda gi: report(f"converting {groups[gi].prefix}", gi + 1, total))
+    _check_against_engine(config, params)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{name}.importing-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        staging.mkdir(parents=True)
+        from app.inference.weights import write_tensor_cache
+
+        write_tensor_cache(params, staging, shard_bytes=SHARD_BYTES)
+        tok.tokenizer.save(str(staging / "tokenizer.json"))
+        _write_json(staging / "tokenizer_config.json", tok.tokenizer_config(config["context_window_size"]))
+        _write_json(staging / "generation_config.json",
+                    {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_ids})
+        _write_json(staging / "mlc-chat-config.json", config)
+        if target.exists():
+            raise LlmchatError(f"A model named {name!r} appeared while importing ({target}).",
+                               f"choose another name with --name, or remove it: llmchat remove {name}")
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    report(f"imported {name}", total, total)
+    return target
