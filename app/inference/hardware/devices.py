@@ -218,15 +218,16 @@ def _fill_amd(reader, gpu: GpuDevice, dev_dir: str, model, kfd: list[KfdNode], u
             gpu.gfx_target, gpu.gfx_source = node.gfx, "kfd"
     if gpu.gfx_target is None and model is not None and model.gfx:
         gpu.gfx_target, gpu.gfx_source = model.gfx, "table"
-    # discrete or integrated: the table, then the gfx target, then ollama's size heuristic
-    has_vram_vendor = reader.exists(f"{dev_dir}/mem_info_vram_vendor") or reader.exists(
-        f"{dev_dir}/board_info"
-    )
+    # discrete or integrated: the table, then mem_info_vram_vendor/board_info (APUs have neither:
+    # ollama's test for a known dGPU), then the gfx target, then ollama's size heuristic
+    dev_files = ("mem_info_vram_vendor", "board_info")
+    has_vram_vendor = any(reader.exists(f"{dev_dir}/{name}") for name in dev_files)
     if model is not None:
         gpu.kind = model.kind
+    elif has_vram_vendor:
+        gpu.kind = "discrete"
     elif gpu.gfx_target in APU_GFX_TARGETS or (
-        not has_vram_vendor
-        and gpu.vram_bytes is not None
+        gpu.vram_bytes is not None
         and gpu.gtt_bytes is not None
         and gpu.vram_bytes <= 4 * GIB
         and gpu.gtt_bytes >= 8 * GIB
