@@ -353,6 +353,50 @@ def make_tiny_mlc_model(
     return files
 
 
+TINY_REPO = "mlc-ai/Tiny-q4f16_1-MLC"
+TINY_ID = "tiny-mlc"
+TINY_REGISTRY = f"""
+[[model]]
+id = "{TINY_ID}"
+name = "Tiny test model"
+source = {{ hf = "{TINY_REPO}", revision = "main" }}
+format = "mlc"
+architecture = "llama"
+quantization = "q4f16_1"
+parameters = 1000
+download_bytes = 650000
+context_window = 512
+license = "apache-2.0"
+gated = false
+num_layers = 2
+num_kv_heads = 2
+head_dim = 16
+vocab_size = 256
+"""
+
+
+def use_hub(server: HubServer, root, monkeypatch) -> dict[str, str]:
+    """Point huggingface_hub and llmchat at ``server`` and at fresh directories under ``root``.
+
+    The user registry in the config directory lists TINY_ID (source TINY_REPO). Returns the environment
+    variables it set (for subprocesses).
+    """
+    env = {
+        "HF_ENDPOINT": server.endpoint,
+        "LLMCHAT_DATA_DIR": str(root / "data"),
+        "LLMCHAT_CACHE_DIR": str(root / "cache"),
+        "LLMCHAT_CONFIG_DIR": str(root / "config"),
+        "HF_HOME": str(root / "hf-home"),  # no stored token of the machine's user
+    }
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "config" / "models_registry.toml").write_text(TINY_REGISTRY)
+    return env
+
+
 def _serve_forever_main() -> None:  # pragma: no cover - manual benchmarking helper
     """``python -m tests.hub_server DIR``: serve a directory of files as repo bench/model."""
     import sys

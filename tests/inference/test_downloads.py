@@ -19,30 +19,12 @@ from app.errors import LlmchatError
 from app.inference import downloads
 from app.inference.catalog import installed_model_path, list_installed, staging_path
 from app.inference.downloads import DownloadCancelled, DownloadProgress, download_model
-from tests.hub_server import HubServer, make_tiny_mlc_model
+from tests.hub_server import TINY_ID, TINY_REPO, HubServer, make_tiny_mlc_model, use_hub
 
-REPO = "mlc-ai/Tiny-q4f16_1-MLC"
-MODEL_ID = "tiny-mlc"
+REPO = TINY_REPO
+MODEL_ID = TINY_ID
 SHARDS = ("params_shard_0.bin", "params_shard_1.bin", "params_shard_2.bin")
 
-USER_REGISTRY = f"""
-[[model]]
-id = "{MODEL_ID}"
-name = "Tiny test model"
-source = {{ hf = "{REPO}", revision = "main" }}
-format = "mlc"
-architecture = "llama"
-quantization = "q4f16_1"
-parameters = 1000
-download_bytes = 650000
-context_window = 512
-license = "apache-2.0"
-gated = false
-num_layers = 2
-num_kv_heads = 2
-head_dim = 16
-vocab_size = 256
-"""
 
 
 @pytest.fixture
@@ -54,17 +36,7 @@ def files() -> dict[str, bytes]:
 def hub(files, tmp_path, monkeypatch):
     server = HubServer().start()
     server.add_repo(REPO, files)
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.setenv("LLMCHAT_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "models_registry.toml").write_text(USER_REGISTRY)
-    monkeypatch.setenv("LLMCHAT_CONFIG_DIR", str(config))
+    use_hub(server, tmp_path, monkeypatch)
     monkeypatch.setattr(downloads, "RETRY_DELAYS", (0.01, 0.02, 0.05))
     yield server
     server.stop()
