@@ -1,0 +1,154 @@
+"""What the installed TVM can run, and the probe of this real machine.
+
+The TVM checks run against this machine's real apache-tvm (PyPI: CPU and a CUDA sidecar, no ROCm,
+no Vulkan runtime) and against stand-in TVM packages built in tmp dirs (empty files whose only
+content is what the probe reads: the library names they link to, or a runtime's registration name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.inference.hardware import probe
+from app.inference.hardware.runtimes import (
+    tvm_runtimes_for,
+    tvm_runtimes_live,
+    tvm_runtimes_static,
+)
+from app.inference.hardware.sysfs import SysReader
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fake_tvm(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    pkg = tmp_path / "tvm"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "lib" / "libtvm_runtime.so").write_bytes(b"\x7fELF generic runtime")
+    for name, content in files.items():
+        (pkg / "lib" / name).write_bytes(content)
+    return pkg
+
+
+def test_static_sidecar_counts_only_when_its_libraries_resolve(tmp_path):
+    pkg = fake_tvm(tmp_path, {"libtvm_runtime_rocm.so": b"\x7fELF\0libamdhip64.so.99\0libtvm_runtime.so\0"})
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    missing = tvm_runtimes_static(SysReader(root), package_dir=pkg)
+    assert missing.method == "static" and missing.available == {"cpu"}
+    assert any("libamdhip64.so.99 not found" in d for d in missing.details)
+    (root / "usr/lib/libamdhip64.so.99").write_bytes(b"")
+    found = tvm_runtimes_static(SysReader(root), package_dir=pkg)
+    assert found.available == {"cpu", "rocm"}
+
+
+def test_static_monolithic_runtime_by_registration_name(tmp_path):
+    pkg = fake_tvm(tmp_path, {})
+    (pkg / "lib" / "libtvm_runtime.so").write_bytes(b"\0runtime.module.loadfile_vulkan\0device_api.rocm\0")
+    result = tvm_runtimes_static(SysReader(tmp_path), package_dir=pkg)
+    assert result.available == {"cpu", "vulkan"}  # "device_api.rocm" alone proves nothing
+
+
+def test_static_check_of_the_installed_tvm_is_fast_and_has_no_rocm_or_vulkan():
+    started = time.perf_counter()
+    result = tvm_runtimes_static(SysReader("/"))
+    elapsed = time.perf_counter() - started
+    print(f"static TVM runtime check: {elapsed * 1000:.1f} ms, {sorted(result.available or [])}")
+    assert result.method == "static"
+    assert "cpu" in result.available
+    assert "rocm" not in result.available and "vulkan" not in result.available  # PyPI's wheel
+    assert elapsed < 1.0
+
+
+def test_live_check_agrees_with_the_static_one():
+    live = tvm_runtimes_live()  # imports tvm (about a second); must not raise whatever the machine
+    static = tvm_runtimes_static(SysReader("/"))
+    assert live.method == "live"
+    assert live.available == static.available, (live.details, static.details)
+    for backend, exists in live.devices_exist.items():
+        assert isinstance(exists, bool), backend
+
+
+def test_where_the_runtime_set_comes_from(monkeypatch, tmp_path):
+    monkeypatch.delenv("LLMCHAT_TVM_RUNTIMES", raising=False)
+    assert tvm_runtimes_for(SysReader(tmp_path), {"vulkan"}).available == {"cpu", "vulkan"}
+    unchecked = tvm_runtimes_for(SysReader(tmp_path), None)
+    assert unchecked.method == "unchecked" and unchecked.available is None
+    monkeypatch.setenv("LLMCHAT_TVM_RUNTIMES", "rocm, vulkan")
+    assert tvm_runtimes_for(SysReader(tmp_path), None).available == {"cpu", "rocm", "vulkan"}
+
+
+def test_probe_of_this_machine():
+    """Under a second, no root needed, and the TVM-aware backend is one this TVM can run."""
+    env_root = os.environ.pop("LLMCHAT_SYSROOT", None)
+    try:
+        started = time.perf_counter()
+        report = probe()
+        elapsed = time.perf_counter() - started
+    finally:
+        if env_root is not None:
+            os.environ["LLMCHAT_SYSROOT"] = env_root
+    print(f"probe of this machine: {elapsed * 1000:.1f} ms; {report.backend} ({report.recommended_backend})")
+    assert elapsed < 5.0  # sanity bound only; measured ~50 ms here
+    assert report.backend in ("rocm", "vulkan", "cuda", "metal", "cpu")
+    assert report.memory_budget_bytes > 0
+    tvm = report.runtimes["tvm"]
+    assert tvm["method"] in ("live", "static")
+    assert report.backend in tvm["available"]
+    json.loads(report.to_json())
+
+
+FRESH_PROBE = (
+    "import sys, time; t = time.perf_counter()\n"
+    "from app.inference.hardware import probe\n"
+    "r = probe()\n"
+    "print(time.perf_counter() - t, r.backend, 'tvm' in sys.modules)\n"
+)
+
+
+def _run_fresh_probe(**kwargs) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES")}
+    env.update(kwargs.pop("env", {}))
+    return subprocess.run(
+        [sys.executable, "-c", FRESH_PROBE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kwargs,
+    )
+
+
+def test_probe_in_a_fresh_process_is_fast_and_never_imports_tvm():
+    out = _run_fresh_probe()
+    assert out.returncode == 0, out.stderr
+    seconds, backend, tvm_imported = out.stdout.split()
+    print(f"fresh process: import + probe {float(seconds) * 1000:.0f} ms, backend {backend}")
+    assert tvm_imported == "False"  # the probe never pays for `import tvm`
+    assert float(seconds) < 5.0  # sanity bound only; measured ~0.2 s here
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX only")
+def test_probe_needs_no_root():
+    if os.geteuid() != 0:
+        out = _run_fresh_probe()  # already unprivileged
+    else:
+
+        def drop() -> None:  # as root: run the probe as "nobody"
+            os.setgid(65534)
+            os.setuid(65534)
+
+        try:
+            out = _run_fresh_probe(preexec_fn=drop, env={"HOME": "/tmp"})
+        except PermissionError:
+            pytest.skip("this interpreter cannot be run by an unprivileged user here")
+        if out.returncode != 0 and "Permission denied" in out.stderr:
+            pytest.skip("this checkout cannot be read by an unprivileged user here")
+    assert out.returncode == 0, out.stderr
