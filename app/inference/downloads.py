@@ -379,6 +379,7 @@ def _fetch_file(
             attempt = _retry_or_raise(repo, remote, err, attempt, cancel)
             continue
 
+        part.touch()  # a zero-byte file needs no request but must still exist
         size = part.stat().st_size
         if remote.size is not None and size < remote.size:
             # the body ended early without an error (should not happen with Content-Length): retry

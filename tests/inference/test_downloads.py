@@ -78,6 +78,13 @@ def test_full_download_installs_verified_files_with_progress(hub, files):
     assert all(f"/resolve/{hub.repos[REPO].sha}/" in r[1] for r in resolves)
 
 
+def test_empty_files_are_installed_too(hub, files):
+    hub.repos[REPO].files["added_tokens.json"] = b""
+    path = download_model(MODEL_ID)
+    assert (path / "added_tokens.json").read_bytes() == b""
+    assert "added_tokens.json" not in hub.counters.gets  # nothing to fetch
+
+
 def test_hf_reference_installs_under_owner_dash_dash_repo(hub, files):
     hub.add_repo("someone/Other-MLC", files)
     path = download_model("HF://someone/Other-MLC")
