@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,24 +81,24 @@ class Tokenizer:
         """
         model_dir = Path(path)
         tokenizer_json = model_dir / "tokenizer.json"
-        if not tokenizer_json.is_file():
-            if (model_dir / "tokenizer.model").is_file():
+        spm_model = model_dir / "tokenizer.model"
+        spm: SentencePieceModel | None = None
+        if tokenizer_json.is_file():
+            try:
+                tok = HFTokenizer.from_file(str(tokenizer_json))
+            except Exception as err:  # the library raises plain Exception for bad files
                 raise LlmchatError(
-                    f"{model_dir} has only a SentencePiece tokenizer.model and no tokenizer.json.",
-                    "download the original model's tokenizer.json into that directory "
-                    "(Hugging Face repos of the base model have it)",
-                )
+                    f"cannot load {tokenizer_json}: {err}",
+                    "download the model again (the tokenizer file is damaged or from a newer format)",
+                ) from None
+        elif spm_model.is_file():
+            spm = SentencePieceModel.read(spm_model)
+            tok = spm.to_tokenizers()
+        else:
             raise LlmchatError(
-                f"{model_dir} has no tokenizer.json.",
+                f"{model_dir} has no tokenizer.json (nor a SentencePiece tokenizer.model).",
                 "download the model again; a model directory needs tokenizer.json",
             )
-        try:
-            tok = HFTokenizer.from_file(str(tokenizer_json))
-        except Exception as err:  # the library raises plain Exception for bad files
-            raise LlmchatError(
-                f"cannot load {tokenizer_json}: {err}",
-                "download the model again (the tokenizer file is damaged or from a newer format)",
-            ) from None
 
         config = (
             _read_json(model_dir / "tokenizer_config.json")
@@ -121,6 +123,8 @@ class Tokenizer:
             return tok.token_to_id(content) if content is not None else None
 
         bos_id = lookup(config.get("bos_token"))
+        if bos_id is None and spm is not None and "bos_token" not in config:
+            bos_id = spm.bos_id
         if bos_id is None and "bos_token" not in config:
             bos_ids = _id_list(mlc.get("bos_token_id")) or _id_list(generation.get("bos_token_id"))
             bos_id = bos_ids[0] if bos_ids else None
@@ -130,6 +134,8 @@ class Tokenizer:
         if eos is not None:
             eos_ids.add(eos)
         eos_ids.update(_id_list(generation.get("eos_token_id")))
+        if not eos_ids and spm is not None and spm.eos_id is not None:
+            eos_ids.add(spm.eos_id)
         conv = mlc.get("conv_template")
         if isinstance(conv, dict):
             eos_ids.update(_id_list(conv.get("stop_token_ids")))
@@ -138,6 +144,8 @@ class Tokenizer:
 
         if isinstance(config.get("add_bos_token"), bool):
             add_bos = config["add_bos_token"]
+        elif spm is not None:
+            add_bos = True  # Hugging Face's LlamaTokenizer default for SentencePiece models
         else:
             add_bos = _post_processor_adds_bos(tok, bos_id)
         vocab_limit = tok.get_vocab_size(with_added_tokens=True)
@@ -192,6 +200,156 @@ def _post_processor_adds_bos(tok: HFTokenizer, bos_id: int | None) -> bool:
     with_specials = tok.encode("a", add_special_tokens=True).ids
     without = tok.encode("a", add_special_tokens=False).ids
     return len(with_specials) > len(without) and with_specials[0] == bos_id
+
+
+# -- SentencePiece tokenizer.model ---------------------------------------------------------------
+# The protobuf schema (sentencepiece_model.proto): ModelProto { repeated SentencePiece pieces = 1
+# {string piece = 1; float score = 2; Type type = 3}; TrainerSpec trainer_spec = 2 {model_type = 3,
+# byte_fallback = 35, unk_id = 40, bos_id = 41, eos_id = 42}; NormalizerSpec normalizer_spec = 3
+# {add_dummy_prefix = 3} }. Piece types: NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5,
+# BYTE 6 (the same numbers as GGUF's token types).
+_SPM_BPE = 2
+
+
+def _protobuf_fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of one protobuf message; LEN values stay bytes."""
+    pos, end = 0, len(data)
+
+    def varint() -> int:
+        nonlocal pos
+        result = shift = 0
+        while True:
+            if pos >= end:
+                raise ValueError("truncated varint")
+            byte = data[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+
+    while pos < end:
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            yield number, wire, varint()
+        elif wire == 1:
+            yield number, wire, data[pos : pos + 8]
+            pos += 8
+        elif wire == 2:
+            length = varint()
+            if pos + length > end:
+                raise ValueError("truncated field")
+            yield number, wire, data[pos : pos + length]
+            pos += length
+        elif wire == 5:
+            yield number, wire, data[pos : pos + 4]
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    if pos != end:
+        raise ValueError("truncated message")
+
+
+def _int32(value: int) -> int:
+    """A protobuf int32 written as a (possibly 10-byte, two's complement) varint."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+@dataclass
+class SentencePieceModel:
+    """The parts of a SentencePiece ``tokenizer.model`` a BPE tokenizer needs."""
+
+    pieces: list[str]
+    scores: list[float]
+    types: list[int]
+    model_type: int
+    byte_fallback: bool
+    add_dummy_prefix: bool
+    unk_id: int | None
+    bos_id: int | None
+    eos_id: int | None
+
+    @classmethod
+    def read(cls, path: Path) -> SentencePieceModel:
+        try:
+            return cls.parse(path.read_bytes())
+        except (OSError, ValueError, UnicodeDecodeError, struct.error) as err:
+            raise LlmchatError(
+                f"cannot read the SentencePiece model {path}: {err}",
+                "download the model again (the file is damaged or incomplete)",
+            ) from None
+
+    @classmethod
+    def parse(cls, data: bytes) -> SentencePieceModel:
+        pieces: list[str] = []
+        scores: list[float] = []
+        types: list[int] = []
+        trainer: dict[int, int] = {}
+        normalizer: dict[int, int] = {}
+        for number, wire, value in _protobuf_fields(data):
+            if number == 1 and wire == 2:
+                piece, score, kind = "", 0.0, 1
+                for f_number, f_wire, f_value in _protobuf_fields(value):
+                    if f_number == 1 and f_wire == 2:
+                        piece = f_value.decode("utf-8")
+                    elif f_number == 2 and f_wire == 5:
+                        score = struct.unpack("<f", f_value)[0]
+                    elif f_number == 3 and f_wire == 0:
+                        kind = f_value
+                pieces.append(piece)
+                scores.append(score)
+                types.append(kind)
+            elif number in (2, 3) and wire == 2:
+                target = trainer if number == 2 else normalizer
+                for f_number, f_wire, f_value in _protobuf_fields(value):
+                    if f_wire == 0:
+                        target[f_number] = f_value
+        if not pieces:
+            raise ValueError("no pieces (not a SentencePiece model)")
+
+        def special(number: int, default: int) -> int | None:
+            value = _int32(trainer.get(number, default))
+            return value if 0 <= value < len(pieces) else None
+
+        return cls(
+            pieces=pieces,
+            scores=scores,
+            types=types,
+            model_type=trainer.get(3, 1),
+            byte_fallback=bool(trainer.get(35, 0)),
+            add_dummy_prefix=bool(normalizer.get(3, 1)),
+            unk_id=special(40, 0),
+            bos_id=special(41, 1),
+            eos_id=special(42, 2),
+        )
+
+    def to_tokenizers(self) -> HFTokenizer:
+        """A `tokenizers` BPE with byte fallback, built as llama.cpp and HF's LlamaConverter do."""
+        if self.model_type != _SPM_BPE:
+            raise LlmchatError(
+                "the model's tokenizer.model is a SentencePiece unigram model, which llmchat can only "
+                "load as tokenizer.json.",
+                "download the original model's tokenizer.json into the model directory",
+            )
+        from app.inference.gguf_tokenizer import build_tokenizer
+
+        meta: dict[str, Any] = {
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": self.pieces,
+            "tokenizer.ggml.scores": self.scores,
+            "tokenizer.ggml.token_type": self.types,
+            "tokenizer.ggml.add_space_prefix": self.add_dummy_prefix,
+        }
+        for key, value in (
+            ("tokenizer.ggml.unknown_token_id", self.unk_id),
+            ("tokenizer.ggml.bos_token_id", self.bos_id),
+            ("tokenizer.ggml.eos_token_id", self.eos_id),
+        ):
+            if value is not None:
+                meta[key] = value
+        return build_tokenizer(meta).tokenizer
 
 
 class StreamDecoder:

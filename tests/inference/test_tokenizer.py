@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,95 @@ MULTIBYTE_TEXTS = [
     "emoji at the end 👍🏽",
     "  two leading spaces and ünïcödé ñ",
     "🇯🇵 flags 👨‍👩‍👧 zwj",
+]
+
+# A SentencePiece BPE model (byte fallback, identity normalization, like Llama-2's) trained with the
+# sentencepiece library 0.2.2 on a small corpus, zlib-compressed, base64; and the ids sentencepiece
+# itself gives for some texts (SentencePieceProcessor.encode).
+SPM_MODEL_B64 = (
+    "eNpd2DtsHFUUxnHv2LGci5NYFkEWonBBQQFi5z0jrYB5ioIiBUgUSJDYBi/ZOOt4DQ4y0hIhhKioUEoKCsooAikCJO+6sqg2HWVE"
+    "RUmJqLjnzI4j/q6+c+5j7v3drWwumwu9w72br11dsH8bjlk1i72DebVoLpml3qtPy6tmtXfcv/X+wej6ndHxvL1krpjlXveo2503"
+    "ltuGy4bHhs9GwEbIRsRGzEbCRspGxkbORsFGyUbFRo2GSw+XHi49XHq49HDp4dLDpYdLD5ceLj1cerj0cOnh0sOlh0cPjx4ePTx6"
+    "ePTw6OHRw6OHRw+PHh49PHp49PDo4dHDo4dPD58ePj18evj08Onh08Onh08Pnx4+PXx6+PTw6eHTw6dHQI+AHgE9AnoE9AjoEdAj"
+    "oEdAj4AeAT0CegT0COgR0COgR0iPkB4hPUJ6hPQI6RHSI6RHSI+QHiE9QnqE9AjpEdIjpEdEj4geET0iekT0iOgR0SOiR0SPiB4R"
+    "PSJ6RPSI6BHRI6JHTI+YHjE9YnrE9IjpEdMjpkdMj5geMT1iesT0iOkR0yOmR0KPhB4JPRJ6JPRI6JHQI6FHQo+EHgk9Enok9Ejo"
+    "kdAjoUdKj5QeKT1SeqT0SOmR0iOlR0qPlB4pPVJ6pPRI6ZHSI6VHRo+MHhk9Mnpk9MjokdEjo0dGj4weGT0yemT0yOiR0SOjR06P"
+    "nB45PXJ65PTI6ZHTI6dHTo+cHjk9cnrk9MjpkdMjp0dBj4IeBT0KehT0KOhR0KOgR0GPgh4FPQp6FPQo6FHQo6BHSY+SHiU9SnqU"
+    "9CjpUdKjpEdJj5IeJT1KepT0KOlR0qOkR0WPih4VPSp6VPSo6FHRo6JHRY+KHhU9KnpU9KjoUdGjokdNj5oeNT1qetT0qOlR06Om"
+    "R02Pmh41PWp61PSo6VHTo37qcdE4O3ekGEscDGwcn0jcuindicTdHRvfmJhnzNKf333xoUzR/m1Z+H3bv2WLSVvcsMWTthjJTtN5"
+    "cWCLtaksP5QVmxq35AvdqTFmcTC4LV+bmlVzwU7Xb1+b2oOvaNUMf6BTt/QAQ93ZZpk5bmcezBtf6+js4exnW3zbFCePx7a4PzWX"
+    "zLKMPL4n92hKOzZ7ZMsfp2bNXLQbnXceTM1z5sp553zhI73BthxronH/0MYzPWFfFWftZXTSH22l8560B94/bCb/pXsMhenv1uxj"
+    "W/yjG9pCME/NiunI9ZY0ybYrmuT9VjUJzZqmLZue1STgG5rkfV7QdF0eQdO2TS9qknO8pKlv08ua5BG7muRogSa5QKJpaFNP0668"
+    "3qncQcnLJgrgmxrV/i2dKr+ka834Lza+3cQHNr6r43dtek/TR/Lmmj61aVvTnk27mj6zadAsfig/iCae2DhqPinPdKRT92061iSm"
+    "Y02f2HRP05FNXzarf7Lxqyb+Kj+jJv5m4zen66+sL94Y7mw4m7877/ww/Pz1s07n387//r143+lMnIUzpzNznOcvm5X+9s7eqD+6"
+    "u76wufAf+xPb2w=="
+)
+SPM_EXPECTED_IDS = [
+    (
+        "Ёжик в тумане 🦔",
+        [
+            292,
+            212,
+            133,
+            212,
+            186,
+            310,
+            313,
+            292,
+            320,
+            292,
+            322,
+            213,
+            135,
+            329,
+            314,
+            212,
+            193,
+            309,
+            292,
+            244,
+            163,
+            170,
+            152,
+        ],
+    ),
+    ("don't stop", [287, 318, 43, 304, 269, 304, 294, 307]),
+    ("Hello world", [292, 76, 293, 272, 292, 317, 265, 295, 301]),
+    (" hello world", [292, 274, 292, 317, 265, 295, 301]),
+    ("hello  world\n\nnew", [274, 292, 292, 317, 265, 295, 301, 14, 14, 318, 293, 317]),
+    ("привет мир!", [283, 292, 329, 310, 311, 37]),
+    (
+        "日本語 🤖 emoji",
+        [
+            292,
+            234,
+            155,
+            169,
+            234,
+            160,
+            176,
+            236,
+            174,
+            162,
+            292,
+            244,
+            163,
+            168,
+            154,
+            292,
+            293,
+            298,
+            294,
+            324,
+            303,
+        ],
+    ),
+    ("12345 quick", [292, 53, 54, 55, 56, 57, 289]),
+    ("the lazy dog jumps", [268, 263, 292, 295, 300, 319, 315, 287, 316, 291, 270, 290]),
+    ("", []),
+    ("x", [292, 326]),
+    ("  leading", [292, 292, 292, 295, 293, 300, 301, 303, 318, 316]),
+    ("trailing  ", [268, 296, 300, 303, 295, 303, 318, 316, 292, 292]),
 ]
 
 
@@ -218,12 +309,37 @@ def test_from_model_dir_without_config_files(tmp_path: Path) -> None:
 
 
 def test_missing_tokenizer_files_are_named(tmp_path: Path) -> None:
-    with pytest.raises(LlmchatError, match=r"no tokenizer\.json"):
-        Tokenizer.from_model_dir(tmp_path)
-    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x00")
-    with pytest.raises(LlmchatError, match=r"tokenizer\.model") as err:
+    with pytest.raises(LlmchatError, match=r"no tokenizer\.json") as err:
         Tokenizer.from_model_dir(tmp_path)
     assert err.value.fix
+
+
+def _spm_model_bytes() -> bytes:
+    return zlib.decompress(base64.b64decode(SPM_MODEL_B64))
+
+
+def test_sentencepiece_model_file_matches_sentencepiece(tmp_path: Path) -> None:
+    """A directory with only tokenizer.model (older MLC dirs) tokenizes exactly as sentencepiece does."""
+    (tmp_path / "tokenizer.model").write_bytes(_spm_model_bytes())
+    tok = Tokenizer.from_model_dir(tmp_path)
+    assert tok.bos_id == 1 and tok.eos_ids == {2} and tok.add_bos
+    for text, expected in SPM_EXPECTED_IDS:
+        ids = tok.encode(text, add_bos=False)
+        assert ids == expected, text
+        assert tok.decode(ids) == text
+        assert "".join(_stream(tok, ids)) == text
+    assert tok.encode("x") == [1, *dict(SPM_EXPECTED_IDS)["x"]]
+
+
+def test_sentencepiece_unigram_and_corrupt_models_are_clear_errors(tmp_path: Path) -> None:
+    # protobuf merges a repeated message field: a second trainer_spec with model_type=1 (UNIGRAM)
+    (tmp_path / "tokenizer.model").write_bytes(_spm_model_bytes() + bytes([0x12, 0x02, 0x18, 0x01]))
+    with pytest.raises(LlmchatError, match="unigram") as err:
+        Tokenizer.from_model_dir(tmp_path)
+    assert "tokenizer.json" in err.value.fix
+    (tmp_path / "tokenizer.model").write_bytes(_spm_model_bytes()[:1000])
+    with pytest.raises(LlmchatError, match=r"cannot read the SentencePiece model .*tokenizer\.model"):
+        Tokenizer.from_model_dir(tmp_path)
 
 
 def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
