@@ -428,3 +428,20 @@ def test_intel_integrated_gpu_runs_on_cpu(tmp_path):
     report = probe(root, tvm_runtimes={"vulkan"})
     assert report.devices[0].kind == "integrated"
     assert report.recommended_backend == "cpu" and report.backend == "cpu"
+
+
+def test_a_fifo_where_a_file_belongs_cannot_hang_the_probe(tmp_path):
+    root = make_root(tmp_path, "amd-rx6900xt")
+    vram = root / "sys/class/drm/card0/device/mem_info_vram_total"
+    vram.unlink()
+    os.mkfifo(vram)  # opening it for reading would block without O_NONBLOCK
+    report = probe(root, tvm_runtimes={"vulkan"})
+    assert report.devices[0].vram_source == "table"
+    assert any("mem_info_vram_total: not a regular file" in p for p in report.problems)
+
+
+def test_platform_framebuffer_is_skipped_quietly(tmp_path):
+    root = make_root(tmp_path)
+    write(root, "/sys/class/drm/card0/device/uevent", "DRIVER=simple-framebuffer\nOF_NAME=framebuffer\n")
+    report = probe(root, tvm_runtimes=set())
+    assert report.devices == [] and report.problems == []

@@ -159,7 +159,8 @@ def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
             continue
         vendor_id, device_id, revision, uevent = _pci_ids(reader, dev_dir)
         if not vendor_id or not device_id:
-            if reader.exists(f"{dev_dir}/uevent") or reader.exists(f"{dev_dir}/vendor"):
+            # platform devices (simpledrm, efifb) have no PCI ids: not a GPU, nothing to report
+            if "PCI_ID" in uevent or "PCI_SLOT_NAME" in uevent or reader.exists(f"{dev_dir}/vendor"):
                 reader.problem(dev_dir, "no readable PCI vendor/device id; device skipped")
             continue
         if vendor_id in _VIRTUAL_VENDORS:

@@ -1,8 +1,9 @@
 """PCI ids → GPU model for every vendor, plus libdrm's ``amdgpu.ids`` for names the tables lack.
 
-NVIDIA and Intel entries: ids from pci.ids (pciutils), memory size and bandwidth from the vendors'
-spec sheets (decimal GB/s). Unknown ids still work: the name falls back to ``amdgpu.ids`` or to a
-generic "AMD GPU 1002:xxxx", and bandwidth is ``None``.
+NVIDIA and Intel entries: ids from pci.ids (pciutils), bandwidth from the vendors' spec sheets
+(decimal GB/s), memory in GiB as the driver reports it (data-centre parts report a little less than
+the marketed size, e.g. an H200 "141 GB" shows 143,771 MiB). Unknown ids still work: the name
+falls back to ``amdgpu.ids`` or to a generic "AMD GPU 1002:xxxx", and bandwidth is ``None``.
 """
 
 from __future__ import annotations
@@ -25,19 +26,19 @@ def _nv(name: str, bw: float | None, vram: float | None) -> GpuModel:
 
 NVIDIA_GPUS: dict[str, GpuModel] = {
     # data centre
-    "2335": _nv("H200 SXM 141GB", 4800, 141),
-    "233b": _nv("H200 NVL", 4800, 141),
-    "2330": _nv("H100 SXM5 80GB", 3350, 80),
-    "2331": _nv("H100 PCIe 80GB", 2000, 80),
-    "2321": _nv("H100 NVL 94GB", 3900, 94),
-    "2324": _nv("H800", 3350, 80),
+    "2335": _nv("H200 SXM 141GB", 4800, 140.4),
+    "233b": _nv("H200 NVL", 4800, 140.4),
+    "2330": _nv("H100 SXM5 80GB", 3350, 79.6),
+    "2331": _nv("H100 PCIe 80GB", 2000, 79.6),
+    "2321": _nv("H100 NVL 94GB", 3900, 93.6),
+    "2324": _nv("H800", 3350, 79.6),
     "20b0": _nv("A100 SXM4 40GB", 1555, 40),
     "20b2": _nv("A100 SXM4 80GB", 2039, 80),
     "20f1": _nv("A100 PCIe 40GB", 1555, 40),
     "20b5": _nv("A100 PCIe 80GB", 1935, 80),
-    "26b9": _nv("L40S", 864, 48),
-    "26b5": _nv("L40", 864, 48),
-    "27b8": _nv("L4", 300, 24),
+    "26b9": _nv("L40S", 864, 45),
+    "26b5": _nv("L40", 864, 45),
+    "27b8": _nv("L4", 300, 22.5),
     "2236": _nv("A10", 600, 24),
     "1eb8": _nv("Tesla T4", 320, 16),
     "1db1": _nv("Tesla V100 SXM2 16GB", 900, 16),

@@ -9,6 +9,7 @@ whitespace and of the NUL padding some sysfs snapshots carry.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 #: sysfs attributes are at most a page; anything bigger is not the file we expect
@@ -67,19 +68,30 @@ class SysReader:
         ``required``: also record a missing file as a problem.
         """
         p = self.path(rel)
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
-            with open(p, "rb") as fh:
-                data = fh.read(MAX_READ_BYTES)
+            fd = os.open(p, flags)  # non-blocking: a FIFO or device in a bad sysroot cannot hang us
         except FileNotFoundError:
             if required:
                 self.problem(rel, "missing")
             return None
-        except IsADirectoryError:
-            self.problem(rel, "is a directory, expected a file")
-            return None
         except OSError as err:
             self.problem(rel, f"cannot read ({err.strerror or err})")
             return None
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                self.problem(rel, "is a directory, expected a file")
+                return None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.problem(rel, "not a regular file")
+                return None
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                data = fh.read(MAX_READ_BYTES)
+        except OSError as err:
+            self.problem(rel, f"cannot read ({err.strerror or err})")
+            return None
+        finally:
+            os.close(fd)
         text = data.replace(b"\x00", b"").decode("utf-8", errors="replace").strip()
         if not text:
             self.problem(rel, "empty")
