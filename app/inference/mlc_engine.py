@@ -230,47 +230,49 @@ class MLCLLMEngine:
     def chat(self, user_message: str, params: SamplingParams | None = None) -> Iterator[ChatEvent]:
         params = validate(params or SamplingParams())
         self._begin()
+        history = [*self._history, Message("user", user_message)]
+        reply = _Reply()
+        finished = False
         try:
-            history = [*self._history, Message("user", user_message)]
             dropped = 0
             while True:
                 reply = _Reply()
-                self._request_id = f"llmchat-{uuid.uuid4().hex}"
+                announced = dropped == 0
+                deltas = self._stream(
+                    reply, chat=True, messages=self._messages_payload(history), params=params
+                )
                 try:
-                    stream = self._engine.chat.completions.create(
-                        messages=self._messages_payload(history),
-                        request_id=self._request_id,
-                        **self._request_kwargs(params),
-                    )
-                    announced = dropped == 0
-                    for delta in self._consume(stream, reply, chat=True):
-                        if not announced:
-                            announced = True
-                            yield ContextTrimmed(dropped, self.info.context_window)
-                        yield delta
+                    with contextlib.closing(deltas):
+                        for delta in deltas:
+                            if not announced:
+                                announced = True
+                                yield ContextTrimmed(dropped, self.info.context_window)
+                            yield delta
                 except _PromptTooLong as err:
-                    if len(history) <= 1 or reply.text_parts:
+                    if len(history) <= 1:
                         raise LlmchatError(
                             f"The prompt does not fit the context window ({self.info.context_window} "
                             f"tokens): {err}",
                             "shorten the message or the system prompt",
                         ) from None
+                    # drop the oldest turn: a user message and the assistant reply after it
                     cut = 2 if len(history) > 2 and history[1].role == "assistant" else 1
                     history = history[cut:]
                     dropped += cut
                     continue
-                finally:
-                    self._request_id = None
                 break
-            if dropped and not reply.text_parts:
+            if not announced:
                 yield ContextTrimmed(dropped, self.info.context_window)
+            finished = True
             self._history = [*history, Message("assistant", reply.text)]
             stats = self._stats(reply, params)
-            if stats.generated_tokens or reply.usage is not None:
-                self.last_stats = stats
-                self.session_stats.add(stats)
+            self.last_stats = stats
+            self.session_stats.add(stats)
             yield stats
         finally:
+            if not finished and reply.text_parts:
+                # the consumer stopped early or generation failed midway: keep what was shown
+                self._history = [*history, Message("assistant", reply.text)]
             self._lock.release()
 
     def generate(
@@ -288,29 +290,42 @@ class MLCLLMEngine:
         self._begin()
         try:
             reply = _Reply()
-            self._request_id = f"llmchat-{uuid.uuid4().hex}"
-            kwargs = self._request_kwargs(params)
-            if ignore_eos:
-                kwargs["extra_body"] = {"debug_config": {"ignore_eos": True}}
+            extra = {"extra_body": {"debug_config": {"ignore_eos": True}}} if ignore_eos else {}
+            deltas = self._stream(reply, chat=False, prompt=list(prompt_ids), params=params, **extra)
             try:
-                stream = self._engine.completions.create(
-                    prompt=list(prompt_ids), request_id=self._request_id, **kwargs
-                )
-                for delta in self._consume(stream, reply, chat=False):
-                    if detokenize:
-                        yield delta
+                with contextlib.closing(deltas):
+                    for delta in deltas:
+                        if detokenize:
+                            yield delta
             except _PromptTooLong as err:
                 raise LlmchatError(
                     f"The prompt is {len(prompt_ids)} tokens long; {err}", "use a shorter prompt"
                 ) from None
-            finally:
-                self._request_id = None
             stats = self._stats(reply, params)
             self.last_stats = stats
             self.session_stats.add(stats)
             yield stats
         finally:
             self._lock.release()
+
+    def _stream(
+        self, reply: _Reply, *, chat: bool, params: SamplingParams, **request: Any
+    ) -> Iterator[TextDelta]:
+        """Open one streamed request, yield its text, always close it (closing aborts it in MLC)."""
+        self._request_id = f"llmchat-{uuid.uuid4().hex}"
+        api = self._engine.chat.completions if chat else self._engine.completions
+        try:
+            try:
+                stream = api.create(request_id=self._request_id, **request, **self._request_kwargs(params))
+            except Exception as err:  # request validation happens in create()
+                raise _mlc_error(err) from None
+            consumer = self._consume(stream, reply, chat=chat)
+            try:
+                yield from consumer
+            finally:
+                consumer.close()
+        finally:
+            self._request_id = None
 
     def _consume(self, stream: Any, reply: _Reply, *, chat: bool) -> Iterator[TextDelta]:
         """Yield the text of each chunk; stop at cancel (closing the stream, which aborts the request)."""
@@ -328,12 +343,7 @@ class MLCLLMEngine:
                     if self._cancel.is_set():  # the abort ended the stream with an error chunk
                         reply.finish = "cancelled"
                         break
-                    if _PROMPT_TOO_LONG in str(err):
-                        raise _PromptTooLong(str(err)) from None
-                    raise LlmchatError(
-                        f"MLC-LLM failed while generating: {type(err).__name__}: {err}",
-                        "try again; if it persists, reset the chat or reload the model",
-                    ) from None
+                    raise _mlc_error(err) from None
                 usage = getattr(chunk, "usage", None)
                 if usage is not None:
                     reply.usage = usage
@@ -413,3 +423,13 @@ class MLCLLMEngine:
 
 class _PromptTooLong(Exception):
     """MLC refused the request: the conversation exceeds the context window."""
+
+
+def _mlc_error(err: Exception) -> Exception:
+    """The exception to raise for an error out of mlc_llm."""
+    if _PROMPT_TOO_LONG in str(err):
+        return _PromptTooLong(str(err))
+    return LlmchatError(
+        f"MLC-LLM failed while generating: {type(err).__name__}: {err}",
+        "try again; if it persists, reset the chat or reload the model",
+    )

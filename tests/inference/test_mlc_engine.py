@@ -275,3 +275,29 @@ def test_concurrent_chat_is_refused(stand_in, model_dir: Path) -> None:  # type:
     with pytest.raises(LlmchatError, match="already generating"):
         list(engine.chat("two"))
     list(first)
+
+
+def test_consumer_stopping_early_closes_the_request(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = MLCLLMEngine(model_dir)
+    events = engine.chat("stop reading me")
+    first = next(events)
+    events.close()  # e.g. the TUI's worker was cancelled
+    request = engine._engine.requests[-1]
+    assert request.closed
+    assert engine.history == [Message("user", "stop reading me"), Message("assistant", first.text)]
+    text, _, _ = _run(engine.chat("next"))  # the lock was released
+    assert text.startswith("You said: next")
+
+
+def test_error_in_create_becomes_llmchat_error(
+    stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    engine = MLCLLMEngine(model_dir)
+
+    def broken_create(**kwargs):  # type: ignore[no-untyped-def]
+        raise TypeError("unexpected keyword argument")
+
+    monkeypatch.setattr(engine._engine.chat.completions, "create", broken_create)
+    with pytest.raises(LlmchatError, match="MLC-LLM failed"):
+        list(engine.chat("x"))
+    assert engine.history == []
