@@ -308,10 +308,10 @@ def _tvm_fix(backend: str, inp: Inputs) -> str:
             "NVIDIA driver, or add their directory to LD_LIBRARY_PATH."
         )
     wheel = "mlc-ai-nightly-rocm62" if backend == "rocm" else "mlc-ai-nightly-cpu"
+    what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}.get(backend, backend)
     return (
-        f"Install a TVM runtime built with {backend.upper() if backend == 'rocm' else backend.title()}: "
-        f"{MLC_WHEELS} {wheel}  (MLC's TVM build, which also includes Vulkan; PyPI's apache-tvm has no "
-        f"{backend} runtime; install it into a separate virtual environment, it replaces the tvm package)"
+        f"Install a TVM runtime built with {what} (PyPI's apache-tvm has none): MLC's TVM wheels, e.g. "
+        f"{MLC_WHEELS} {wheel}  (includes {'ROCm and ' if backend == 'rocm' else ''}Vulkan)."
     )
 
 
@@ -321,14 +321,9 @@ def _runnable(inp: Inputs, gpu: GpuDevice | None, d: Decision) -> None:
     for backend in [d.recommended_backend, *FALLBACKS[d.recommended_backend]]:
         ready, not_ready, fixes = _system_ready(inp, gpu, backend)
         tvm_ok = tvm.available is None or backend in tvm.available
-        if (
-            ready
-            and tvm_ok
-            and backend != "cpu"
-            and backend in tvm.devices_exist
-            and not tvm.devices_exist[backend]
-        ):
-            tvm_ok, not_ready = False, f"TVM's {backend} runtime sees no device"
+        no_device = ready and tvm_ok and tvm.devices_exist.get(backend) is False
+        if no_device:
+            tvm_ok = False
         if ready and tvm_ok:
             d.backend = backend
             assert backend == "cpu" or gpu is not None or backend == "metal"
@@ -351,9 +346,11 @@ def _runnable(inp: Inputs, gpu: GpuDevice | None, d: Decision) -> None:
         if not ready:
             why.append(f"{backend} cannot run here: {not_ready}.")
             d.fixes.extend(f for f in fixes if f not in d.fixes)
+        elif no_device:
+            why.append(f"{backend} cannot run here: TVM's {backend} runtime finds no device.")
         else:
             why.append(f"{backend} cannot run here: the installed TVM has no usable {backend} runtime.")
             fix = _tvm_fix(backend, inp)
             if not (MLC_WHEELS in fix and any(MLC_WHEELS in f for f in d.fixes)):
                 d.fixes.append(fix)
-    # cpu is always ready; unreachable
+    # cpu is always ready, so the loop always ends in a return
