@@ -91,7 +91,7 @@ def test_steam_deck_is_vulkan_with_a_unified_memory_budget():
     assert gpu.kind == "integrated" and gpu.gfx_source == "kfd" and gpu.compute_units == 8
     assert gpu.kfd_memory_bytes == 8 * GIB
     assert report.recommended_backend == "vulkan" and report.backend == "vulkan"
-    assert report.device == "vulkan:0"
+    assert report.device == "vulkan:0" and report.gpu is gpu
     assert 8 * GB <= report.memory_budget_bytes <= 16 * GB
     # more than the BIOS carve-out: the unified-memory path
     assert report.memory_budget_bytes > gpu.vram_bytes
@@ -110,7 +110,7 @@ def test_steam_deck_budget_follows_utilization_and_free_memory():
 def test_steam_deck_with_pypi_tvm_falls_back_to_cpu_with_the_wheel_fix():
     report = probe(fixture("amd-vangogh"), tvm_runtimes=set())
     assert report.recommended_backend == "vulkan"
-    assert report.backend == "cpu" and report.device == "cpu:0"
+    assert report.backend == "cpu" and report.device == "cpu:0" and report.gpu is None
     assert any("mlc.ai/wheels" in f for f in report.fixes)
     # on the CPU the budget is system RAM, bounded by what is free
     assert report.memory_budget_bytes == 12011864 * 1024 - GIB

@@ -113,6 +113,7 @@ def probe(
         system=_system_dict(system),
         runtimes=_runtimes_dict(decision, vulkan, rocm, nvidia, tvm),
         sysroot=str(root),
+        gpu_index=next((i for i, g in enumerate(gpus) if g is run_gpu), None),
         probe_seconds=time.perf_counter() - started,
     )
 
@@ -131,7 +132,6 @@ def _system_dict(system) -> dict:
 
 def _runtimes_dict(decision: Decision, vulkan, rocm, nvidia, tvm) -> dict:
     return {
-        "chosen_pci_id": decision.gpu.pci_id if decision.gpu else None,
         "vulkan": {"loader": vulkan.loader, "icds": [asdict(i) for i in vulkan.icds]},
         "rocm": {
             "usable": rocm.usable,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -165,7 +166,7 @@ def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
             continue
         if vendor_id in _VIRTUAL_VENDORS:
             continue
-        slot = uevent.get("PCI_SLOT_NAME") or f"{entry}"
+        slot = uevent.get("PCI_SLOT_NAME") or os.path.realpath(reader.path(dev_dir))
         if slot in seen:
             continue
         seen.add(slot)

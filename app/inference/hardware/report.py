@@ -45,12 +45,14 @@ class HardwareReport:
     sysroot: str = "/"
     probe_seconds: float = 0.0
 
+    gpu_index: int | None = None  # index in ``devices`` of the GPU ``backend`` runs on
+
     @property
     def gpu(self) -> GpuDevice | None:
-        """The device ``backend`` runs on (None for cpu)."""
-        if self.backend in ("cpu", "metal"):
+        """The device ``backend`` runs on (None for cpu and metal)."""
+        if self.gpu_index is None or self.backend in ("cpu", "metal"):
             return None
-        return next((d for d in self.devices if d.pci_id == self.runtimes.get("chosen_pci_id")), None)
+        return self.devices[self.gpu_index]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class HardwareReport:
             "recommended_backend": self.recommended_backend,
             "backend": self.backend,
             "device": self.device,
+            "gpu_index": self.gpu_index,
             "memory_budget_bytes": self.memory_budget_bytes,
             "memory_budget_explanation": self.memory_budget_explanation,
             "utilization": self.utilization,
