@@ -127,15 +127,62 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def cache_key(cfg: ModelConfig, target_desc: dict[str, Any] | str) -> str:
-    """Hex digest naming the library of ``cfg`` compiled for ``target_desc``."""
+def _cpu_fingerprint() -> str:
+    """The host CPU, as precisely as the runtime can tell without LLVM (model name + ISA flags)."""
+    import platform
+
+    model, flags = platform.processor() or "", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model", "CPU part") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = value.strip()
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
+    return f"{platform.machine()}|{model}|{digest}"
+
+
+def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
+    """What distinguishes code for ``device``: CPU model and ISA, or the GPU architecture.
+
+    Needs only the TVM runtime, so a runtime-only install finds the cached library."""
+    import tvm
+
+    if device.backend == "cpu":
+        return _cpu_fingerprint()
+    if arch:
+        return arch
+    if device.backend == "cuda":
+        dev = tvm.cuda(device.index)
+        if dev.exist:
+            return "sm_" + str(dev.compute_version).replace(".", "")
+    if device.backend == "rocm":
+        dev = tvm.rocm(device.index)
+        if dev.exist:
+            return f"rocm-{dev.compute_version}"
+    if device.backend in ("vulkan", "metal"):
+        dev = tvm.device(device.backend, device.index)
+        if dev.exist:
+            return f"{device.backend}-{dev.device_name}"
+    return device.backend
+
+
+def cache_key(cfg: ModelConfig, backend: str, fingerprint: str) -> str:
+    """Hex digest naming the library of ``cfg`` compiled for ``backend`` / ``fingerprint``."""
     import tvm
 
     blob = json.dumps(
         {
             "model": cfg.code_key(),
-            "target": target_desc if isinstance(target_desc, str)
-            else json.dumps(target_desc, sort_keys=True),
+            "backend": backend,
+            "device": fingerprint,
             "tvm": tvm.__version__,
             "engine": ENGINE_VERSION,
             "source": _source_digest(),
@@ -232,8 +279,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
                 progress: ProgressCallback | None = None) -> CompiledModel:
     """The cached library for ``cfg`` on ``device``, compiling it first if needed."""
-    desc = target_dict(device, arch)
-    key = cache_key(cfg, desc)
+    key = cache_key(cfg, device.backend, device_fingerprint(device, arch))
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
     lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")
     if lib.is_file() and meta_path.is_file():

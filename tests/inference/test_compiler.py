@@ -1,0 +1,103 @@
+"""Compiled-library cache: a second load compiles nothing; the library runs on a runtime-only TVM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from app.inference import compiler
+from app.inference.config import ModelConfig
+from app.inference.devices import DeviceSpec
+from app.inference.engine import load_engine
+
+
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory):
+    """A library cache of this module's own (starts empty)."""
+    return tmp_path_factory.mktemp("fresh-cache")
+
+
+def test_second_load_reuses_the_library(tiny_model_dir, fresh_cache, monkeypatch):
+    tmp_path = fresh_cache
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    model = tiny_model_dir("llama", "q4f32_1")
+    events = []
+    before = compiler.COMPILE_COUNT
+    load_engine(model, device="cpu", progress=events.append).close()
+    assert before + 1 == compiler.COMPILE_COUNT
+    compile_events = [e for e in events if e.stage == "compile"]
+    assert compile_events and compile_events[-1].fraction == 1.0
+    libs = list((tmp_path / "cache" / "libs").glob("*.so"))
+    assert len(libs) == 1 and libs[0].with_suffix(".json").is_file()
+    assert not list((tmp_path / "cache" / "libs").glob("*.tmp"))
+
+    events.clear()
+    load_engine(model, device="cpu", progress=events.append).close()
+    assert before + 1 == compiler.COMPILE_COUNT
+    assert not [e for e in events if e.stage == "compile"]
+    assert [e for e in events if e.stage == "load"]
+
+
+def test_cache_key_covers_what_changes_code(tiny_model_dir, monkeypatch):
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    other = ModelConfig.load(tiny_model_dir("llama", "q0f32"))
+    key = compiler.cache_key(cfg, "cpu", "x86_64|cpu")
+    assert key == compiler.cache_key(cfg, "cpu", "x86_64|cpu")
+    assert key != compiler.cache_key(other, "cpu", "x86_64|cpu")
+    assert key != compiler.cache_key(cfg, "cuda", "sm_90")
+    assert compiler.cache_key(cfg, "cuda", "sm_90") != compiler.cache_key(cfg, "cuda", "sm_89")
+    monkeypatch.setattr(compiler, "ENGINE_VERSION", "test-bump")
+    assert key != compiler.cache_key(cfg, "cpu", "x86_64|cpu")
+
+
+def test_targets_are_dict_form_with_the_real_cpu():
+    import tvm
+
+    cpu = compiler.target_dict(DeviceSpec("cpu"))
+    assert cpu["kind"] == "llvm" and cpu["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
+    cuda = compiler.make_target(DeviceSpec("cuda"), arch="sm_90")
+    assert cuda.kind.name == "cuda" and cuda.attrs["arch"] == "sm_90"
+    assert compiler.target_dict(DeviceSpec("rocm"), arch="gfx1100")["thread_warp_size"] == 32
+
+
+def test_damaged_cache_entry_is_rebuilt(tiny_model_dir, fresh_cache, monkeypatch):
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(fresh_cache / "cache"))
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    lib = compiler.get_library(cfg, DeviceSpec("cpu"))
+    lib.lib_path.with_suffix(".json").write_text("{broken")
+    before = compiler.COMPILE_COUNT
+    again = compiler.get_library(cfg, DeviceSpec("cpu"))
+    assert before + 1 == compiler.COMPILE_COUNT
+    assert json.loads(again.lib_path.with_suffix(".json").read_text())["params"] == lib.params
+
+
+@pytest.mark.slow
+def test_cached_library_runs_on_runtime_only_tvm(tiny_engine, tiny_model_dir):
+    """With TVM_USE_RUNTIME_LIB=1 (no compiler), the cached library loads and generates."""
+    model = tiny_model_dir("llama", "q4f32_1")
+    code = textwrap.dedent(f"""
+        import tvm
+        try:
+            import tvm.relax  # noqa
+            compiler_present = True
+        except Exception:
+            compiler_present = False
+        from app.inference import compiler
+        from app.inference.engine import load_engine
+        from app.inference.api import SamplingParams
+        e = load_engine({str(model)!r}, device="cpu")
+        stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), ignore_eos=True))[-1]
+        print("RESULT", compiler_present, compiler.COMPILE_COUNT, stats.generated_tokens)
+    """)
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")][-1]
+    _, compiler_present, count, generated = line.split()
+    assert compiler_present == "False", "TVM_USE_RUNTIME_LIB=1 still loaded the compiler"
+    assert count == "0" and generated == "5"

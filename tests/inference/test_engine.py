@@ -1,0 +1,194 @@
+"""The engine's conversation behaviour on the tiny CPU model: streaming, KV reuse, cancel, reset,
+context overflow and bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from app.errors import LlmchatError
+from app.inference.api import ContextTrimmed, Message, ReplyStats, SamplingParams, TextDelta
+from app.inference.engine import load_engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+def _run(events):
+    deltas, stats, trimmed = [], None, []
+    for ev in events:
+        if isinstance(ev, TextDelta):
+            deltas.append(ev.text)
+        elif isinstance(ev, ContextTrimmed):
+            trimmed.append(ev)
+        elif isinstance(ev, ReplyStats):
+            stats = ev
+    return "".join(deltas), stats, trimmed
+
+
+@pytest.fixture
+def engine(tiny_engine):
+    tiny_engine.set_system_prompt(None)
+    tiny_engine.reset()
+    yield tiny_engine
+    tiny_engine.set_system_prompt(None)
+    tiny_engine.reset()
+
+
+def test_chat_streams_text_and_ends_with_stats(engine):
+    events = list(engine.chat("Hello! How are you?", GREEDY))
+    assert isinstance(events[-1], ReplyStats)
+    assert all(isinstance(e, TextDelta) for e in events[:-1])
+    text, stats, _ = _run(events)
+    assert stats.generated_tokens >= 1 and stats.prompt_tokens > 5
+    assert stats.finish_reason in ("stop", "length")
+    assert stats.time_to_first_token_s > 0 and stats.prefill_s > 0
+    assert engine.history == [Message("user", "Hello! How are you?"), Message("assistant", text)]
+    assert engine.last_stats is stats and engine.session_stats.replies >= 1
+    assert "prefill:" in stats.format() and "decode:" in stats.format()
+
+
+def test_greedy_is_deterministic_and_second_turn_reuses_kv(engine, tiny_model_dir):
+    _run(engine.chat("Hello! How are you?", GREEDY))
+    kv_after_first = engine.kv_sequence_length
+    second, stats2, _ = _run(engine.chat("Tell me about llamas.", GREEDY))
+    full_prompt = engine.formatter.encode_prompt(engine.tokenizer, engine.history[:-1])
+    # only the tokens after the cached prefix were prefilled
+    assert 0 < stats2.prompt_tokens < len(full_prompt)
+    assert kv_after_first > 0
+    # the same conversation prefilled from scratch gives the same greedy reply
+    history = engine.history
+    engine.reset()
+    engine.load_history(history[:2])
+    again, stats3, _ = _run(engine.chat("Tell me about llamas.", GREEDY))
+    assert again == second
+    assert stats3.prompt_tokens == len(full_prompt)
+
+
+def test_reset_empties_the_kv_cache(engine):
+    _run(engine.chat("Hello!", GREEDY))
+    assert engine.runtime.kv_sequence_length() > 0
+    engine.reset()
+    assert engine.runtime.kv_sequence_length() == 0
+    assert engine.kv_sequence_length == 0 and engine.history == []
+
+
+def test_system_prompt_is_rendered_and_resets(engine):
+    _run(engine.chat("Hello!", GREEDY))
+    engine.set_system_prompt("You are terse.")
+    assert engine.history == [] and engine.runtime.kv_sequence_length() == 0
+    _run(engine.chat("Hi", GREEDY))
+    text = engine.tokenizer.decode(engine._kv_ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nYou are terse.<|im_end|>")
+
+
+def test_cancel_from_another_thread_stops_within_one_step(engine):
+    runtime = engine.runtime
+    real_decode = runtime.decode
+    calls = {"n": 0, "after_cancel": 0}
+    reached, cancelled = threading.Event(), threading.Event()
+
+    def decode(token):
+        calls["n"] += 1
+        if cancelled.is_set():
+            calls["after_cancel"] += 1
+        if calls["n"] == 3:
+            reached.set()
+            assert cancelled.wait(10)
+        return real_decode(token)
+
+    def canceller():
+        reached.wait(10)
+        engine.cancel()
+        cancelled.set()
+
+    runtime.decode = decode
+    thread = threading.Thread(target=canceller)
+    thread.start()
+    try:
+        _, stats, _ = _run(engine.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=200),
+                                           ignore_eos=True))
+    finally:
+        thread.join()
+        del runtime.decode
+    assert stats.finish_reason == "cancelled"
+    assert calls["after_cancel"] == 0  # the step running when cancel came finished, no new one began
+    assert stats.generated_tokens == 4
+
+
+def test_generate_raw_tokens_exact_count(engine):
+    _, stats, _ = _run(engine.generate([1], SamplingParams(temperature=0, max_tokens=20), ignore_eos=True,
+                                       detokenize=False))
+    assert stats.generated_tokens == 20 and stats.finish_reason == "length"
+    assert stats.prompt_tokens == 1 and stats.decode_tok_s > 0
+    assert engine.runtime.kv_sequence_length() == 0  # generate() leaves no state behind
+
+
+def test_sampling_with_seed_is_reproducible(engine):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=123)
+    a, _, _ = _run(engine.generate([3, 4], params, ignore_eos=True))
+    b, _, _ = _run(engine.generate([3, 4], params, ignore_eos=True))
+    assert a == b
+
+
+def test_context_overflow_drops_oldest_turns(tiny_model_dir):
+    engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu", context_window=96)
+    try:
+        engine.set_system_prompt("Be brief.")
+        params = SamplingParams(temperature=0, max_tokens=8)
+        trimmed = []
+        for i in range(8):
+            _, _, t = _run(engine.chat(f"Question number {i}: what do llamas eat?", params))
+            trimmed += t
+            assert engine.runtime.kv_sequence_length() <= 96
+        assert trimmed, "the conversation never overflowed the 96-token window"
+        assert trimmed[0].context_window == 96 and trimmed[0].dropped_messages >= 2
+        assert len(engine.history) < 16
+        assert engine.history[-2].content == "Question number 7: what do llamas eat?"
+        rendered = engine.tokenizer.decode(engine._kv_ids, skip_special_tokens=False)
+        assert rendered.startswith("<|im_start|>system\nBe brief.")
+    finally:
+        engine.close()
+
+
+def test_prompt_longer_than_context_window_is_an_error(tiny_model_dir):
+    engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu", context_window=48)
+    try:
+        with pytest.raises(LlmchatError, match="context window"):
+            list(engine.chat("llamas " * 80, GREEDY))
+        with pytest.raises(LlmchatError, match="context window"):
+            list(engine.generate(list(range(60)), GREEDY))
+        # the engine still works afterwards
+        _, stats, _ = _run(engine.chat("Hi", SamplingParams(temperature=0, max_tokens=4)))
+        assert stats.generated_tokens >= 1
+    finally:
+        engine.close()
+
+
+def test_memory_in_use_counts_weights_and_kv(engine):
+    used = engine.memory_in_use_bytes()
+    assert used is not None and used > engine.info.weight_bytes > 0
+    assert engine.info.backend == "cpu" and engine.info.device == "cpu:0"
+    assert engine.info.quantization == "q4f32_1"
+
+
+def test_model_not_installed_suggests_download():
+    with pytest.raises(LlmchatError) as err:
+        load_engine("no-such-model-q4f16_1", device="cpu")
+    assert err.value.fix == "llmchat download no-such-model-q4f16_1"
+
+
+def test_installed_model_id_resolves(tiny_model_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from app import paths
+
+    target = paths.models_dir() / "tiny-chat"
+    shutil.copytree(tiny_model_dir("llama", "q4f32_1"), target)
+    engine = load_engine("tiny-chat", device="cpu")
+    try:
+        assert engine.info.model_id == "tiny-chat"
+        assert np.isfinite(engine.runtime.prefill([1, 2, 3])).all()
+    finally:
+        engine.close()
