@@ -78,6 +78,10 @@ def test_doctor_on_this_machine():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["backend"] in data["runtimes"]["tvm"]["available"]
+    text = llmchat("doctor")
+    assert text.returncode == 0, text.stderr
+    assert f"Backend llmchat will use: {data['backend']}" in text.stdout
+    assert "TVM runtimes here: cpu" in text.stdout
 
 
 def test_doctor_bad_sysroot_is_a_clear_error(tmp_path):

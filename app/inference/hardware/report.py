@@ -100,7 +100,7 @@ class HardwareReport:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
     def format_text(self) -> str:
         """The report ``llmchat doctor`` prints."""
@@ -130,6 +130,9 @@ class HardwareReport:
         lines += [f"  - {r}" for r in self.recommended_reasons]
         add(f"Backend llmchat will use: {self.backend} (device {self.device})")
         lines += [f"  - {r}" for r in self.backend_reasons]
+        tvm = self.runtimes.get("tvm", {})
+        if tvm.get("available") is not None:
+            add(f"  TVM runtimes here: {', '.join(tvm['available'])} (found by {tvm.get('method')} check)")
         add("")
         add(f"Memory budget: {gib(self.memory_budget_bytes)} ({self.memory_budget_bytes:,} bytes)")
         add(f"  {self.memory_budget_explanation}")
