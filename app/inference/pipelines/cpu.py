@@ -37,6 +37,7 @@ class CPUScheduleConfig:
     lanes: int = 8  # fp32 lanes of the GEMV accumulator (the words of 8 nibbles decode to 8 lanes)
     rows_per_step: int = 4  # output rows computed together in the GEMV inner loop
     min_parallel_work: int = 16384  # elements below which an elementwise kernel stays serial
+    replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
 
 
 def cpu_pipeline(target: Any, config: CPUScheduleConfig | None = None) -> Any:
@@ -76,7 +77,14 @@ def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> 
 
         updates = {}
         for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if cfg.replace_decode_attention and _global_symbol(func) in _DECODE_ATTENTION_SYMBOLS:
+                fast = _replacement_decode_attention(func)
+                if fast is not None:
+                    updates[gvar] = fast
+                continue
+            if _is_scheduled(func):
                 continue
             scheduled = schedule_prim_func(func, target, cfg)
             if scheduled is not None:
@@ -108,6 +116,12 @@ def schedule_prim_func(func: Any, target: Any, config: CPUScheduleConfig | None 
 # --------------------------------------------------------------------------------------------
 def _is_scheduled(func: Any) -> bool:
     return func.attrs is not None and _SCHEDULED_ATTR in func.attrs and bool(func.attrs[_SCHEDULED_ATTR])
+
+
+def _global_symbol(func: Any) -> str | None:
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        return None
+    return str(func.attrs["global_symbol"])
 
 
 def _static(extent: Any) -> int | None:
@@ -200,7 +214,7 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
     n_loop, k_loop = loops[n_pos], loops[-1]
     sch.reorder(*m_loops, n_loop, k_loop)
     m_loop = sch.fuse(*m_loops) if m_loops else None
-    ko, ki = sch.split(k_loop, factors=[None, lanes])
+    _ko, ki = sch.split(k_loop, factors=[None, lanes])
     rf = sch.rfactor(ki, factor_axis=0)
     # rf block loops: [m], n, ko, ki  ->  n_o, [m], ko, n_i, ki
     rf_loops = sch.get_loops(rf)
@@ -238,3 +252,182 @@ def _schedule_row_reduction(func: Any, target: Any, cfg: CPUScheduleConfig) -> A
 # --------------------------------------------------------------------------------------------
 def _schedule_elementwise(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | None:
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# Paged-KV decode attention (replaces TVM's scalar `batch_decode_paged_kv_cpu`)
+# --------------------------------------------------------------------------------------------
+_DECODE_ATTENTION_SYMBOLS = ("batch_decode_paged_kv_cpu", "batch_decode_paged_kv_cpu_sliding_window")
+
+
+def decode_attention_kernel(
+    num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, sliding_window: bool, page_size: int
+) -> Any:
+    """A drop-in for TVM's ``batch_decode_paged_kv_cpu`` (same signature and results).
+
+    TVM's version walks the cache one position at a time with scalar loops and rescales the
+    output at every position. This one runs the (sequence, query head) pairs in parallel, reads
+    the cache a page at a time with vector loads, rescales once per page and folds the dot
+    products with a tree of vector adds. ``rotary_mode == 1`` (RoPE applied inside attention,
+    ``RopeMode.INLINE``) uses the plain RoPE formula; llmchat's models use ``RopeMode.NORMAL``,
+    where the cache rotates keys when they are appended and this kernel never rotates.
+    """
+    import math
+
+    from tvm.relax.frontend.nn.llm._kernel_common import (
+        _declare_length_info,
+        _get_kv_chunk_len,
+        _get_seq_offset,
+        _rope,
+    )
+    from tvm.script import tirx as T
+
+    H_qo, H_kv, D, P = num_qo_heads, num_kv_heads, head_dim, page_size
+    group = num_qo_heads // num_kv_heads
+    lanes = 16
+    folds = D // lanes
+    log2e = math.log2(math.exp(1))
+    neg = -3.0e38
+    symbol = _DECODE_ATTENTION_SYMBOLS[1 if sliding_window else 0]
+
+    # fmt: off
+    @T.prim_func(s_tir=True)
+    def batch_decode_paged_kv(
+        Q_handle: T.handle,
+        pages_handle: T.handle,
+        page_table_indptr_handle: T.handle,
+        page_table_values_handle: T.handle,
+        var_length_info: T.handle,
+        k_rope_pos_offset_handle: T.handle,
+        q_rope_position_handle: T.handle,
+        output_handle: T.handle,
+        lse_handle: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "global_symbol": symbol, KERNEL_KIND_ATTR: "attention"})
+        B = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        Q = T.match_buffer(Q_handle, (B, H_qo, D), dtype)
+        pages = T.match_buffer(pages_handle, (max_num_pages, 2, H_kv, P, D), dtype)
+        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32",
+                                           elem_offset=page_indptr_elem_offset)
+        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
+                                           elem_offset=page_values_elem_offset)
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",
+                                           elem_offset=k_rope_pos_offset_elem_offset)
+        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",
+                                         elem_offset=q_rope_position_elem_offset)
+        output = T.match_buffer(output_handle, (B, H_qo, D), dtype)
+        lse = T.match_buffer(lse_handle, (B, H_qo), "float32")
+        length_info = _declare_length_info(var_length_info, B, sliding_window, length_info_elem_offset)
+
+        for bh in T.parallel(B * H_qo):
+            with T.sblock("attn"):
+                q_local = T.sblock_alloc_buffer((D,), "float32")
+                o_local = T.sblock_alloc_buffer((D,), "float32")
+                rot_dot = T.sblock_alloc_buffer((1,), "float32")
+                p16 = T.sblock_alloc_buffer((lanes,), "float32")
+                p8 = T.sblock_alloc_buffer((8,), "float32")
+                p4 = T.sblock_alloc_buffer((4,), "float32")
+                p2 = T.sblock_alloc_buffer((2,), "float32")
+                scores = T.sblock_alloc_buffer((P,), "float32")
+                state = T.sblock_alloc_buffer((4,), "float32")  # m, d, new m, rescale
+                kv_len = T.sblock_alloc_buffer((1,), "int32")
+                b: T.let[T.int32] = bh // H_qo
+                h_qo: T.let[T.int32] = bh % H_qo
+                h_kv: T.let[T.int32] = h_qo // group
+                begin: T.let[T.int32] = page_table_indptr[b]
+                end: T.let[T.int32] = page_table_indptr[b + 1]
+                kv_len[0] = T.if_then_else(
+                    begin != end, _get_kv_chunk_len(end - begin, P, b, length_info, sliding_window), 0)
+                state[0] = T.float32(-5e4)
+                state[1] = T.float32(1.0)
+                for d in T.vectorized(D):
+                    o_local[d] = T.float32(0)
+                for d in T.serial(D):
+                    q_local[d] = T.Cast("float32", T.if_then_else(
+                        rotary_mode == 1,
+                        _rope(Q, q_rope_position[b], D, rope_theta, rope_scale, (b, h_qo, d), dtype, {}),
+                        Q[b, h_qo, d])) * (sm_scale * T.float32(log2e))
+                for chunk in T.serial((kv_len[0] + P - 1) // P):
+                    for j in T.serial(P):
+                        row: T.let[T.int32] = chunk * P + j
+                        if row < kv_len[0]:
+                            seq_offset: T.let[T.int32] = _get_seq_offset(row, b, length_info, sliding_window)
+                            page_no: T.let[T.int32] = page_table_values[begin + seq_offset // P]
+                            page_offset: T.let[T.int32] = seq_offset % P
+                            if rotary_mode == 1:
+                                rot_dot[0] = T.float32(0)
+                                for d in T.serial(D):
+                                    rot_dot[0] = rot_dot[0] + q_local[d] * T.Cast("float32", _rope(
+                                        pages, k_rope_pos_offset[b] + row, D, rope_theta, rope_scale,
+                                        (page_no, 0, h_kv, page_offset, d), dtype, {}))
+                                scores[j] = rot_dot[0]
+                            else:
+                                for i in T.vectorized(lanes):
+                                    p16[i] = q_local[i] * T.Cast(
+                                        "float32", pages[page_no, 0, h_kv, page_offset, i])
+                                for c in T.serial(folds - 1):
+                                    for i in T.vectorized(lanes):
+                                        p16[i] = p16[i] + q_local[(c + 1) * lanes + i] * T.Cast(
+                                            "float32",
+                                            pages[page_no, 0, h_kv, page_offset, (c + 1) * lanes + i])
+                                for i in T.vectorized(8):
+                                    p8[i] = p16[i] + p16[i + 8]
+                                for i in T.vectorized(4):
+                                    p4[i] = p8[i] + p8[i + 4]
+                                for i in T.vectorized(2):
+                                    p2[i] = p4[i] + p4[i + 2]
+                                scores[j] = p2[0] + p2[1]
+                        else:
+                            scores[j] = T.float32(neg)
+                    state[2] = state[0]
+                    for j in T.serial(P):
+                        state[2] = T.max(state[2], scores[j])
+                    state[3] = T.exp2(state[0] - state[2])
+                    state[1] = state[1] * state[3]
+                    for d in T.vectorized(D):
+                        o_local[d] = o_local[d] * state[3]
+                    state[0] = state[2]
+                    for j in T.serial(P):
+                        row2: T.let[T.int32] = chunk * P + j
+                        if row2 < kv_len[0]:
+                            seq_offset2: T.let[T.int32] = _get_seq_offset(
+                                row2, b, length_info, sliding_window)
+                            page_no2: T.let[T.int32] = page_table_values[begin + seq_offset2 // P]
+                            page_offset2: T.let[T.int32] = seq_offset2 % P
+                            scores[j] = T.exp2(scores[j] - state[0])
+                            state[1] = state[1] + scores[j]
+                            for d in T.vectorized(D):
+                                o_local[d] = o_local[d] + scores[j] * T.Cast(
+                                    "float32", pages[page_no2, 1, h_kv, page_offset2, d])
+                for d in T.vectorized(D):
+                    output[b, h_qo, d] = T.Cast(dtype, o_local[d] / state[1])
+                lse[b, h_qo] = state[0] + T.log2(state[1])
+    # fmt: on
+
+    return batch_decode_paged_kv
+
+
+def _replacement_decode_attention(func: Any) -> Any | None:
+    """Our decode attention for the shapes of TVM's ``func``, or None when they do not fit it."""
+    q, pages = func.params[0], func.params[1]
+    try:
+        _b, h_qo, d = (_static(x) for x in q.shape)
+        _n, _two, h_kv, page, d2 = (_static(x) for x in pages.shape)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    dtype = str(q.dtype)
+    if None in (h_qo, d, h_kv, page) or d != d2 or d % 16 or h_qo % h_kv or dtype != str(pages.dtype):
+        return None
+    sliding = _global_symbol(func) == _DECODE_ATTENTION_SYMBOLS[1]
+    return decode_attention_kernel(h_kv, h_qo, d, dtype, sliding, page)
