@@ -279,9 +279,8 @@ def _nucleus(weights: np.ndarray, total: float, top_p: float) -> np.ndarray:
     Ranking: decreasing weight, ties broken by lower id. Candidates are all tokens whose
     weight is at least a cutoff; every other token ranks below all of them, so if the
     candidates' cumulative weight reaches top_p the nucleus found among them is exact. A flat
-    distribution (a huge nucleus) falls back to sorting all the weights.
+    distribution (a huge nucleus) goes through value buckets instead.
     """
-    vocab = weights.shape[0]
     threshold = top_p * total
     for cutoff in _TOP_P_CUTOFFS:
         candidates = np.flatnonzero(weights >= cutoff)
@@ -292,12 +291,26 @@ def _nucleus(weights: np.ndarray, total: float, top_p: float) -> np.ndarray:
         cut = int(np.searchsorted(cumulative, threshold, side="left"))
         if cut < order.size:
             return order[: cut + 1]
-    # the weight at the cut, from the sorted values; then every token above it and the
-    # lowest ids among those equal to it (in id order)
-    values = np.sort(weights)[::-1]
-    cumulative = np.cumsum(values, dtype=np.float64)
-    cut = min(int(np.searchsorted(cumulative, threshold, side="left")), vocab - 1)
-    at_cut = values[cut]
-    above = np.flatnonzero(weights > at_cut)
-    equal = np.flatnonzero(weights == at_cut)[: cut + 1 - above.size]
-    return np.concatenate([above, equal])
+    return _nucleus_by_buckets(weights, threshold)
+
+
+def _nucleus_by_buckets(weights: np.ndarray, threshold: float) -> np.ndarray:
+    """The nucleus of a flat distribution without sorting the whole vocabulary.
+
+    The bit patterns of non-negative float32 values sort like the values, so the top 16 bits
+    (sign, exponent, 7 mantissa bits) put every token into one of ~16k ordered buckets. The
+    bucket masses locate the bucket where the cumulative probability reaches the threshold:
+    every token in a higher bucket is in the nucleus, and only that bucket's tokens are sorted.
+    """
+    keys = weights.view(np.int32) >> 16
+    masses = np.bincount(keys, weights=weights)
+    from_top = np.cumsum(masses[::-1])
+    k = min(int(np.searchsorted(from_top, threshold, side="left")), from_top.size - 1)
+    bucket = masses.size - 1 - k
+    mass_above = float(from_top[k - 1]) if k else 0.0
+    above = np.flatnonzero(keys > bucket)
+    members = np.flatnonzero(keys == bucket)
+    order = members[np.lexsort((members, -weights[members]))]
+    cumulative = np.cumsum(weights[order], dtype=np.float64) + mass_above
+    cut = min(int(np.searchsorted(cumulative, threshold, side="left")), order.size - 1)
+    return np.concatenate([above, order[: cut + 1]])

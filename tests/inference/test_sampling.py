@@ -247,3 +247,16 @@ def test_full_vocabulary_draws_follow_the_softmax() -> None:
     probs = _softmax(np.array(list(favourites.values())))
     for (token, _), p in zip(favourites.items(), probs, strict=True):
         assert draws[token] / 4000 == pytest.approx(p, abs=0.03)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(2.0, 0.9), (1.0, 0.37), (1.3, 0.61)])
+def test_top_p_flat_distribution_with_ties(temperature: float, top_p: float) -> None:
+    """Many exactly equal logits (a flat, coarse distribution): the lowest ids win the cut."""
+    rng = np.random.default_rng(11)
+    logits = rng.integers(0, 4, 152_000).astype(np.float32)
+    ids, probs = Sampler(SamplingParams(temperature=temperature, top_p=top_p)).distribution(logits)
+    reference = _softmax(logits.astype(np.float64) / temperature)
+    order = np.lexsort((np.arange(logits.size), -reference))
+    cut = int(np.searchsorted(np.cumsum(reference[order]), top_p))
+    assert set(ids.tolist()) == set(order[: cut + 1].tolist())
+    assert probs.sum() == pytest.approx(1.0)
