@@ -13,7 +13,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "sysroots"
 
 
 def llmchat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES")}
+    unset = ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES", "HSA_OVERRIDE_GFX_VERSION")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
         cwd=REPO,

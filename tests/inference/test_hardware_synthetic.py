@@ -57,9 +57,14 @@ def add_rocm(root: Path, *, gfx: tuple[str, ...] = ("gfx1030", "gfx1100"), group
         write(root, f"/opt/rocm/lib/rocblas/library/Kernels.so-000-{target}.hsaco")
 
 
-def add_vulkan(root: Path, *, loader: bool = True, icd: str = "radeon_icd.x86_64.json") -> None:
+def add_vulkan(
+    root: Path, *, loader: bool = True, driver: bool = True, icd: str = "radeon_icd.x86_64.json"
+) -> None:
+    """The Vulkan loader, Mesa's RADV manifest and the driver library it names."""
     if loader:
         write(root, "/usr/lib/x86_64-linux-gnu/libvulkan.so.1")
+    if driver:
+        write(root, "/usr/lib/x86_64-linux-gnu/libvulkan_radeon.so")
     manifest = {
         "file_format_version": "1.0.1",
         "ICD": {"library_path": "libvulkan_radeon.so", "api_version": "1.4.303"},
@@ -181,7 +186,8 @@ def test_rx7900xtx_with_debian_rocm_layout_is_rocm(tmp_path):
     assert report.runtimes["rocm"]["rocblas_gfx"] == ["gfx1030", "gfx1100"]
 
 
-def test_rx6600_with_rocm_installed_still_vulkan_and_override_offered(tmp_path):
+def test_rx6600_with_rocm_installed_still_vulkan_and_override_offered(tmp_path, monkeypatch):
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
     root = make_root(tmp_path, "amd-rx6600")
     add_rocm(root)
     report = probe(root, tvm_runtimes={"rocm", "vulkan"})
@@ -190,7 +196,8 @@ def test_rx6600_with_rocm_installed_still_vulkan_and_override_offered(tmp_path):
     assert "HSA_OVERRIDE_GFX_VERSION" not in os.environ  # offered, never applied
 
 
-def test_rx7800xt_with_an_older_rocblas_offers_11_0_0(tmp_path):
+def test_rx7800xt_with_an_older_rocblas_offers_11_0_0(tmp_path, monkeypatch):
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
     root = make_root(tmp_path)
     amd_card(root, "1002:747E", revision="c8", mem_info_vram_total=str(16 * GIB))
     add_rocm(root, gfx=("gfx1030", "gfx1100"))  # a ROCm 5.x-era rocBLAS: no gfx1101 kernels
@@ -293,6 +300,26 @@ def test_steam_deck_without_vulkan_loader_gets_the_pacman_fix(tmp_path):
     report = probe(root, tvm_runtimes={"vulkan"})
     assert report.recommended_backend == "vulkan" and report.backend == "cpu"
     assert any("pacman -S vulkan-icd-loader vulkan-radeon" in f for f in report.fixes)
+
+
+def test_vulkan_manifest_without_its_driver_library_does_not_count(tmp_path):
+    root = make_root(tmp_path, "amd-vangogh")
+    add_vulkan(root, driver=False)
+    report = probe(root, tvm_runtimes={"vulkan"})
+    assert report.runtimes["vulkan"]["icds"] == []
+    assert any("libvulkan_radeon.so is not installed" in p for p in report.problems)
+    assert report.backend == "cpu" and any("vulkan-radeon" in f for f in report.fixes)
+
+
+def test_user_exported_override_is_respected_and_explained(tmp_path, monkeypatch):
+    root = make_root(tmp_path, "amd-rx6600")
+    add_rocm(root)
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "10.3.0")
+    report = probe(root, tvm_runtimes={"rocm", "vulkan"})
+    assert report.recommended_backend == "rocm" and report.backend == "rocm"
+    assert any("you set HSA_OVERRIDE_GFX_VERSION=10.3.0" in r for r in report.reasons)
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "banana")
+    assert probe(root, tvm_runtimes={"rocm", "vulkan"}).recommended_backend == "vulkan"
 
 
 def test_steam_deck_oled_by_pci_id(tmp_path):

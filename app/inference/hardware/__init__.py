@@ -89,7 +89,8 @@ def probe(
     nvidia = probe_nvidia(reader) if linux else NvidiaStatus()
     tvm = tvm_runtimes_for(reader, tvm_runtimes)
     deck = steam_deck_model(system, [g.pci_id for g in gpus])
-    decision = decide(Inputs(gpus, system, vulkan, rocm, nvidia, tvm, deck))
+    override = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
+    decision = decide(Inputs(gpus, system, vulkan, rocm, nvidia, tvm, deck, override))
     run_gpu = None if decision.backend in ("cpu", "metal") else decision.gpu
     budget, explanation = memory_budget(run_gpu, decision.backend, system, utilization)
     notes = list(STEAMOS_NOTES) if (deck is not None or system.is_steamos) else []

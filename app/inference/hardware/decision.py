@@ -47,6 +47,7 @@ class Inputs:
     nvidia: NvidiaStatus
     tvm: TvmRuntimes
     steam_deck: str | None = None
+    hsa_override: str | None = None  # HSA_OVERRIDE_GFX_VERSION the user exported, if any
 
 
 def _distro(system: SystemInfo) -> str:
@@ -180,6 +181,15 @@ def _recommend_amd(inp: Inputs, gpu: GpuDevice, d: Decision) -> None:
         "the installed rocBLAS ships kernels for" if rocm.rocblas_gfx else "current ROCm releases support"
     )
     if gfx not in supported:
+        pretend = gfx_from_override(inp.hsa_override)
+        if pretend in supported and rocm.usable:
+            d.recommended_backend = "rocm"
+            why.append(
+                f"{gpu.name} ({gfx}) is not supported by ROCm, but you set HSA_OVERRIDE_GFX_VERSION="
+                f"{inp.hsa_override}, so ROCm treats it as {pretend}: using ROCm as you asked "
+                "(unsupported by AMD; if it crashes or answers garbage, unset it to get Vulkan)."
+            )
+            return
         why.append(
             f"{gpu.name} ({gfx}): not among the gfx targets {source} "
             f"({', '.join(sorted(supported))}); Vulkan runs it."
@@ -200,6 +210,19 @@ def _recommend_amd(inp: Inputs, gpu: GpuDevice, d: Decision) -> None:
         + ". Vulkan runs it meanwhile."
     )
     d.fixes.extend(_rocm_fixes(inp))
+
+
+def gfx_from_override(value: str | None) -> str | None:
+    """ "10.3.0" → "gfx1030" (ROCR parses major.minor.step); None when unset or malformed."""
+    if not value:
+        return None
+    parts = value.strip().split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    major, minor, step = (int(p) for p in parts)
+    if not 0 < major <= 63 or minor > 0xF or step > 0xF:
+        return None
+    return f"gfx{major}{minor:x}{step:x}"
 
 
 def _rocm_problems(inp: Inputs) -> list[str]:

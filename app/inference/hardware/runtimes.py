@@ -127,8 +127,22 @@ def probe_vulkan(reader: SysReader) -> VulkanStatus:
         except (ValueError, KeyError, TypeError, AttributeError):
             reader.problem(rel, "not a Vulkan ICD manifest (JSON with ICD.library_path)")
             continue
+        if not _icd_library_exists(reader, rel, library):
+            reader.problem(rel, f"its driver library {library} is not installed")
+            continue
         status.icds.append(VulkanIcd(rel, library, _icd_vendor(rel, library), icd.get("api_version")))
     return status
+
+
+def _icd_library_exists(reader: SysReader, manifest: str, library: str) -> bool:
+    """A manifest's ``library_path``: absolute, relative to the manifest, or a name the loader searches."""
+    if library.startswith("/"):
+        return reader.exists(library)
+    if "/" in library:
+        return reader.exists(f"{manifest.rsplit('/', 1)[0]}/{library}")
+    if reader.is_real_root and library.encode() + b"\x00" in _ld_cache():
+        return True
+    return any(reader.exists(f"{d}/{library}") for d in _lib_dirs(reader))
 
 
 # ---------------------------------------------------------------- ROCm
