@@ -187,6 +187,11 @@ def _hub_error(repo: str, err: BaseException, what: str) -> LlmchatError:
         status = err.response.status_code if err.response is not None else None
         if status in (401, 403):
             return _gated_error(repo)
+        if status == 404:
+            return LlmchatError(
+                f"{repo}: {endpoint} answered 404 Not Found for {what}",
+                "check the repo name (and HF_ENDPOINT, if set); `llmchat models` lists the catalog",
+            )
         return LlmchatError(
             f"{repo}: the hub answered HTTP {status} for {what}",
             "retry later (the download resumes where it stopped)",
