@@ -60,6 +60,9 @@ class Tokenizer:
         self.bos_id = bos_id
         self.eos_ids: set[int] = set(eos_ids)
         self.add_bos = bool(add_bos and bos_id is not None)
+        self.special_ids: frozenset[int] = frozenset(
+            token_id for token_id, added in tok.get_added_tokens_decoder().items() if added.special
+        )
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -375,7 +378,10 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the new complete text (possibly empty)."""
-        self._ids.append(int(token_id))
+        token_id = int(token_id)
+        if self.skip_special_tokens and token_id in self.tokenizer.special_ids:
+            return ""  # skipped as decode() skips it (keeping it would shift SentencePiece spaces)
+        self._ids.append(token_id)
         text = self._decode(self._ids)
         held = len(self._ids) - self._prefix_len
         if text.endswith("\ufffd") and held < _MAX_HELD_TOKENS:

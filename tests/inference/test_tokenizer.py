@@ -346,3 +346,9 @@ def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     with pytest.raises(LlmchatError, match=r"tokenizer\.json"):
         Tokenizer.from_model_dir(tmp_path)
+
+
+def test_special_token_mid_stream_is_skipped_like_decode(tokenizer: Tokenizer) -> None:
+    ids = [*tokenizer.encode("Hello world"), tokenizer.token_to_id("<|im_end|>"), *tokenizer.encode(" again")]
+    assert "".join(_stream(tokenizer, ids)) == tokenizer.decode(ids)
+    assert tokenizer.token_to_id("<|im_end|>") in tokenizer.special_ids
