@@ -34,7 +34,7 @@ from app.inference.hardware.runtimes import (
 from app.inference.hardware.sysfs import SysReader
 from app.inference.hardware.system import read_system, steam_deck_model
 
-__all__ = ["GpuDevice", "HardwareReport", "probe", "resolve_sysroot"]
+__all__ = ["BACKENDS", "GpuDevice", "HardwareReport", "probe", "resolve_sysroot"]
 
 BACKENDS = ("rocm", "vulkan", "cuda", "metal", "cpu")
 

@@ -22,6 +22,7 @@ class SysReader:
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
         self.root = Path(root)
         self.problems: list[str] = []
+        self._listings: dict[str, list[str]] = {}  # library directories are listed many times
 
     @property
     def is_real_root(self) -> bool:
@@ -53,14 +54,20 @@ class SysReader:
             return False
 
     def listdir(self, rel: str) -> list[str]:
-        """Sorted entry names of a directory; [] when it is missing or unreadable."""
+        """Sorted entry names of a directory; [] when it is missing or unreadable (cached)."""
+        if rel in self._listings:
+            return self._listings[rel]
         try:
-            return sorted(os.listdir(self.path(rel)))
+            names = sorted(os.listdir(self.path(rel)))
         except FileNotFoundError:
-            return []
+            names = []
+        except NotADirectoryError:
+            names = []
         except OSError as err:
             self.problem(rel, f"cannot list ({err.strerror or err})")
-            return []
+            names = []
+        self._listings[rel] = names
+        return names
 
     def read_text(self, rel: str, *, required: bool = False) -> str | None:
         """The file's text, stripped; None when missing, unreadable or empty (recorded as a problem).
