@@ -12,6 +12,7 @@ written last and marks a complete entry.  A library runs with a runtime-only TVM
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -115,6 +116,7 @@ def make_target(device: DeviceSpec, arch: str | None = None) -> Any:
 # ------------------------------------------------------------------------------------------
 # Cache key
 # ------------------------------------------------------------------------------------------
+@functools.cache
 def _source_digest() -> str:
     root = Path(__file__).parent
     h = hashlib.sha256()
