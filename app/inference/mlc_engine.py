@@ -51,7 +51,11 @@ _PROMPT_TOO_LONG = "larger than the model input length limit"
 
 
 def mlc_llm_available() -> bool:
-    """Whether ``mlc_llm`` can be imported and has ``MLCEngine`` (never raises)."""
+    """Whether ``mlc_llm`` can be imported and has ``MLCEngine`` (never raises).
+
+    This imports ``mlc_llm`` and with it MLC's own TVM build, so call it when the user asks for
+    the MLC engine (or for a diagnostics report), not on every start.
+    """
     try:
         module = importlib.import_module("mlc_llm")
     except Exception:  # a broken install fails in many ways (missing libtvm, ABI mismatch)
