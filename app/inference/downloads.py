@@ -60,6 +60,7 @@ DISK_MARGIN_BYTES = 64 * 1024 * 1024
 PROGRESS_HZ = 10.0
 MANIFEST_NAME = "llmchat-download.json"
 SKIPPED_FILES = {".gitattributes"}
+CACHE_FILES = ("tensor-cache.json", "ndarray-cache.json")
 _READ_CHUNK = 1 << 20
 
 
@@ -521,7 +522,7 @@ def _staging_lock(staging: Path, model_id: str) -> Iterator[None]:
 
 def _md5_table(staging: Path) -> tuple[dict[str, str], str | None]:
     """md5 per shard from tensor-cache.json (or the older ndarray-cache.json) and its file name."""
-    for name in ("tensor-cache.json", "ndarray-cache.json"):
+    for name in CACHE_FILES:
         path = staging / name
         if path.is_file():
             try:
@@ -594,8 +595,8 @@ def download_model(
         tracker = _Progress(progress, total, done, entry.id)
         start = f"{entry.id}: downloading {len(files)} files, {_format_bytes(total)} from {repo}"
         tracker.emit(message=start)
-        # small files first: tensor-cache.json holds the md5 sums of the shards
-        ordered = sorted(files, key=lambda f: (f.size or 0, f.name))
+        # tensor-cache.json first (it holds the md5 sums of the shards), then small files before big ones
+        ordered = sorted(files, key=lambda f: (f.name not in CACHE_FILES, f.size or 0, f.name))
         md5s: dict[str, str] = {}
         for remote in ordered:
             final = staging.joinpath(*safe_relative_path(remote.name).parts)

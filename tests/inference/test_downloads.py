@@ -149,6 +149,16 @@ def test_flipped_byte_every_time_is_a_clear_error(hub, files):
     assert not (staging / shard).exists() and not (staging / f"{shard}.part").exists()
 
 
+def test_shards_smaller_than_tensor_cache_are_verified_too(hub):
+    files = make_tiny_mlc_model(shard_sizes=(300_000, 100))
+    hub.add_repo("someone/Small-MLC", files)
+    assert len(files["params_shard_1.bin"]) < len(files["tensor-cache.json"])
+    hub.faults.flip_byte["params_shard_1.bin"] = (7, -1)
+    with pytest.raises(LlmchatError, match="checksum"):
+        download_model("HF://someone/Small-MLC")
+    assert list_installed() == []
+
+
 def test_size_differs_from_listing_is_an_error(hub, files):
     hub.faults.listed_size["tokenizer.json"] = len(files["tokenizer.json"]) + 10  # served shorter
     with pytest.raises(LlmchatError, match=r"tokenizer\.json .*the listing says"):
