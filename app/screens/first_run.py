@@ -33,7 +33,7 @@ class FirstRunScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "start", "Download and chat", priority=True),
         Binding("f3", "app.open_hardware", "Hardware"),
-        Binding("q", "app.quit", "Quit"),
+        Binding("q", "app.quit", "Quit", show=False),
     ]
 
     @property

@@ -53,7 +53,7 @@ class HardwareScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("r", "refresh", "Probe again"),
-        Binding("q", "app.quit", "Quit"),
+        Binding("q", "app.quit", "Quit", show=False),
     ]
 
     class Probed(Message):

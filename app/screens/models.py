@@ -32,7 +32,7 @@ class ModelsScreen(Screen):
         Binding("x", "remove", "Remove"),
         Binding("c", "cancel_download", "Cancel download"),
         Binding("escape", "back", "Back"),
-        Binding("q", "app.quit", "Quit"),
+        Binding("q", "app.quit", "Quit", show=False),
     ]
 
     class DownloadProgress(Message):

@@ -1,106 +1,84 @@
-"""Fixtures for the app's Pilot and snapshot tests."""
+"""Fixtures for the app's Pilot and snapshot tests: the real tiny engine (random weights, compiled with
+TVM for the CPU once per session) and apps wired to it."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app.chat_app import LlmchatApp, Services, StartOptions
-from app.inference.api import (
-    EngineInfo,
-    Message,
-    ReplyStats,
-    SamplingParams,
-    SessionStats,
-    TextDelta,
-)
+from app.inference.api import SamplingParams
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+SYSROOTS = FIXTURES / "sysroots"
+
+#: a context long enough that a greedy reply (random weights never pick the stop token) runs for
+#: seconds — the time to press Esc or quit mid-reply
+CHAT_CONTEXT = 8192
 
 
-class DevEngine:
-    """DEVELOPMENT STAND-IN until the real tiny engine lands (replaced by tiny_engine)."""
+@pytest.fixture(scope="session")
+def chat_model_dir(tiny_model_dir: Callable[..., Path]) -> Path:
+    return tiny_model_dir("llama", "q4f32_1", context_window=CHAT_CONTEXT)
 
-    def __init__(self, delay: float = 0.01) -> None:
-        self.info = EngineInfo("dev-model", "/models/dev", "cpu", "cpu:0", "q4f16_1", 2048, 1000)
-        self.last_stats: ReplyStats | None = None
-        self.session_stats = SessionStats()
-        self._history: list[Message] = []
-        self._cancel = threading.Event()
-        self.delay = delay
-        self.system: str | None = None
 
-    @property
-    def history(self) -> list[Message]:
-        return list(self._history)
+@pytest.fixture(scope="session")
+def chat_engine(chat_model_dir: Path, _session_dirs: Path) -> Iterator[Any]:
+    """The real engine on the tiny model (shared by the tests; each app resets it)."""
+    from app.inference.engine import load_engine
 
-    def set_system_prompt(self, text):
-        self.system = text
+    engine = load_engine(chat_model_dir, device="cpu")
+    yield engine
+    engine.close()
 
-    def load_history(self, messages):
-        self._history = list(messages)
 
-    def chat(self, user_message: str, params: SamplingParams | None = None) -> Iterator:
-        params = params or SamplingParams()
-        self._cancel.clear()
-        start = time.perf_counter()
-        self._history.append(Message("user", user_message))
-        words = []
-        finish = "length"
-        for i in range(params.max_tokens):
-            if self._cancel.is_set():
-                finish = "cancelled"
-                break
-            time.sleep(self.delay)
-            word = f"w{i} "
-            words.append(word)
-            yield TextDelta(word)
-        end = time.perf_counter()
-        stats = ReplyStats(3, len(words), 0.01, 0.01, end - start - 0.01, finish)
-        self._history.append(Message("assistant", "".join(words)))
-        self.last_stats = stats
-        self.session_stats.add(stats)
-        yield stats
+class SharedEngine:
+    """The session's engine as an app sees it: everything passes through, except that an app
+    quitting does not close it (the next test uses it again)."""
 
-    def generate(self, prompt_ids, params):
-        raise NotImplementedError
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
 
-    def cancel(self):
-        self._cancel.set()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
 
-    def reset(self):
-        self._history.clear()
+    def close(self) -> None:
+        """Kept open for the next test."""
 
-    def memory_in_use_bytes(self):
-        return 123_000_000
 
-    def close(self):
-        pass
+def greedy(max_tokens: int) -> SamplingParams:
+    """Deterministic sampling: the tiny model's greedy reply never stops before max_tokens."""
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
+
+
+def probe_fixture(name: str) -> Callable[[], Any]:
+    from app.inference.hardware import probe
+
+    return lambda: probe(sysroot=SYSROOTS / name, tvm_runtimes={"vulkan", "cpu"})
 
 
 @pytest.fixture
-def app_dirs(tmp_path, monkeypatch):
-    for name in ("DATA", "CACHE", "CONFIG"):
-        monkeypatch.setenv(f"LLMCHAT_{name}_DIR", str(tmp_path / name.lower()))
-    return tmp_path
+def make_app(chat_engine) -> Callable[..., LlmchatApp]:
+    """An app whose model loader hands out the already loaded tiny engine."""
 
-
-@pytest.fixture
-def chat_engine():
-    return DevEngine()
-
-
-@pytest.fixture
-def make_app(app_dirs, chat_engine):
-    def make(engine=None, **options) -> LlmchatApp:
-        engine = engine or chat_engine
-        services = Services(
+    def make(engine: Any = None, services: Services | None = None, **options: Any) -> LlmchatApp:
+        engine = engine or SharedEngine(chat_engine)
+        engine.cancel()
+        engine.reset()
+        engine.set_system_prompt(None)
+        model_id = engine.info.model_id
+        services = services or Services(
             load_engine=lambda model, device, progress: engine,
-            list_installed=lambda: [engine.info.model_id],
-            installed_model_path=lambda model_id: app_dirs,
+            list_installed=lambda: [model_id],
+            installed_model_path=lambda wanted: Path(engine.info.model_path) if wanted == model_id else None,
+            probe=probe_fixture("amd-rx7900xtx"),
         )
-        options.setdefault("model", engine.info.model_id)
-        return LlmchatApp(StartOptions(**options), services)
+        options.setdefault("model", model_id)
+        app = LlmchatApp(StartOptions(**options), services)
+        app.params = greedy(16)
+        return app
 
     return make
