@@ -13,6 +13,7 @@ from app.inference.hardware.amd_gpus import (
     lookup_amd,
 )
 from app.inference.hardware.pci_ids import INTEL_GPUS, NVIDIA_GPUS, identify, parse_amdgpu_ids
+from app.inference.hardware.runtimes import GFX_IN_FILE_NAME
 from app.inference.hardware.sysfs import SysReader, parse_int
 
 
@@ -167,3 +168,19 @@ def test_parse_int():
     assert parse_int("0x73BF") == 0x73BF
     assert parse_int(" 42 ") == 42
     assert parse_int("4.2") is None and parse_int("") is None
+
+
+@pytest.mark.parametrize(
+    "file_name, targets",
+    [
+        ("TensileLibrary_lazy_gfx1030.dat", ["gfx1030"]),
+        ("Kernels.so-000-gfx90a.hsaco", ["gfx90a"]),
+        ("TensileLibrary_Type_HH_Contraction_gfx942_17.co", ["gfx942"]),
+        ("TensileLibrary_gfx1151.co", ["gfx1151"]),
+        ("gfx942:xnack-.co", ["gfx942"]),
+        ("TensileManifest.txt", []),
+        ("gfx10_notes", []),
+    ],
+)
+def test_gfx_targets_in_rocblas_file_names(file_name, targets):
+    assert GFX_IN_FILE_NAME.findall(file_name.lower()) == targets

@@ -41,6 +41,9 @@ VULKAN_ICD_DIRS = (
 
 GPU_BACKENDS = ("cuda", "rocm", "vulkan", "metal")
 
+#: a gfx target inside a rocBLAS kernel file name: gfx1030, gfx1151, gfx942, gfx90a (not gfx10 or gfx1030x)
+GFX_IN_FILE_NAME = re.compile(r"gfx(?:[0-9]{3,4}|[0-9]{2}[a-f])(?![0-9a-z])")
+
 
 def _lib_dirs(reader: SysReader, extra: tuple[str, ...] = ()) -> list[str]:
     dirs = list(extra)
@@ -223,7 +226,7 @@ def probe_rocm(reader: SysReader) -> RocmStatus:
     for d in dirs:
         for lib_dir in _rocblas_kernel_dirs(reader, f"{d}/rocblas"):
             for name in reader.listdir(lib_dir):
-                status.rocblas_gfx.update(re.findall(r"gfx[0-9]{3,4}[a-z0-9]?(?![0-9a-z])", name.lower()))
+                status.rocblas_gfx.update(GFX_IN_FILE_NAME.findall(name.lower()))
     for r in status.rocm_dirs:
         version = reader.read_text(f"{r}/.info/version")
         if version:
