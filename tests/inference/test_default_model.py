@@ -156,10 +156,10 @@ def smollm2_wheel() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_env(smollm2_wheel, tmp_path_factory) -> dict[str, str]:
+def smollm2_env(smollm2_wheel, tmp_path_factory, _session_dirs) -> dict[str, str]:
     """llmchat directories (session-wide) with the default model imported from the cached wheel."""
     root = tmp_path_factory.mktemp("smollm2")
-    env = {"LLMCHAT_DATA_DIR": str(root / "data"), "LLMCHAT_CACHE_DIR": os.environ["LLMCHAT_CACHE_DIR"],
+    env = {"LLMCHAT_DATA_DIR": str(root / "data"), "LLMCHAT_CACHE_DIR": str(_session_dirs / "cache"),
            "LLMCHAT_CONFIG_DIR": str(root / "config")}
     return env
 
