@@ -152,3 +152,38 @@ def test_probe_needs_no_root():
         if out.returncode != 0 and "Permission denied" in out.stderr:
             pytest.skip("this checkout cannot be read by an unprivileged user here")
     assert out.returncode == 0, out.stderr
+
+
+class _StandInDevice:
+    """Stand-in for a tvm.runtime.Device whose driver answers, fails, or hangs."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+
+    @property
+    def exist(self) -> bool:
+        if self.behaviour == "hang":
+            time.sleep(3)
+        if self.behaviour == "raise":
+            raise RuntimeError("hsa_init failed")
+        return self.behaviour == "yes"
+
+
+def _stand_in_tvm(behaviour: str):
+    import types
+
+    return types.SimpleNamespace(
+        runtime=types.SimpleNamespace(device=lambda kind, index: _StandInDevice(behaviour))
+    )
+
+
+def test_device_exist_check_cannot_raise_or_hang():
+    from app.inference.hardware.runtimes import _device_exists
+
+    assert _device_exists(_stand_in_tvm("yes"), "rocm", 1.0) == (True, "")
+    exists, problem = _device_exists(_stand_in_tvm("raise"), "rocm", 1.0)
+    assert not exists and "hsa_init failed" in problem
+    started = time.perf_counter()
+    exists, problem = _device_exists(_stand_in_tvm("hang"), "vulkan", 0.2)
+    assert not exists and "did not answer" in problem
+    assert time.perf_counter() - started < 1.5

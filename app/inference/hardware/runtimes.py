@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,8 +299,12 @@ _LOADFILE_MARKERS = {
 _RUNTIME_DEPS = re.compile(rb"lib(?:cudart|cuda|amdhip64|hsa-runtime64|vulkan)\.so(?:\.[0-9]+)*")
 
 
-def tvm_runtimes_live() -> TvmRuntimes:
-    """Ask the TVM already imported in this process; every call is guarded, nothing can raise."""
+def tvm_runtimes_live(timeout_s: float = 3.0) -> TvmRuntimes:
+    """Ask the TVM already imported in this process; every call is guarded, nothing can raise.
+
+    A runtime counts when its ``device_api.<backend>`` is registered; only then is its device
+    touched (``exist``), each with ``timeout_s`` to answer.
+    """
     found = {"cpu"}
     result = TvmRuntimes(found, "live")
     try:
@@ -316,12 +321,29 @@ def tvm_runtimes_live() -> TvmRuntimes:
             result.details.append(f"TVM has no {backend} runtime loaded")
             continue
         found.add(backend)
-        try:
-            result.devices_exist[backend] = bool(tvm.runtime.device(backend, 0).exist)
-        except Exception as err:
-            result.devices_exist[backend] = False
-            result.details.append(f"tvm.{backend}(0).exist failed: {err}")
+        exists, problem = _device_exists(tvm, backend, timeout_s)
+        result.devices_exist[backend] = exists
+        if problem:
+            result.details.append(problem)
     return result
+
+
+def _device_exists(tvm, backend: str, timeout_s: float) -> tuple[bool, str]:
+    """``tvm.<backend>(0).exist`` in a daemon thread: a driver that hangs cannot hang the app."""
+    outcome: list[tuple[bool, str]] = []
+
+    def ask() -> None:
+        try:
+            outcome.append((bool(tvm.runtime.device(backend, 0).exist), ""))
+        except Exception as err:
+            outcome.append((False, f"tvm.{backend}(0).exist failed: {err}"))
+
+    worker = threading.Thread(target=ask, name=f"tvm-{backend}-exist", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        return False, f"tvm.{backend}(0).exist did not answer within {timeout_s:g} s"
+    return outcome[0]
 
 
 def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | None = None) -> TvmRuntimes:
