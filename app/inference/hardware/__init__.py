@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from app.errors import LlmchatError
-from app.inference.hardware.decision import Decision, Inputs, decide
+from app.inference.hardware.decision import BACKENDS, Decision, Inputs, decide
 from app.inference.hardware.devices import GpuDevice, enumerate_gpus
 from app.inference.hardware.memory import memory_budget
 from app.inference.hardware.report import STEAMOS_NOTES, HardwareReport
@@ -35,8 +35,6 @@ from app.inference.hardware.sysfs import SysReader
 from app.inference.hardware.system import read_system, steam_deck_model
 
 __all__ = ["BACKENDS", "GpuDevice", "HardwareReport", "probe", "resolve_sysroot"]
-
-BACKENDS = ("rocm", "vulkan", "cuda", "metal", "cpu")
 
 
 def resolve_sysroot(sysroot: str | os.PathLike[str] | None = None) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass, field
 
@@ -92,8 +93,6 @@ def steam_deck_model(info: SystemInfo, pci_ids: list[str]) -> str | None:
 
 def _physical_memory() -> int | None:
     try:
-        import os
-
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
