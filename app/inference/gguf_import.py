@@ -46,9 +46,11 @@ PERMUTED_QK = {"llama", "mistral"}
 DEFAULT_PREFILL_CHUNK = 2048
 SHARD_BYTES = 32 << 20
 
-# per-layer GGUF tensors -> (MLC parameter prefix, GGUF parts fused in that order)
+#: MLC's name of the fused QKV projection per model_type
+QKV_NAMES = {"llama": "self_attn.qkv_proj", "qwen2": "self_attn.c_attn"}
+# per-layer GGUF tensors -> (MLC parameter prefix, GGUF parts fused in that order); "qkv" = QKV_NAMES
 _LAYER_MATRICES: list[tuple[str, list[str]]] = [
-    ("self_attn.qkv_proj", ["attn_q", "attn_k", "attn_v"]),
+    ("qkv", ["attn_q", "attn_k", "attn_v"]),
     ("self_attn.o_proj", ["attn_output"]),
     ("mlp.gate_up_proj", ["ffn_gate", "ffn_up"]),
     ("mlp.down_proj", ["ffn_down"]),
@@ -254,16 +256,18 @@ def plan_groups(g: GGUFFile) -> list[_Group]:
     heads = _int(g, "attention.head_count")
     kv_heads = _int(g, "attention.head_count_kv", heads)
     permute = g.architecture in PERMUTED_QK
+    qkv_name = QKV_NAMES[MODEL_TYPES[g.architecture]]
     groups = [_Group("model.embed_tokens", [need("token_embd.weight")], "matrix", [None])]
     for i in range(_int(g, "block_count")):
         b = f"blk.{i}"
-        for name, parts in _LAYER_MATRICES:
+        for key, parts in _LAYER_MATRICES:
+            name = qkv_name if key == "qkv" else key
             tensors = [need(f"{b}.{p}.weight") for p in parts]
             perm: list[int | None] = [None] * len(parts)
-            if name == "self_attn.qkv_proj" and permute:
+            if key == "qkv" and permute:
                 perm = [heads, kv_heads, None]
             groups.append(_Group(f"model.layers.{i}.{name}", tensors, "matrix", perm))
-            if name == "self_attn.qkv_proj" and f"{b}.attn_q.bias" in t:
+            if key == "qkv" and f"{b}.attn_q.bias" in t:
                 biases = [need(f"{b}.{p}.bias") for p in parts]
                 groups.append(_bias_group(f"model.layers.{i}.{name}.bias", biases))
         for gg, mlc in _LAYER_NORMS.items():
