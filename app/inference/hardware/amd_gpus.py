@@ -112,7 +112,7 @@ AMD_GPUS: dict[str, GpuModel] = {
     ),
     "164e": _i("Radeon Graphics (Ryzen 7000 desktop)", "gfx1036", 83.2, "Raphael", _DDR5_DESKTOP),
     "13c0": _i("Radeon Graphics (Ryzen 9000 desktop)", "gfx1036", 83.2, "Granite Ridge", _DDR5_DESKTOP),
-    "1506": _i("Radeon 610M", "gfx1037", 44, "Mendocino", "bandwidth assumes 64-bit LPDDR5-5500"),
+    "1506": _i("Radeon 610M", "gfx1036", 44, "Mendocino", "bandwidth assumes 64-bit LPDDR5-5500"),
     "15bf": _i("Radeon 780M / 760M / 740M", "gfx1103", 89.6, "Phoenix", _DDR5_5600),
     "15c8": _i("Radeon 740M", "gfx1103", 89.6, "Phoenix 2", _DDR5_5600),
     "1900": _i("Radeon 780M / 760M", "gfx1103", 89.6, "Hawk Point", _DDR5_5600),
@@ -159,7 +159,7 @@ AMD_BY_REVISION: dict[tuple[str, str], GpuModel] = {
     ("7480", "00"): _d("Radeon PRO W7600", "gfx1102", 288, 8, "Navi 33"),
     ("7550", "c0"): _d("Radeon RX 9070 XT", "gfx1201", 640, 16, "Navi 48"),
     ("7550", "c3"): _d("Radeon RX 9070", "gfx1201", 640, 16, "Navi 48"),
-    ("7550", "c2"): _d("Radeon RX 9070 GRE", "gfx1201", 480, 12, "Navi 48"),
+    ("7550", "c2"): _d("Radeon RX 9070 GRE", "gfx1201", None, 12, "Navi 48"),
     ("7590", "c0"): _d("Radeon RX 9060 XT", "gfx1200", 320, 16, "Navi 44"),
 }
 
