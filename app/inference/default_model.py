@@ -182,3 +182,13 @@ def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
             if target.is_dir():  # another llmchat finished the same import first
                 return target
             raise
+
+
+def model_or_default(model: str | None, progress: ProgressCallback | None = None) -> str | Path:
+    """What ``--model`` means on the command line: the given id or directory, else the default model.
+
+    The default model (also when named by its id) is downloaded and imported on first use.
+    """
+    if model is None or model == DEFAULT_MODEL_ID:
+        return ensure_default_model(progress)
+    return model

@@ -215,3 +215,14 @@ def test_real_default_model_llmchat_ask(smollm2_wheel, smollm2_env, monkeypatch)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Tokyo" in proc.stdout
+
+
+def test_model_or_default(local_index):
+    from app.inference.default_model import model_or_default
+
+    _, wheel = local_index
+    _pin(_sha256(wheel))
+    assert model_or_default("some-other-model") == "some-other-model"
+    assert not (paths.models_dir() / DEFAULT_MODEL_ID).exists()  # nothing fetched for another model
+    assert model_or_default(None) == paths.models_dir() / DEFAULT_MODEL_ID
+    assert model_or_default(DEFAULT_MODEL_ID) == paths.models_dir() / DEFAULT_MODEL_ID
