@@ -185,6 +185,8 @@ def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
         )
         if model is not None:
             gpu.bandwidth_bytes_per_s = model.bandwidth_bytes_per_s
+            if model.note:
+                gpu.notes.append(model.note)
         if vendor == "amd":
             _fill_amd(reader, gpu, dev_dir, model, kfd, used_kfd)
         else:

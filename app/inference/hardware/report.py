@@ -122,6 +122,7 @@ class HardwareReport:
             if d.bandwidth_bytes_per_s:
                 mem.append(f"bandwidth {d.bandwidth_bytes_per_s / 1e9:g} GB/s")
             add("      " + ", ".join(mem))
+            lines += [f"      ({note})" for note in d.notes]
         if self.steam_deck:
             model = f" ({self.steam_deck_model})" if self.steam_deck_model else ""
             add(f"Steam Deck{model}: yes")
