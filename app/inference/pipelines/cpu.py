@@ -22,6 +22,7 @@ loop nest, so a model always compiles.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +41,39 @@ class CPUScheduleConfig:
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
 
 
+def default_cpu_threads() -> int:
+    """Physical cores this process may run on (hyper-threads of one core count once)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores: set[str] = set()
+    for cpu in cpus:
+        try:
+            path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+            with open(path, encoding="ascii") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(f"cpu{cpu}")
+    return max(1, len(cores))
+
+
+def configure_cpu_threads(threads: int | None = None) -> int:
+    """Set the size of TVM's CPU thread pool (``TVM_NUM_THREADS``) and return it.
+
+    Call it before the first kernel runs: TVM sizes its pool once, on the first parallel loop.
+    TVM's own default halves the logical CPU count (it assumes two hyper-threads per core), which
+    leaves one of two real cores idle on small VMs. A value the user already put in
+    ``TVM_NUM_THREADS`` wins unless ``threads`` is given."""
+    if threads is None:
+        env = os.environ.get("TVM_NUM_THREADS", "").strip()
+        if env.isdigit() and int(env) > 0:
+            return int(env)
+        threads = default_cpu_threads()
+    os.environ["TVM_NUM_THREADS"] = str(max(1, int(threads)))
+    return int(os.environ["TVM_NUM_THREADS"])
+
+
 def cpu_pipeline(target: Any, config: CPUScheduleConfig | None = None) -> Any:
     """The relax pipeline for an llvm ``target``: TVM's CPU passes with llmchat's kernel schedules."""
     import tvm
-    from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     cfg = config or CPUScheduleConfig()
@@ -52,17 +82,34 @@ def cpu_pipeline(target: Any, config: CPUScheduleConfig | None = None) -> Any:
     def _pipeline(mod: Any, _ctx: Any) -> Any:
         with target:
             seq = tvm.transform.Sequential(
-                cpu_generic.library_dispatch_passes(target)
-                + cpu_generic.legalize_passes(target)
-                + [ScheduleCPUKernels(target, cfg)]
+                _schedule_passes(target, cfg)
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)
             )
             mod = seq(mod)
         return mod
 
-    del relax
     return _pipeline
+
+
+def scheduled_module(mod: Any, target: Any, config: CPUScheduleConfig | None = None) -> Any:
+    """``mod`` after the pipeline's fusion and scheduling passes (for inspection and tests)."""
+    import tvm
+
+    with target:
+        return tvm.transform.Sequential(_schedule_passes(target, config or CPUScheduleConfig()))(mod)
+
+
+def _schedule_passes(target: Any, cfg: CPUScheduleConfig) -> list[Any]:
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    return [
+        *cpu_generic.library_dispatch_passes(target),
+        relax.transform.FuseTransposeMatmul(),  # x @ W.T without materialising W.T
+        *cpu_generic.legalize_passes(target),
+        ScheduleCPUKernels(target, cfg),
+    ]
 
 
 def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> Any:

@@ -1,0 +1,177 @@
+"""The CPU compiler pipeline: its kernels compute what numpy computes, and the schedules are really applied.
+
+Tiny shapes compiled with the real TVM; no timing assertions (speed is measured by
+benchmarks/cpu_decode.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from app.inference.pipelines.cpu import (  # noqa: E402
+    KERNEL_KIND_ATTR,
+    configure_cpu_threads,
+    cpu_pipeline,
+    decode_attention_kernel,
+    default_cpu_threads,
+    scheduled_module,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+
+
+def _kind(func) -> str | None:
+    attrs = func.attrs
+    return str(attrs[KERNEL_KIND_ATTR]) if attrs is not None and KERNEL_KIND_ATTR in attrs else None
+
+
+# ------------------------------------------------------------------------------------------
+# Linear layers (dequantize-in-reduction GEMV and plain matmul) through the whole pipeline
+# ------------------------------------------------------------------------------------------
+IN_F, OUT_F = 96, 40  # 40 rows: not a multiple of the 4-row step's square, 96 = 3 words of 32
+
+
+def _linear_module(fmt_name: str):
+    from tvm.relax.frontend import nn
+
+    from app.inference.quantization import get_format
+
+    fmt = get_format(fmt_name)
+    dtype = fmt.model_dtype
+
+    class Proj(nn.Module):
+        def __init__(self) -> None:
+            self.proj = fmt.linear(IN_F, OUT_F, bias=False, dtype=dtype)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    spec = {"forward": {"x": nn.spec.Tensor([1, "n", IN_F], dtype),
+                        "$": {"param_mode": "packed", "effect_mode": "none"}}}
+    mod, named = Proj().export_tvm(spec=spec)
+    return fmt, dtype, mod, named
+
+
+@pytest.fixture(scope="module", params=["q4f32_1", "q4f16_1", "q0f32", "q0f16"])
+def compiled_linear(request, target):
+    fmt, dtype, mod, named = _linear_module(request.param)
+    ex = tvm.compile(mod, target, relax_pipeline=cpu_pipeline(target))
+    rng = np.random.default_rng(0)
+    encoded = fmt.quantize(rng.standard_normal((OUT_F, IN_F)) / np.sqrt(IN_F))
+    params = {}
+    for name, p in named:
+        suffix = name.rpartition(".")[2]
+        params[suffix] = np.ascontiguousarray(encoded[suffix]).astype(str(p.dtype))
+    weight = fmt.dequantize(params)
+    dev = tvm.cpu()
+    vm = tvm.runtime.vm.VirtualMachine(ex, dev)
+    packed = [tvm.runtime.tensor(params[name.rpartition(".")[2]], device=dev) for name, _ in named]
+    return request.param, dtype, vm, packed, weight
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_linear_matches_numpy(compiled_linear, rows):
+    name, dtype, vm, packed, weight = compiled_linear
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((1, rows, IN_F)).astype(dtype)
+    out = vm["forward"](tvm.runtime.tensor(x, device=tvm.cpu()), packed).numpy()
+    ref = x.astype(np.float64) @ weight.T
+    tol = 1e-5 if dtype == "float32" else 5e-3
+    assert out.shape == (1, rows, OUT_F)
+    assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), name
+
+
+@pytest.mark.parametrize("fmt_name", ["q4f16_1", "q0f32"])
+def test_gemv_schedule_is_parallel_and_vectorized(target, fmt_name):
+    mod = scheduled_module(_linear_module(fmt_name)[2], target)
+    gemvs = [f for _gv, f in mod.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"]
+    assert gemvs, "no matmul kernel was scheduled as a GEMV"
+    for func in gemvs:
+        text = func.script()
+        assert "T.parallel" in text and "T.vectorized" in text and "_rf" in text
+
+
+# ------------------------------------------------------------------------------------------
+# Decode attention over a paged KV cache
+# ------------------------------------------------------------------------------------------
+H_KV, H_Q, HEAD_DIM, PAGE = 2, 6, 32, 16
+
+
+def _paged_case(dtype: str, lengths: list[int], seed: int = 0):
+    rng = np.random.default_rng(seed)
+    pages_per_seq = [-(-n // PAGE) for n in lengths]
+    total = sum(pages_per_seq) + 2
+    pages = rng.standard_normal((total, 2, H_KV, PAGE, HEAD_DIM)).astype(dtype)
+    order = rng.permutation(total).astype("int32")  # pages scattered over the pool
+    indptr = np.concatenate([[0], np.cumsum(pages_per_seq)]).astype("int32")
+    values = order[: indptr[-1]]
+    last_len = np.array([n - (p - 1) * PAGE for n, p in zip(lengths, pages_per_seq, strict=True)], "int32")
+    q = rng.standard_normal((len(lengths), H_Q, HEAD_DIM)).astype(dtype)
+    return q, pages, indptr, values, last_len
+
+
+def _reference(q, pages, indptr, values, lengths):
+    out = np.zeros(q.shape)
+    lse = np.zeros(q.shape[:2])
+    for b, n in enumerate(lengths):
+        seq_pages = values[indptr[b]: indptr[b + 1]]
+        k = pages[seq_pages, 0].transpose(1, 0, 2, 3).reshape(H_KV, -1, HEAD_DIM)[:, :n].astype(np.float64)
+        v = pages[seq_pages, 1].transpose(1, 0, 2, 3).reshape(H_KV, -1, HEAD_DIM)[:, :n].astype(np.float64)
+        for h in range(H_Q):
+            s = k[h // (H_Q // H_KV)] @ q[b, h].astype(np.float64) / np.sqrt(HEAD_DIM)
+            p = np.exp(s - s.max())
+            out[b, h] = (p / p.sum()) @ v[h // (H_Q // H_KV)]
+            lse[b, h] = (s.max() + np.log(p.sum())) / np.log(2)
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_decode_attention_matches_numpy(target, dtype):
+    lengths = [37, 1, 16]  # a partial last page, a single position, exactly one page
+    q, pages, indptr, values, last_len = _paged_case(dtype, lengths)
+    func = decode_attention_kernel(H_KV, H_Q, HEAD_DIM, dtype, False, PAGE)
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(q.shape, dtype), device=dev)
+    lse = tvm.runtime.tensor(np.zeros(q.shape[:2], "float32"), device=dev)
+    zeros = np.zeros(len(lengths), "int32")
+    args = [tvm.runtime.tensor(a, device=dev) for a in (q, pages, indptr, values, last_len, zeros, zeros)]
+    lib["main"](*args, out, lse, 0, 1.0, 10000.0, HEAD_DIM ** -0.5)
+    ref, ref_lse = _reference(q, pages, indptr, values, lengths)
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    assert np.abs(out.numpy() - ref).max() <= tol * max(1.0, np.abs(ref).max())
+    assert np.abs(lse.numpy() - ref_lse).max() <= 1e-3
+
+
+def test_model_gets_our_kernels(target):
+    """The model's matmuls are scheduled and TVM's scalar decode attention is replaced."""
+    from app.inference.compiler import export_model
+    from app.inference.random_model import preset_config
+
+    cfg = preset_config("smollm2-135m", "q4f16_1", context_window=256)
+    mod = scheduled_module(export_model(cfg, target)[0], target)
+    kinds: dict[str, str | None] = {gv.name_hint: _kind(f) for gv, f in mod.functions_items()
+                                    if isinstance(f, tvm.tirx.PrimFunc)}
+    assert kinds["batch_decode_paged_kv_cpu"] == "attention"
+    matmuls = {name: kind for name, kind in kinds.items() if "matmul" in name}
+    assert matmuls and all(kind == "gemv" for kind in matmuls.values()), matmuls
+
+
+# ------------------------------------------------------------------------------------------
+# Threads
+# ------------------------------------------------------------------------------------------
+def test_thread_count_respects_user_setting(monkeypatch):
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    assert configure_cpu_threads() == 3
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    assert configure_cpu_threads() == default_cpu_threads() >= 1
+    assert configure_cpu_threads(5) == 5
+    import os
+
+    assert os.environ["TVM_NUM_THREADS"] == "5"
