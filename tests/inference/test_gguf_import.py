@@ -5,6 +5,7 @@ and bad input (truncated file, other architecture, unsupported type) leaves noth
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,3 +210,51 @@ def test_not_a_gguf_is_refused(tmp_path):
     with pytest.raises(LlmchatError, match="not a GGUF file"):
         import_gguf(path, name="x")
     _nothing_left("x")
+
+
+def test_sentencepiece_gguf_imports_with_a_working_tokenizer(tmp_path):
+    """A `llama` (SentencePiece) vocabulary: the imported tokenizer gives llama.cpp's ids and adds BOS."""
+    import gzip
+
+    import gguf
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "llama_cpp_vocab"
+    vocab_file = tmp_path / "spm.gguf"
+    vocab_file.write_bytes(gzip.decompress((fixtures / "ggml-vocab-llama-spm.gguf.gz").read_bytes()))
+    fields = gguf.GGUFReader(str(vocab_file)).fields
+    spm = {"tokens": fields["tokenizer.ggml.tokens"].contents(),
+           "scores": fields["tokenizer.ggml.scores"].contents(),
+           "types": fields["tokenizer.ggml.token_type"].contents()}
+    path = write_tiny_gguf(tmp_path / "spm-model.gguf", "Q8_0", spm_vocab=spm, tied=True)
+    model_dir = import_gguf(path, name="spm")
+    tok = Tokenizer.from_model_dir(model_dir)
+    inp = (fixtures / "ggml-vocab-llama-spm.gguf.inp").read_text(encoding="utf-8")
+    inputs = inp.split("\n__ggml_vocab_test__\n")
+    outputs = (fixtures / "ggml-vocab-llama-spm.gguf.out").read_text(encoding="utf-8").split("\n")
+    for text, expected in list(zip(inputs, outputs, strict=False))[:20]:
+        assert tok.encode(text, add_bos=False) == [int(x) for x in expected.split()], text
+    assert tok.encode("Hello")[0] == 1  # llama's SentencePiece vocabularies add BOS
+    config = json.loads((model_dir / "mlc-chat-config.json").read_text())
+    assert config["vocab_size"] == len(spm["tokens"]) and config["model_config"]["tie_word_embeddings"]
+
+
+def test_llama31_rope_freqs_become_rope_scaling(tmp_path):
+    """Llama 3.1 GGUFs carry RoPE scaling as frequency factors: the import recovers the parameters."""
+    import math
+
+    d, theta = 16, 10000.0
+    factor, low, high, original = 8.0, 1.0, 4.0, 8192
+    factors = []
+    for freq in 1.0 / theta ** (np.arange(0, d, 2) / d):
+        wavelen = 2 * math.pi / freq
+        smooth = (original / wavelen - low) / (high - low)
+        factors.append(1.0 if wavelen < original / high else factor if wavelen > original / low
+                       else 1 / ((1 - smooth) / factor + smooth))
+    path = write_tiny_gguf(tmp_path / "l31.gguf", "F16", rope_freqs=np.array(factors))
+    config = json.loads((import_gguf(path, name="l31") / "mlc-chat-config.json").read_text())
+    assert config["model_config"]["rope_scaling"] == {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}
+    odd = write_tiny_gguf(tmp_path / "odd.gguf", "F16", rope_freqs=np.linspace(1, 3, d // 2))
+    with pytest.raises(LlmchatError, match="rope_freqs"):
+        import_gguf(odd, name="odd")

@@ -48,8 +48,14 @@ def write_tiny_gguf(
     types: dict[str, str] | None = None,
     tied: bool = False,
     omit: tuple[str, ...] = (),
+    spm_vocab: dict[str, Any] | None = None,
+    rope_freqs: np.ndarray | None = None,
 ) -> Path:
-    """A complete tiny GGUF model; ``types`` overrides the type of single tensors by GGUF name."""
+    """A complete tiny GGUF model; ``types`` overrides the type of single tensors by GGUF name.
+
+    ``spm_vocab``: a SentencePiece vocabulary (``tokens``, ``scores``, ``types``) instead of the BPE one;
+    ``rope_freqs``: Llama-3.1-style RoPE frequency factors stored as the ``rope_freqs.weight`` tensor.
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -68,14 +74,23 @@ def write_tiny_gguf(
     w.add_rope_freq_base(10000.0 if arch == "llama" else 1000000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(d)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    w.add_token_merges(merges)
+    if spm_vocab:
+        tokens = spm_vocab["tokens"]
+        vocab = len(tokens)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(spm_vocab["scores"])
+        w.add_token_types(spm_vocab["types"])
+        w.add_unk_token_id(0)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+        w.add_token_list(tokens)
+        w.add_token_types(token_types)
+        w.add_token_merges(merges)
+        w.add_add_bos_token(False)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
 
     def mat(rows: int, cols: int, scale: float = 0.3) -> np.ndarray:
@@ -112,6 +127,8 @@ def write_tiny_gguf(
         add(f"{b}.ffn_down.weight", mat(c["hidden"], c["ffn"]))
         add(f"{b}.attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(c["hidden"]).astype(np.float32))
         add(f"{b}.ffn_norm.weight", 1.0 + 0.1 * rng.standard_normal(c["hidden"]).astype(np.float32))
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))
     add("output_norm.weight", 1.0 + 0.1 * rng.standard_normal(c["hidden"]).astype(np.float32))
     if not tied:
         add("output.weight", mat(vocab, c["hidden"]))
