@@ -1,20 +1,120 @@
-"""`llmchat ask`: answer one prompt, streaming the reply to stdout"""
+"""`llmchat ask`: answer one prompt, streaming the reply to stdout (progress and logs go to stderr)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
 
-from app.errors import NotAvailableYet
+from app.errors import LlmchatError
+from app.inference.api import ProgressEvent, ReplyStats, SamplingParams, TextDelta
 
 HELP = "answer one prompt, streaming the reply to stdout"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    # SUPPRESS: a value given before the subcommand (llmchat --model X ask ...) is kept
+    parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
+                        help="catalog id or model directory (default: the built-in default model)")
+    parser.add_argument("--device", default=argparse.SUPPRESS,
+                        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N")
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="most tokens to generate (default 512)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
+    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+                        help="KV-cache size in tokens (default: the model's, at most 8192)")
+    parser.add_argument("--stats", action="store_true", help="print MLC-style speed stats to stderr")
+    parser.add_argument("prompt", nargs="*", help="the prompt (read from stdin when omitted or '-')")
+
+
+class StderrProgress:
+    """Progress events as short lines on stderr (one per stage change, plus periodic updates)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self._last = ("", 0.0)
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        key = f"{event.stage}:{event.message}"
+        frac = event.fraction
+        if key == self._last[0] and now - self._last[1] < 2.0 and frac not in (None, 1.0):
+            return
+        self._last = (key, now)
+        pct = f" {frac * 100:.0f}%" if frac is not None else ""
+        print(f"[{event.stage}] {event.message}{pct}", file=sys.stderr, flush=True)
+
+
+def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
+    """``--model`` or the default model (downloaded on first use)."""
+    if model:
+        return model
+    try:
+        from app.inference.default_model import ensure_default_model
+    except ImportError as err:
+        raise LlmchatError("No --model given and the default model is not available in this build.",
+                           "pass --model ID_OR_PATH (see `llmchat models`)") from err
+    return ensure_default_model(progress)
+
+
+def read_prompt(parts: list[str]) -> str:
+    """The prompt from the arguments, or stdin."""
+    if parts and parts != ["-"]:
+        return " ".join(parts)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise LlmchatError("No prompt given.", 'llmchat ask "your question"')
+    text = sys.stdin.read().strip()
+    if not text:
+        raise LlmchatError("The prompt read from stdin is empty.", 'llmchat ask "your question"')
+    return text
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    """SamplingParams from the command line, validated."""
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                            seed=args.seed)
+    try:
+        from app.inference.sampling import validate
+    except ImportError:
+        return params
+    return validate(params)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotAvailableYet(
-        "`llmchat ask` is not available yet in this version.",
-        "follow https://github.com/llmchat/llmchat/issues for progress",
-    )
+    from app.inference.engine import load_engine
+
+    prompt = read_prompt(args.prompt)
+    params = sampling_from_args(args)
+    progress = StderrProgress()
+    model = resolve_model(getattr(args, "model", None), progress)
+    engine = load_engine(model, device=getattr(args, "device", None) or "auto", progress=progress,
+                         context_window=args.context_window)
+    try:
+        if args.system:
+            engine.set_system_prompt(args.system)
+        stats: ReplyStats | None = None
+        out = sys.stdout
+        try:
+            for event in engine.chat(prompt, params):
+                if isinstance(event, TextDelta):
+                    out.write(event.text)
+                    out.flush()
+                elif isinstance(event, ReplyStats):
+                    stats = event
+        except KeyboardInterrupt:
+            engine.cancel()
+            raise
+        out.write("\n")
+        out.flush()
+        if stats is not None and args.stats:
+            print(stats.format(), file=sys.stderr)
+        if stats is not None and stats.finish_reason == "context":
+            print("llmchat: the reply stopped at the end of the context window", file=sys.stderr)
+    finally:
+        engine.close()
+    return 0

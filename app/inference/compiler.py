@@ -12,6 +12,7 @@ written last and marks a complete entry.  A library runs with a runtime-only TVM
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -229,6 +230,17 @@ def _pass_config(target: Any) -> dict[str, Any]:
         return {}
 
 
+def _build_hooks(target: Any) -> contextlib.AbstractContextManager[Any]:
+    """CUDA: turn kernels into prebuilt fatbins while building (app.inference.cuda_support)."""
+    if target.kind.name != "cuda":
+        return contextlib.nullcontext()
+    try:
+        from app.inference.cuda_support import cuda_build_hooks
+    except ImportError:
+        return contextlib.nullcontext()
+    return cuda_build_hooks(target)
+
+
 def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
                     progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
     """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic)."""
@@ -245,19 +257,19 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
         if progress:
             progress(ProgressEvent("compile", "generating kernels", 1, 3))
         pipeline = "default" if _plain_pipeline() else pipeline_for(target)
-        with tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
+        with _build_hooks(target), tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
             executable = tvm.compile(mod, target, relax_pipeline=pipeline)
-        if progress:
-            progress(ProgressEvent("compile", "writing the library", 2, 3))
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=out_path.stem + ".", suffix=".so.tmp", dir=out_path.parent)
-        os.close(fd)
-        try:
-            executable.export_library(tmp)
-            os.replace(tmp, out_path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if progress:
+                progress(ProgressEvent("compile", "writing the library", 2, 3))
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=out_path.stem + ".", suffix=".so.tmp", dir=out_path.parent)
+            os.close(fd)
+            try:
+                executable.export_library(tmp)
+                os.replace(tmp, out_path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
     except LlmchatError:
         raise
     except Exception as err:  # TVM raises many types; the user gets one clear message

@@ -65,7 +65,10 @@ def runtime_problem(backend: str) -> str | None:
     if backend == "cpu":
         return None
     if backend == "cuda":
-        _prepare_cuda()
+        try:
+            _prepare_cuda()
+        except LlmchatError as err:
+            return err.problem
     if not _global_func_exists(f"device_api.{backend}"):
         if backend == "cuda":
             return ("the installed TVM cannot load its CUDA runtime (libtvm_runtime_cuda.so needs "

@@ -18,6 +18,10 @@ from app.inference.api import EngineInfo, ProgressCallback, ProgressEvent
 from app.inference.config import ModelConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                   "vocab_size": 256, "rms_norm_eps": 1e-5, "position_embedding_base": 10000.0,
+                   "context_window_size": 2048},
     "llama2-7b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
                   "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
                   "vocab_size": 32000, "rms_norm_eps": 1e-5, "position_embedding_base": 10000.0,

@@ -19,6 +19,20 @@ PAGE_SIZE = 16
 SEQ_ID = 0
 
 
+def _load_module(lib_path: str, device: Any) -> Any:
+    """Load a model library; CUDA libraries through app.inference.cuda_support when present."""
+    import tvm
+
+    if int(device.dlpack_device_type()) == 2:  # kDLCUDA
+        try:
+            from app.inference.cuda_support import load_cuda_library
+        except ImportError:
+            pass
+        else:
+            return load_cuda_library(lib_path)
+    return tvm.runtime.load_module(lib_path)
+
+
 class ModelRuntime:
     """A loaded model library with its weights and one KV-cache sequence."""
 
@@ -50,7 +64,7 @@ class ModelRuntime:
         self.kv_bytes = pages * PAGE_SIZE * kv_bytes_per_token
         self._ShapeTuple = ShapeTuple
         try:
-            self.vm = VirtualMachine(tvm.runtime.load_module(lib_path), device)
+            self.vm = VirtualMachine(_load_module(lib_path, device), device)
             self._f_embed = self.vm["embed"]
             self._f_prefill = self.vm["prefill"]
             self._f_decode = self.vm["decode"]
@@ -58,6 +72,8 @@ class ModelRuntime:
                 ShapeTuple([1]), ShapeTuple([self.context_window]), ShapeTuple([self.prefill_chunk]),
                 ShapeTuple([PAGE_SIZE]), ShapeTuple([0]),
             )
+        except LlmchatError:
+            raise
         except Exception as err:
             raise LlmchatError(
                 f"Could not start the model library {lib_path}: {err}",

@@ -1,0 +1,58 @@
+"""`llmchat ask`: the reply on stdout, progress on stderr, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.cli import main
+from app.inference.api import SamplingParams, TextDelta
+
+
+def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):
+    model = tiny_model_dir("llama", "q4f32_1")
+    code = main(["ask", "--model", str(model), "--device", "cpu", "--temperature", "0", "--max-tokens", "10",
+                 "--stats", "Hello! How are you?"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    tiny_engine.set_system_prompt(None)
+    expected = "".join(e.text for e in tiny_engine.chat("Hello! How are you?",
+                                                        SamplingParams(temperature=0, max_tokens=10))
+                       if isinstance(e, TextDelta))
+    tiny_engine.reset()
+    assert out == expected + "\n"
+    assert "[load]" in err and "prefill:" in err and "decode:" in err
+
+
+def test_ask_model_before_subcommand_and_prompt_from_stdin(tiny_model_dir, capsys, monkeypatch):
+    import io
+
+    model = tiny_model_dir("llama", "q4f32_1")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Tell me about llamas.\n"))
+    code = main(["--model", str(model), "--device", "cpu", "ask", "--temperature", "0", "--max-tokens", "4"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and out.endswith("\n")
+
+
+def test_ask_unknown_model_suggests_download(capsys):
+    code = main(["ask", "--model", "not-a-model", "--device", "cpu", "hi"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "not installed" in err and "llmchat download not-a-model" in err
+
+
+@pytest.mark.parametrize("device", ["rocm", "vulkan"])
+def test_ask_on_device_without_runtime(tiny_model_dir, device, capsys):
+    import tvm
+
+    if tvm.get_global_func(f"device_api.{device}", allow_missing=True) is not None:
+        pytest.skip(f"this TVM has a {device} runtime")
+    code = main(["ask", "--model", str(tiny_model_dir("llama", "q4f32_1")), "--device", device, "hi"])
+    err = capsys.readouterr().err
+    assert code == 1 and "mlc-ai-nightly" in err
+
+
+def test_ask_bad_sampling_value(tiny_model_dir, capsys):
+    code = main(["ask", "--model", str(tiny_model_dir("llama", "q4f32_1")), "--device", "cpu",
+                 "--top-p", "0", "hi"])
+    assert code == 1
+    assert "top_p" in capsys.readouterr().err

@@ -1,0 +1,80 @@
+"""``--device`` parsing and clear errors for devices the installed TVM cannot drive."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.errors import LlmchatError
+from app.inference import devices
+from app.inference.devices import DeviceSpec, parse_device, resolve_device
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("auto", ("auto", None)), ("cpu", ("cpu", None)), ("cuda:1", ("cuda", 1)), ("ROCm", ("rocm", None)),
+    ("vulkan:0", ("vulkan", 0)), ("metal", ("metal", None)), ("llvm", ("cpu", None)),
+])
+def test_parse_device(text, expected):
+    assert parse_device(text) == expected
+
+
+@pytest.mark.parametrize("text", ["gpu", "cuda:x", "opencl", "cpu:1:2"])
+def test_bad_device_strings(text):
+    with pytest.raises(LlmchatError, match="Unknown device"):
+        parse_device(text)
+
+
+def test_cpu_always_resolves():
+    assert resolve_device("cpu") == DeviceSpec("cpu", 0)
+    assert str(resolve_device("cpu")) == "cpu:0"
+
+
+@pytest.mark.parametrize("backend", ["rocm", "vulkan"])
+def test_runtime_missing_from_pypi_tvm_is_a_clear_error(backend):
+    """PyPI's apache-tvm has no ROCm/Vulkan runtime: say so and how to get one (never crash)."""
+    import tvm
+
+    if tvm.get_global_func(f"device_api.{backend}", allow_missing=True) is not None:
+        pytest.skip(f"this TVM has a {backend} runtime")
+    # in a child process: a crash in native code would show as a signal, not an exception
+    code = (f"from app.inference.devices import resolve_device\n"
+            f"from app.errors import LlmchatError\n"
+            f"try:\n    resolve_device({backend!r})\nexcept LlmchatError as e:\n    print('ERR', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERR")
+    assert "mlc-ai-nightly" in out.stdout and "--device cpu" in out.stdout
+
+
+def test_cuda_without_gpu_or_runtime_is_a_clear_error():
+    import tvm
+
+    if devices.runtime_problem("cuda") is None and tvm.cuda(0).exist:
+        pytest.skip("a CUDA GPU is present")
+    with pytest.raises(LlmchatError, match="cuda"):
+        resolve_device("cuda")
+
+
+def test_auto_falls_back_to_cpu_when_probe_picks_an_unusable_backend(monkeypatch):
+    """Stand-in for the hardware probe (another module): it picks ROCm, which PyPI TVM cannot run."""
+    import types
+
+    import tvm
+
+    if tvm.get_global_func("device_api.rocm", allow_missing=True) is not None:
+        pytest.skip("this TVM has a ROCm runtime")
+    fake = types.ModuleType("app.inference.hardware")
+    fake.probe = lambda sysroot=None: types.SimpleNamespace(backend="rocm", device="rocm:0")
+    monkeypatch.setitem(sys.modules, "app.inference.hardware", fake)
+    assert resolve_device("auto") == DeviceSpec("cpu", 0)
+
+
+def test_auto_uses_the_probe_choice_when_it_is_cpu(monkeypatch):
+    import types
+
+    fake = types.ModuleType("app.inference.hardware")
+    fake.probe = lambda sysroot=None: types.SimpleNamespace(backend="cpu", device="cpu:0")
+    monkeypatch.setitem(sys.modules, "app.inference.hardware", fake)
+    assert resolve_device("auto") == DeviceSpec("cpu", 0)
