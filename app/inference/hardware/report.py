@@ -112,9 +112,9 @@ class HardwareReport:
         for i, d in enumerate(self.devices):
             gfx = f", {d.gfx_target}" if d.gfx_target else ""
             add(f"  [{i}] {d.name} ({d.pci_id}{gfx}, {d.kind}, driver {d.driver or '?'})")
-            mem = [
-                f"VRAM {gib(d.vram_bytes)}" + ("" if d.vram_source in ("sysfs", "unknown") else " (typical)")
-            ]
+            label = "VRAM" if d.kind == "discrete" else "carve-out"
+            guess = " (typical)" if d.kind == "discrete" else " (assumed default)"
+            mem = [f"{label} {gib(d.vram_bytes)}" + (guess if d.vram_source == "table" else "")]
             if d.gtt_bytes:
                 mem.append(f"GTT {gib(d.gtt_bytes)}")
             if d.kfd_memory_bytes:
