@@ -5,9 +5,10 @@
 1. list the repo's files with their sizes (``HfApi.model_info(files_metadata=True)``; the download is
    pinned to the commit that listing names), reject names that would escape the model directory;
 2. check free disk space for what is still missing;
-3. fetch every file into ``models_dir()/.staging/<id>/`` (small files first, ``tensor-cache.json``
-   among them), each as ``<name>.part`` that is renamed to ``<name>`` only once its size matches the
-   listing and its md5 matches ``tensor-cache.json`` (one re-fetch on a mismatch, then an error);
+3. fetch every file into ``models_dir()/.staging/<id>/`` (``tensor-cache.json`` first, then the
+   others, PARALLEL_DOWNLOADS at a time like MLC's own downloader), each as ``<name>.part`` that is
+   renamed to ``<name>`` only once its size matches the listing and its md5 matches
+   ``tensor-cache.json`` (one re-fetch on a mismatch, then an error);
 4. rename the staging directory to ``models_dir()/<id>``: the model is installed only now.
 
 Interrupted downloads (Ctrl+C, cancel, a dropped connection, a crash) keep ``staging`` and resume
@@ -31,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -51,6 +53,8 @@ from app.inference.catalog import (
 MAX_ATTEMPTS = 4
 #: seconds before the 2nd, 3rd, ... attempt
 RETRY_DELAYS = (0.5, 1.0, 2.0)
+#: files downloaded at the same time (after tensor-cache.json, which comes first)
+PARALLEL_DOWNLOADS = 4
 #: how long to wait for the hub to accept a connection / to send the next bytes
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 20.0
@@ -254,14 +258,20 @@ class _Progress:
         self._start = time.monotonic()
         self._next = 0.0
         self._window: list[tuple[float, int]] = []
+        self._lock = threading.Lock()  # files download in parallel
 
     def add(self, n: int) -> None:
-        self.done += n
-        if self.callback is not None:
-            now = time.monotonic()
-            if now >= self._next:
-                self._next = now + 1.0 / PROGRESS_HZ
-                self.emit(now)
+        with self._lock:
+            self.done += n
+            if self.callback is not None:
+                now = time.monotonic()
+                if now >= self._next:
+                    self._next = now + 1.0 / PROGRESS_HZ
+                    self._emit(now)
+
+    def emit(self, now: float | None = None, message: str | None = None) -> None:
+        with self._lock:
+            self._emit(now, message)
 
     def rate(self, now: float) -> float | None:
         self._window.append((now, self.done))
@@ -273,7 +283,7 @@ class _Progress:
         elapsed = now - self._start
         return (self.done - self._start_done) / elapsed if elapsed > 0.2 else None
 
-    def emit(self, now: float | None = None, message: str | None = None) -> None:
+    def _emit(self, now: float | None = None, message: str | None = None) -> None:
         if self.callback is None:
             return
         now = time.monotonic() if now is None else now
@@ -472,6 +482,65 @@ def _retry_or_raise(
     return attempt
 
 
+def _fetch_all(
+    repo: str,
+    commit: str,
+    pending: list[RemoteFile],
+    staging: Path,
+    tracker: _Progress,
+    cancel: threading.Event,
+) -> None:
+    """Fetch the cache files first (they hold the md5 sums), then the rest PARALLEL_DOWNLOADS at a time.
+
+    The first failure stops the other downloads (their partial files stay for a resume) and is raised;
+    the user's ``cancel`` stops all of them.
+    """
+    for remote in pending:
+        if remote.name in CACHE_FILES:
+            _fetch_file(repo, commit, remote, staging, None, tracker, cancel)
+    rest = [remote for remote in pending if remote.name not in CACHE_FILES]
+    if not rest:
+        return
+    md5s, _ = _md5_table(staging)
+    stop = threading.Event()  # the user's cancel or the first failure
+    errors: list[BaseException] = []
+    relay_done = threading.Event()
+
+    def relay_cancel() -> None:
+        while not relay_done.is_set():
+            if cancel.wait(0.05):
+                stop.set()
+                return
+
+    def work(remote: RemoteFile) -> None:
+        try:
+            _fetch_file(repo, commit, remote, staging, md5s.get(remote.name), tracker, stop)
+        except BaseException as err:  # collected, the first real one is raised below
+            errors.append(err)
+            stop.set()
+
+    relay = threading.Thread(target=relay_cancel, name="download-cancel-relay", daemon=True)
+    relay.start()
+    try:
+        workers = min(PARALLEL_DOWNLOADS, len(rest))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="download") as pool:
+            futures = [pool.submit(work, remote) for remote in rest]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:  # e.g. Ctrl+C in the calling thread: stop the workers, then leave
+                stop.set()
+                raise
+    finally:
+        relay_done.set()
+        relay.join()
+    if cancel.is_set():
+        raise _cancelled()
+    real = [err for err in errors if not isinstance(err, DownloadCancelled)]
+    if real or errors:
+        raise (real or errors)[0]
+
+
 # -- whole model --------------------------------------------------------------------------------
 def _resolve(id_or_repo: str) -> CatalogEntry:
     repo = parse_hf_reference(id_or_repo)
@@ -597,14 +666,13 @@ def download_model(
         tracker.emit(message=start)
         # tensor-cache.json first (it holds the md5 sums of the shards), then small files before big ones
         ordered = sorted(files, key=lambda f: (f.name not in CACHE_FILES, f.size or 0, f.name))
-        md5s: dict[str, str] = {}
+        pending = []
         for remote in ordered:
             final = staging.joinpath(*safe_relative_path(remote.name).parts)
             if final.is_file() and (remote.size is None or final.stat().st_size == remote.size):
                 continue  # complete and verified in an earlier run
-            if not md5s:
-                md5s, _ = _md5_table(staging)
-            _fetch_file(repo, commit, remote, staging, md5s.get(remote.name), tracker, cancel)
+            pending.append(remote)
+        _fetch_all(repo, commit, pending, staging, tracker, cancel)
         md5s, cache_name = _md5_table(staging)
         missing_shards = sorted(set(md5s) - names)
         if missing_shards:

@@ -315,11 +315,23 @@ def test_cancel_stops_a_stalled_download_promptly_and_keeps_staging(hub, files):
     assert isinstance(outcome.get("error"), DownloadCancelled)
     assert_not_installed()
     assert (staging_path(MODEL_ID) / f"{shard}.part").stat().st_size == 50_000
+    # the other shards downloaded in parallel while this one stalled
+    assert all((staging_path(MODEL_ID) / name).is_file() for name in SHARDS[1:])
     hub.faults.stall_after.clear()
     hub.release_stall.set()
     hub.counters.reset()
     shard_md5_ok(download_model(MODEL_ID), files)
     assert hub.counters.bytes_sent[shard] == len(files[shard]) - 50_000
+
+
+def test_a_failure_stops_the_parallel_downloads_at_once(hub):
+    hub.faults.stall_after[SHARDS[0]] = 50_000  # would hang for 30 s
+    hub.faults.file_status[SHARDS[1]] = (404, -1)
+    start = time.monotonic()
+    with pytest.raises(LlmchatError, match="404"):
+        download_model(MODEL_ID)
+    assert time.monotonic() - start < 3
+    assert_not_installed()
 
 
 def test_not_an_mlc_repo_is_rejected(hub):
