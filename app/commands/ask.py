@@ -52,14 +52,14 @@ class StderrProgress:
 
 def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
     """``--model`` or the default model (downloaded on first use)."""
-    if model:
-        return model
     try:
-        from app.inference.default_model import ensure_default_model
-    except ImportError as err:
+        from app.inference.default_model import model_or_default
+    except ImportError:
+        if model:
+            return model
         raise LlmchatError("No --model given and the default model is not available in this build.",
-                           "pass --model ID_OR_PATH (see `llmchat models`)") from err
-    return ensure_default_model(progress)
+                           "pass --model ID_OR_PATH (see `llmchat models`)") from None
+    return model_or_default(model, progress)
 
 
 def read_prompt(parts: list[str]) -> str:

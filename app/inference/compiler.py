@@ -13,6 +13,7 @@ written last and marks a complete entry.  A library runs with a runtime-only TVM
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -45,7 +46,11 @@ class CompiledModel:
     lib_path: Path
     params: list[dict[str, Any]]  # [{"name", "shape", "dtype"}] in the VM's packed order
     target: str
-    model_dtype: str
+    compute_dtype: str  # activations and KV cache
+
+    @property
+    def kv_itemsize(self) -> int:
+        return 2 if self.compute_dtype in ("float16", "bfloat16") else 4
 
 
 def libs_dir() -> Path:
@@ -290,25 +295,42 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def compute_dtype_for(cfg: ModelConfig, backend: str) -> str | None:
+    """The activation dtype to compile ``cfg`` with on ``backend`` (None: the stored dtype).
+
+    CPUs have no fast float16 arithmetic: float16 models compute in float32 there (weights stay
+    as stored).  ``LLMCHAT_COMPUTE_DTYPE=float16|float32`` overrides (tests, experiments)."""
+    forced = os.environ.get("LLMCHAT_COMPUTE_DTYPE", "").strip()
+    if forced:
+        if forced not in ("float16", "float32"):
+            raise LlmchatError(f"LLMCHAT_COMPUTE_DTYPE={forced!r} is not float16 or float32.",
+                               "unset it or use one of those")
+        return forced
+    if backend == "cpu" and cfg.model_dtype == "float16":
+        return "float32"
+    return None
+
+
 def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
                 progress: ProgressCallback | None = None) -> CompiledModel:
     """The cached library for ``cfg`` on ``device``, compiling it first if needed."""
+    cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend))
     key = cache_key(cfg, device.backend, device_fingerprint(device, arch))
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
     lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")
     if lib.is_file() and meta_path.is_file():
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            return CompiledModel(lib, meta["params"], meta["target"], meta["model_dtype"])
+            return CompiledModel(lib, meta["params"], meta["target"], meta["compute_dtype"])
         except (OSError, ValueError, KeyError):
             pass  # damaged entry: rebuild it
     target = make_target(device, arch)
     t0 = time.monotonic()
     params = compile_library(cfg, target, lib, progress)
-    meta = {"params": params, "target": str(target), "model_dtype": cfg.model_dtype, "key": key,
+    meta = {"params": params, "target": str(target), "compute_dtype": cfg.activation_dtype, "key": key,
             "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key()}
     _write_json_atomic(meta_path, meta)
-    return CompiledModel(lib, params, meta["target"], cfg.model_dtype)
+    return CompiledModel(lib, params, meta["target"], cfg.activation_dtype)
 
 
 def parameter_specs(cfg: ModelConfig) -> list[dict[str, Any]]:

@@ -46,6 +46,8 @@ class ModelConfig:
     attention_bias: bool = False
     hidden_act: str = "silu"
     tensor_formats: dict[str, str] = field(default_factory=dict)
+    #: dtype of activations / KV cache when it differs from the stored one (CPUs compute f16 models in f32)
+    compute_dtype: str | None = None
     conv_template: Any = None
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
@@ -160,6 +162,11 @@ class ModelConfig:
 
         return get_format(self.quantization).model_dtype
 
+    @property
+    def activation_dtype(self) -> str:
+        """Dtype the compiled model computes in (activations, KV cache)."""
+        return self.compute_dtype or self.model_dtype
+
     def format_name_for(self, param_prefix: str) -> str:
         """Weight format of the parameter(s) under ``param_prefix`` (e.g. "model.layers.0.mlp.down_proj")."""
         best, best_len = self.quantization, -1
@@ -188,6 +195,7 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
             "hidden_act": self.hidden_act,
+            "activation_dtype": self.activation_dtype,
         }
 
 

@@ -252,10 +252,9 @@ def load_engine(
 
     params, weight_bytes = load_weights(model_dir, compiled.params, dev,
                                         progress=on_load if progress else None)
-    itemsize = 2 if cfg.model_dtype in ("float16", "bfloat16") else 4
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * compiled.kv_itemsize
     runtime = ModelRuntime(
-        str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=cfg.model_dtype,
+        str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=compiled.compute_dtype,
         context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
         weight_bytes=weight_bytes,
     )

@@ -151,9 +151,9 @@ def load_random_engine(
         arr = np.ascontiguousarray(arrays.pop(p["name"]))
         params.append(tvm.runtime.tensor(arr, device=dev))
         weight_bytes += arr.nbytes
-    itemsize = 2 if cfg.model_dtype == "float16" else 4
+    itemsize = compiled.kv_itemsize
     runtime = ModelRuntime(
-        str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=cfg.model_dtype,
+        str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=compiled.compute_dtype,
         context_window=cfg.context_window_size, prefill_chunk=cfg.prefill_chunk_size,
         kv_bytes_per_token=2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize,
         weight_bytes=weight_bytes,

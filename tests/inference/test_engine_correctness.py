@@ -13,20 +13,26 @@ from app.inference.weights import load_numpy
 from tests.inference.reference import forward
 
 CASES = [
-    # family, quantization, relative tolerance
-    ("llama", "q4f32_1", 1e-4),
-    ("llama", "q4f16_1", 1e-2),
-    ("llama", "q0f32", 1e-4),
-    ("qwen2", "q4f32_1", 1e-4),
-    ("qwen2", "q0f16", 1e-2),
-    ("llama3", "q0f32", 1e-4),  # Llama-3.1-style RoPE scaling
+    # family, quantization, compute dtype (None: the engine's choice), relative tolerance
+    ("llama", "q4f32_1", None, 1e-4),
+    # float16 models compute in float32 on CPUs (weights stay float16): as exact as q4f32_1
+    ("llama", "q4f16_1", None, 1e-4),
+    # ... and in float16 on GPUs: forced here to cover that path on the CPU
+    ("llama", "q4f16_1", "float16", 1e-2),
+    ("qwen2", "q4f32_1", None, 1e-4),
+    ("qwen2", "q4f16_1", None, 1e-4),
+    ("qwen2", "q0f16", "float16", 1e-2),
+    ("llama3", "q0f32", None, 1e-4),  # Llama-3.1-style RoPE scaling
 ]
 PROMPT_LEN = 45  # longer than the tiny models' prefill chunk (32): two prefill chunks
 DECODE_STEPS = 16
 
 
-@pytest.mark.parametrize(("family", "quantization", "tol"), CASES, ids=[f"{f}-{q}" for f, q, _ in CASES])
-def test_logits_match_reference(tiny_model_dir, family, quantization, tol):
+@pytest.mark.parametrize(("family", "quantization", "compute", "tol"), CASES,
+                         ids=[f"{f}-{q}-{c or 'auto'}" for f, q, c, _ in CASES])
+def test_logits_match_reference(tiny_model_dir, monkeypatch, family, quantization, compute, tol):
+    if compute:
+        monkeypatch.setenv("LLMCHAT_COMPUTE_DTYPE", compute)
     model_dir = tiny_model_dir(family, quantization)
     config = json.loads((model_dir / "mlc-chat-config.json").read_text())
     params = load_numpy(model_dir)
@@ -60,6 +66,7 @@ def test_logits_match_reference(tiny_model_dir, family, quantization, tol):
 def test_quantized_weights_are_really_quantized(tiny_model_dir):
     """The q4 model stores MLC's layout: uint32 words [out, in/8] and one scale per 32 inputs."""
     params = load_numpy(tiny_model_dir("llama", "q4f16_1"))
+    assert params["model.norm.weight"].dtype == np.float16
     qkv = params["model.layers.0.self_attn.qkv_proj.q_weight"]
     scale = params["model.layers.0.self_attn.qkv_proj.q_scale"]
     assert qkv.dtype == np.uint32 and qkv.shape == ((4 + 2 * 2) * 16, 64 // 8)

@@ -26,12 +26,29 @@ from app.inference.quantization import get_format
 
 def make_linear(cfg: ModelConfig, prefix: str, in_f: int, out_f: int, bias: bool = False) -> nn.Module:
     """A linear layer in the weight format configured for ``prefix``."""
-    return get_format(cfg.format_name_for(prefix)).linear(in_f, out_f, bias, cfg.model_dtype)
+    fmt = get_format(cfg.format_name_for(prefix))
+    return fmt.linear(in_f, out_f, bias, cfg.activation_dtype, bias_dtype=cfg.model_dtype)
 
 
 def make_embedding(cfg: ModelConfig, prefix: str) -> nn.Module:
     """The token embedding table in the weight format configured for ``prefix``."""
-    return get_format(cfg.format_name_for(prefix)).embedding(cfg.vocab_size, cfg.hidden_size, cfg.model_dtype)
+    fmt = get_format(cfg.format_name_for(prefix))
+    return fmt.embedding(cfg.vocab_size, cfg.hidden_size, cfg.activation_dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMS norm whose weight is stored in the model's dtype and applied in the activations' dtype."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.weight = nn.Parameter((cfg.hidden_size,), cfg.model_dtype)
+        self.eps = cfg.rms_norm_eps
+        self.compute_dtype = cfg.activation_dtype
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = self.weight
+        if weight.dtype != self.compute_dtype:
+            weight = weight.astype(self.compute_dtype)
+        return op.rms_norm(x, weight, axes=[-1], epsilon=self.eps)
 
 
 ACTIVATIONS = {"silu": op.silu, "swish": op.silu, "gelu": op.gelu}
@@ -80,12 +97,10 @@ class DecoderLayer(nn.Module):
     attention_class: type[DecoderAttention] = DecoderAttention
 
     def __init__(self, cfg: ModelConfig, prefix: str) -> None:
-        dt = cfg.model_dtype
         self.self_attn = self.attention_class(cfg, f"{prefix}.self_attn")
         self.mlp = DecoderMLP(cfg, f"{prefix}.mlp")
-        eps = cfg.rms_norm_eps
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, eps, bias=False, dtype=dt)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, eps, bias=False, dtype=dt)
+        self.input_layernorm = RMSNorm(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg)
 
     def forward(self, h: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
         h = h + self.self_attn(self.input_layernorm(h), kv, layer_id)
@@ -102,7 +117,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             [self.layer_class(cfg, f"model.layers.{i}") for i in range(cfg.num_hidden_layers)]
         )
-        self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=cfg.model_dtype)
+        self.norm = RMSNorm(cfg)
 
     def forward(self, h: Tensor, kv: PagedKVCache) -> Tensor:
         for layer_id, layer in enumerate(self.layers):
@@ -118,7 +133,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, target: Any) -> None:
         self.cfg = cfg
         self.target = target
-        self.dtype = cfg.model_dtype
+        self.dtype = cfg.activation_dtype
         self.model = self.model_class(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = make_linear(cfg, "lm_head", cfg.hidden_size, cfg.vocab_size)
@@ -180,12 +195,12 @@ class LlamaForCausalLM(nn.Module):
             rope_ext_factors=relax.prim_value(0),
             rotary_dim=c.head_dim,
             enable_disaggregation=False,
-            dtype=c.model_dtype,
+            dtype=c.activation_dtype,
             target=self.target,
         )
 
     def get_default_spec(self) -> dict[str, Any]:
-        hidden, dt = self.cfg.hidden_size, self.cfg.model_dtype
+        hidden, dt = self.cfg.hidden_size, self.cfg.activation_dtype
         packed = {"param_mode": "packed", "effect_mode": "none"}
         kv = nn.spec.Object(object_type=PagedKVCache)
         return {

@@ -56,9 +56,11 @@ class WeightFormat:
         """Raise LlmchatError when a ``[out, in]`` weight cannot be stored in this format."""
 
     # -- module builders (generic: dequantize inside the reduction) --------------------------
-    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str) -> Any:
-        """An nn.Module computing ``x @ W.T (+ bias)`` with output dtype ``dtype``."""
-        return DequantLinear(self, in_features, out_features, bias, dtype)
+    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str,
+               bias_dtype: str | None = None) -> Any:
+        """An nn.Module computing ``x @ W.T (+ bias)`` with output dtype ``dtype`` (the activations'),
+        the bias stored as ``bias_dtype`` (default: ``dtype``)."""
+        return DequantLinear(self, in_features, out_features, bias, dtype, bias_dtype)
 
     def embedding(self, num_embeddings: int, embedding_dim: int, dtype: str) -> Any:
         """An nn.Module with ``forward(ids)`` (row lookup) and ``lm_head_forward(x)`` (tied head)."""
@@ -159,14 +161,15 @@ def _module_classes() -> dict[str, type]:
     class _DequantLinear(nn.Module):
         """``y = x @ dequant(W).T (+ bias)`` with the dequantization inside the reduction."""
 
-        def __init__(self, fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str):
+        def __init__(self, fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str,
+                     bias_dtype: str | None = None):
             super().__init__()
             fmt.check_shape(out_features, in_features)
             self.fmt, self.in_features, self.out_features, self.dtype = fmt, in_features, out_features, dtype
             self.param_names = list(fmt.param_specs(out_features, in_features))
             for pname, (shape, pdtype) in fmt.param_specs(out_features, in_features).items():
                 setattr(self, pname, nn.Parameter(shape, pdtype))
-            self.bias = nn.Parameter((out_features,), dtype) if bias else None
+            self.bias = nn.Parameter((out_features,), bias_dtype or dtype) if bias else None
 
         def _params(self) -> list[Any]:
             return [getattr(self, n) for n in self.param_names]
@@ -213,9 +216,12 @@ def _module_classes() -> dict[str, type]:
     return _Lazy.classes
 
 
-def DequantLinear(fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str) -> Any:
+def DequantLinear(
+    fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str,
+    bias_dtype: str | None = None,
+) -> Any:
     """Build the generic dequantizing linear module."""
-    return _module_classes()["linear"](fmt, in_features, out_features, bias, dtype)
+    return _module_classes()["linear"](fmt, in_features, out_features, bias, dtype, bias_dtype)
 
 
 def DequantEmbedding(fmt: WeightFormat, num_embeddings: int, embedding_dim: int, dtype: str) -> Any:
