@@ -167,8 +167,14 @@ class _Handler(BaseHTTPRequestHandler):
             siblings.append(sibling)
         siblings += hub.faults.extra_listing
         body = json.dumps(
-            {"id": repo_id, "modelId": repo_id, "sha": repo.sha, "private": False, "gated": repo.gated,
-             "siblings": siblings}
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": repo.sha,
+                "private": False,
+                "gated": repo.gated,
+                "siblings": siblings,
+            }
         ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -328,23 +334,43 @@ def make_tiny_mlc_model(
                 "format": "raw-shard",
                 "nbytes": size,
                 "records": [
-                    {"name": f"model.layers.{index}.weight", "shape": [size // 2], "dtype": "float16",
-                     "format": "raw", "nbytes": size, "byteOffset": 0}
+                    {
+                        "name": f"model.layers.{index}.weight",
+                        "shape": [size // 2],
+                        "dtype": "float16",
+                        "format": "raw",
+                        "nbytes": size,
+                        "byteOffset": 0,
+                    }
                 ],
                 "md5sum": hashlib.md5(data).hexdigest(),
             }
         )
     files["tensor-cache.json"] = json.dumps(
-        {"metadata": {"ParamSize": len(shard_sizes), "ParamBytes": sum(shard_sizes), "BitsPerParam": 16},
-         "records": records}
+        {
+            "metadata": {"ParamSize": len(shard_sizes), "ParamBytes": sum(shard_sizes), "BitsPerParam": 16},
+            "records": records,
+        }
     ).encode()
     files["mlc-chat-config.json"] = json.dumps(
-        {"version": "0.1.0", "model_type": "llama", "quantization": "q4f16_1",
-         "model_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
-                          "context_window_size": 512},
-         "context_window_size": 512, "vocab_size": 256, "tokenizer_files": ["tokenizer.json"],
-         "conv_template": {"name": "chatml"}}
+        {
+            "version": "0.1.0",
+            "model_type": "llama",
+            "quantization": "q4f16_1",
+            "model_config": {
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "vocab_size": 256,
+                "context_window_size": 512,
+            },
+            "context_window_size": 512,
+            "vocab_size": 256,
+            "tokenizer_files": ["tokenizer.json"],
+            "conv_template": {"name": "chatml"},
+        }
     ).encode()
     tokenizer = {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}
     files["tokenizer.json"] = json.dumps(tokenizer).encode()

@@ -94,12 +94,27 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path else 0
         rows.append(
             {
-                "id": model_id, "name": model_id, "source": "local", "format": None, "architecture": None,
-                "quantization": None, "parameters": None, "download_bytes": size, "context_window": None,
-                "license": None, "gated": None, "origin": "installed", "installed": True,
+                "id": model_id,
+                "name": model_id,
+                "source": "local",
+                "format": None,
+                "architecture": None,
+                "quantization": None,
+                "parameters": None,
+                "download_bytes": size,
+                "context_window": None,
+                "license": None,
+                "gated": None,
+                "origin": "installed",
+                "installed": True,
                 "path": str(path) if path else None,
-                "fit": {"verdict": "unknown", "context": None, "needed_bytes": None, "budget_bytes": budget,
-                        "max_context": None},
+                "fit": {
+                    "verdict": "unknown",
+                    "context": None,
+                    "needed_bytes": None,
+                    "budget_bytes": budget,
+                    "max_context": None,
+                },
             }
         )
     return rows

@@ -8,7 +8,9 @@ HELP = "remove an installed model"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="ID", help="id of an installed model (see `llmchat models`) or HF://owner/repo")
+    parser.add_argument(
+        "model", metavar="ID", help="id of an installed model (see `llmchat models`) or HF://owner/repo"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -272,7 +272,8 @@ def parse_hf_reference(text: str) -> str | None:
     repo = text[len(HF_PREFIX) :].strip("/")
     if not _HF_REPO_RE.match(repo):
         raise LlmchatError(
-            f"'{text}' is not a Hugging Face repo reference", "write it as HF://owner/repo, e.g. HF://mlc-ai/..."
+            f"'{text}' is not a Hugging Face repo reference",
+            "write it as HF://owner/repo, e.g. HF://mlc-ai/...",
         )
     return repo
 

@@ -297,8 +297,13 @@ class _Progress:
             )
         self.callback(
             DownloadProgress(
-                stage="download", message=message, done=float(self.done), total=float(self.total),
-                bytes_per_s=rate, eta_s=eta, file=self.file,
+                stage="download",
+                message=message,
+                done=float(self.done),
+                total=float(self.total),
+                bytes_per_s=rate,
+                eta_s=eta,
+                file=self.file,
             )
         )
 

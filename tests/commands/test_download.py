@@ -60,7 +60,10 @@ def test_ctrl_c_cancels_cleanly_and_the_next_run_resumes(hub, capsys):
     env = {**os.environ, **hub.env}
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "download", TINY_ID],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 20
     while hub.counters.bytes_sent.get(shard, 0) < 40_000 and time.monotonic() < deadline:

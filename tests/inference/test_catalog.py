@@ -42,8 +42,21 @@ vocab_size = 1000
 """
 
 REQUIRED = [
-    "id", "name", "source", "format", "architecture", "quantization", "parameters", "download_bytes",
-    "context_window", "license", "gated", "num_layers", "num_kv_heads", "head_dim", "vocab_size",
+    "id",
+    "name",
+    "source",
+    "format",
+    "architecture",
+    "quantization",
+    "parameters",
+    "download_bytes",
+    "context_window",
+    "license",
+    "gated",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
 ]
 
 
@@ -62,9 +75,18 @@ def without_line(text: str, key: str) -> str:
 def test_shipped_registry_has_the_issue_models_with_real_mlc_repos():
     entries = {e.id: e for e in load_catalog().entries}
     wanted = {
-        "smollm2-135m-instruct", "smollm2-360m-instruct", "smollm2-1.7b-instruct", "qwen2.5-0.5b-instruct",
-        "qwen2.5-1.5b-instruct", "qwen2.5-3b-instruct", "qwen2.5-7b-instruct", "llama-3.2-1b-instruct",
-        "llama-3.2-3b-instruct", "llama-3.1-8b-instruct", "llama-2-7b-chat", "mistral-7b-instruct-v0.3",
+        "smollm2-135m-instruct",
+        "smollm2-360m-instruct",
+        "smollm2-1.7b-instruct",
+        "qwen2.5-0.5b-instruct",
+        "qwen2.5-1.5b-instruct",
+        "qwen2.5-3b-instruct",
+        "qwen2.5-7b-instruct",
+        "llama-3.2-1b-instruct",
+        "llama-3.2-3b-instruct",
+        "llama-3.1-8b-instruct",
+        "llama-2-7b-chat",
+        "mistral-7b-instruct-v0.3",
         "phi-3.5-mini-instruct",
     }
     assert wanted <= set(entries)

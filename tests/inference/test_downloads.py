@@ -26,7 +26,6 @@ MODEL_ID = TINY_ID
 SHARDS = ("params_shard_0.bin", "params_shard_1.bin", "params_shard_2.bin")
 
 
-
 @pytest.fixture
 def files() -> dict[str, bytes]:
     return make_tiny_mlc_model()
