@@ -37,6 +37,7 @@ class CPUScheduleConfig:
 
     lanes: int = 8  # fp32 lanes of the GEMV accumulator (the words of 8 nibbles decode to 8 lanes)
     rows_per_step: int = 4  # output rows computed together in the GEMV inner loop
+    row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
     min_parallel_work: int = 16384  # elements below which an elementwise kernel stays serial
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
 
@@ -270,11 +271,20 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
     else:
         m_l = None
         n_l, ko_l, ki_l = rf_loops
-    n_o, n_i = sch.split(n_l, factors=[None, rows])
-    order = [n_o] + ([m_l] if m_l is not None else []) + [ko_l, n_i, ki_l]
-    sch.reorder(*order)
+    if m_l is None:  # decode: one activation row
+        n_o, n_i = sch.split(n_l, factors=[None, rows])
+        sch.reorder(n_o, ko_l, n_i, ki_l)
+        after = n_o
+    else:  # several rows (prefill, batched decode): each activation row meets `row_groups` x
+        # `rows` weight rows while it is in L1 (no tiling of the dynamic row loop: its predicate
+        # made LLVM's code twice as slow)
+        groups = cfg.row_groups
+        while groups > 1 and (n_extent // rows) % groups:
+            groups //= 2
+        n_o, n_g, n_i = sch.split(n_l, factors=[None, groups, rows])
+        sch.reorder(n_o, m_l, n_g, ko_l, n_i, ki_l)
+        after = n_g
     sch.parallel(n_o)
-    after = m_l if m_l is not None else n_o
     # write-back block (sum over the lanes) and the epilogue go per row group
     sch.reverse_compute_at(main.block_rv, after, preserve_unit_loops=True)
     if epilogue is not None:
