@@ -103,6 +103,9 @@ class TVMEngine:
 
     def reset(self) -> None:
         self._history = []
+        self._clear_kv()
+
+    def _clear_kv(self) -> None:
         self._kv_ids = []
         if self.runtime is not None:
             self.runtime.clear()
@@ -154,6 +157,9 @@ class TVMEngine:
     # -- generation ---------------------------------------------------------------------------
     def chat(self, user_message: str, params: SamplingParams | None = None) -> Iterator[ChatEvent]:
         params = params or SamplingParams()
+        if self.tokenizer is None or self.formatter is None:
+            raise LlmchatError("This engine has no tokenizer or chat template (random weights).",
+                               "use generate() with token ids, or load a real model")
         if not self._lock.acquire(blocking=False):
             raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
         try:
@@ -183,7 +189,8 @@ class TVMEngine:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, ignore_eos: bool = False,
                  detokenize: bool = True) -> Iterator[ChatEvent]:
-        """Raw completion of ``prompt_ids`` from an empty KV cache; the conversation is reset."""
+        """Raw completion of ``prompt_ids`` from an empty KV cache; the conversation is kept (its KV
+        state is rebuilt on the next ``chat``). ``ignore_eos``: run to ``max_tokens`` (benchmarks)."""
         if not prompt_ids:
             raise LlmchatError("generate() needs at least one prompt token.", "pass a non-empty prompt")
         if len(prompt_ids) >= self.runtime.context_window:
@@ -194,7 +201,7 @@ class TVMEngine:
             raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
         try:
             self._cancel.clear()
-            self.reset()
+            self._clear_kv()
             result = GenerationResult()
             yield from generate(
                 self.runtime, list(prompt_ids), params, kv_ids=self._kv_ids, cancel=self._cancel,
@@ -205,7 +212,7 @@ class TVMEngine:
             self.last_stats = result.stats
             self.session_stats.add(result.stats)
         finally:
-            self.reset()
+            self._clear_kv()  # the conversation is re-prefilled on its next chat()
             self._lock.release()
 
     # -- resources ----------------------------------------------------------------------------

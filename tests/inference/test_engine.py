@@ -125,6 +125,18 @@ def test_generate_raw_tokens_exact_count(engine):
     assert engine.runtime.kv_sequence_length() == 0  # generate() leaves no state behind
 
 
+def test_generate_keeps_the_conversation(engine):
+    _run(engine.chat("Hello!", GREEDY))
+    history = engine.history
+    _run(engine.generate([1, 2], SamplingParams(temperature=0, max_tokens=3), ignore_eos=True))
+    assert engine.history == history
+    second, stats, _ = _run(engine.chat("And then?", GREEDY))
+    engine.reset()
+    engine.load_history(history)
+    again, _, _ = _run(engine.chat("And then?", GREEDY))
+    assert second == again and stats.prompt_tokens > 10
+
+
 def test_sampling_with_seed_is_reproducible(engine):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=123)
     a, _, _ = _run(engine.generate([3, 4], params, ignore_eos=True))

@@ -7,8 +7,10 @@ Parameter names and shapes are MLC-LLM's (``python/mlc_llm/model/llama/llama_mod
 ``model.norm.weight`` and ``lm_head.*`` (absent with tied embeddings); ``*`` is the weight
 format's params (``weight``, or ``q_weight`` + ``q_scale``).
 
-Exported functions (what ``app.inference.runtime`` calls): ``embed``, ``prefill``, ``decode``,
-``batch_decode`` and ``create_paged_kv_cache`` (TVM's TIR paged KV cache, which applies RoPE).
+Exported functions (what ``app.inference.runtime`` calls): ``embed``, ``prefill``, ``decode`` and
+``create_paged_kv_cache`` (TVM's TIR paged KV cache, which applies RoPE).  ``batch_decode`` is
+defined (MLC's signature) but not exported: one conversation needs no batching, and every
+exported function adds compile time.
 """
 
 from __future__ import annotations
@@ -208,8 +210,6 @@ class LlamaForCausalLM(nn.Module):
             "prefill": {"input_embed": nn.spec.Tensor([1, "seq_len", hidden], dt), "paged_kv_cache": kv,
                         "$": packed},
             "decode": {"input_embed": nn.spec.Tensor([1, 1, hidden], dt), "paged_kv_cache": kv, "$": packed},
-            "batch_decode": {"input_embeds": nn.spec.Tensor(["batch_size", 1, hidden], dt),
-                             "paged_kv_cache": kv, "$": packed},
             "create_paged_kv_cache": {
                 "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
                 "page_size": int, "support_sliding_window": int,
