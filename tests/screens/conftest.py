@@ -4,6 +4,7 @@ TVM for the CPU once per session) and apps wired to it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,10 @@ class SharedEngine:
     """The session's engine as an app sees it: everything passes through, except that an app
     quitting does not close it (the next test uses it again)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, **info_overrides: Any) -> None:
         self._engine = engine
+        if info_overrides:
+            self.info = replace(engine.info, **info_overrides)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

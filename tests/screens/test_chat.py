@@ -14,9 +14,17 @@ async def wait_until(pilot, predicate, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
-            shown = [n.source for n in pilot.app.screen.query(Notice)]
-            raise AssertionError(f"timed out waiting for the app; notices: {shown}")
+            raise AssertionError(f"timed out waiting for the app; on screen: {screen_text(pilot.app)}")
         await pilot.pause(0.02)
+
+
+def screen_text(app) -> str:
+    """What the current screen shows (notices, statuses, errors), for failure messages."""
+    shown = [n.source for n in app.screen.query(Notice)]
+    for widget in app.screen.query("Static"):
+        if widget.id and any(part in widget.id for part in ("status", "error", "stages", "summary")):
+            shown.append(f"{widget.id}: {widget.render()}")
+    return f"{type(app.screen).__name__} {shown}"
 
 
 async def open_chat(pilot) -> ChatScreen:

@@ -1,0 +1,138 @@
+"""First run, the models screen and load errors — with real downloads from the loopback hub
+(tests/hub_server.py), the real catalog (plus the test entry), real compile and load of a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.chat_app import LlmchatApp, Services, StartOptions
+from app.errors import LlmchatError
+from app.inference.catalog import installed_model_path, list_installed
+from app.screens.chat import ChatScreen
+from app.screens.first_run import FirstRunScreen
+from app.screens.loading import LoadingScreen
+from app.screens.models import ModelsScreen
+from app.widgets.catalog_table import CatalogTable
+from app.widgets.chat_log import AssistantMessage, ChatLog
+from tests.hub_server import TINY_ID, TINY_REPO, HubServer, use_hub
+from tests.screens.conftest import greedy, probe_fixture
+from tests.screens.test_chat import type_and_send, wait_until
+
+SHARD = "params_shard_0.bin"
+
+
+def model_files(model_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, chat_model_dir):
+    """The hub serves the tiny chat model as TINY_REPO (catalog id TINY_ID); fresh data/cache dirs."""
+    server = HubServer().start()
+    server.add_repo(TINY_REPO, model_files(chat_model_dir))
+    use_hub(server, tmp_path, monkeypatch)
+    yield server
+    server.release_stall.set()
+    server.stop()
+
+
+def real_services(**overrides) -> Services:
+    services = Services(probe=probe_fixture("amd-vangogh"), default_model_id=TINY_ID)
+    for name, value in overrides.items():
+        setattr(services, name, value)
+    return services
+
+
+async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
+    events = []
+
+    def load_engine(model, device, progress):
+        from app.inference.engine import load_engine as real_load_engine
+
+        def record(event):
+            events.append(event)
+            progress(event)
+
+        return real_load_engine(model, device=device, progress=record)
+
+    app = LlmchatApp(StartOptions(device="cpu"), real_services(load_engine=load_engine))
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        screen = app.screen
+        table = screen.query_one(CatalogTable)
+        await wait_until(pilot, lambda: table.row_count > 0)
+        summary = str(screen.query_one("#hardware-summary").render())
+        assert "Steam Deck" in summary and "vulkan" in summary and "Memory budget" in summary
+        assert table.selected_id == TINY_ID  # the default model, preselected
+        assert table.row_count > 1  # the whole catalog with fit badges
+        fit_cells = [str(table.get_row_at(i)[4]) for i in range(table.row_count)]
+        assert set(fit_cells) <= {"fits", "tight", "does not fit"} and "fits" in fit_cells
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, (LoadingScreen, ChatScreen)))
+        loading = app.screen
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen), timeout=180)
+        assert isinstance(loading, LoadingScreen)
+        stages = "\n".join(loading.stages)
+        assert "Downloading" in stages
+        assert any(e.stage == "compile" for e in events), events
+        assert "Compiling" in stages and "Loading" in stages
+        assert installed_model_path(TINY_ID) is not None
+        chat = app.screen
+        app.params = greedy(8)
+        await type_and_send(pilot, "Hello")
+        await wait_until(pilot, lambda: chat.engine.session_stats.replies == 1 and not chat.replying)
+        assert chat.query_one(ChatLog).query_one(AssistantMessage).source
+
+
+async def test_models_screen_download_progress_cancel_then_install_and_remove(hub):
+    hub.faults.stall_after[SHARD] = 50_000
+    app = LlmchatApp(StartOptions(device="cpu"), real_services())
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        app.action_open_models()
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        screen = app.screen
+        table = screen.query_one(CatalogTable)
+        await wait_until(pilot, lambda: table.row_count > 0)
+        table.select(TINY_ID)
+        await pilot.press("d")
+        progress = screen.query_one("#download-progress")
+        await wait_until(pilot, lambda: progress.display and screen.downloading == TINY_ID)
+        await wait_until(pilot, lambda: hub.counters.bytes_sent.get(SHARD, 0) >= 50_000)
+        await pilot.press("c")
+        await wait_until(pilot, lambda: screen.downloading is None, timeout=30)
+        status = str(screen.query_one("#models-status").render())
+        assert "cancelled" in status
+        assert list_installed() == []
+        hub.faults.stall_after.clear()
+        hub.release_stall.set()
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not screen.downloading and TINY_ID in list_installed(), timeout=60)
+        await wait_until(pilot, lambda: "installed" in str(table.get_row(TINY_ID)[5]))
+        await pilot.press("x")
+        assert TINY_ID in list_installed()  # the first x only asks
+        await pilot.press("x")
+        await wait_until(pilot, lambda: TINY_ID not in list_installed())
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (LlmchatError("The GPU ran out of memory.", "pick a smaller model"), "pick a smaller model"),
+        (RuntimeError("kaboom"), "Unexpected error: RuntimeError: kaboom"),
+    ],
+)
+async def test_load_errors_are_messages_with_the_fix(error, expected):
+    def failing(model, device, progress):
+        raise error
+
+    services = Services(load_engine=failing, installed_model_path=lambda m: Path("/"))
+    app = LlmchatApp(StartOptions(model="some-model", device="cpu"), services)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
+        panel = str(app.screen.query_one("#loading-error").render())
+        assert expected in panel
+        assert "Traceback" not in panel
+        assert "retry" in panel
