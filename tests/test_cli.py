@@ -45,3 +45,4 @@ def test_unknown_subcommand_fails(capsys):
         main(["frobnicate"])
     assert exit_info.value.code != 0
     assert "invalid choice" in capsys.readouterr().err
+
