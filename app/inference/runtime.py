@@ -91,6 +91,7 @@ class ModelRuntime:
         self._one = ShapeTuple([1])
         self._decode_shape = ShapeTuple([1, 1, hidden_size])
         self._ids1 = np.zeros(1, dtype=np.int32)
+        self._ids1_dev = tvm.runtime.empty((1,), "int32", device)  # decode's input, reused every step
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
 
@@ -153,7 +154,8 @@ class ModelRuntime:
             raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
                                "start a new conversation")
         self._ids1[0] = token
-        emb = self._f_reshape(self._embed(self._ids1), self._decode_shape)
+        self._ids1_dev.copyfrom(self._ids1)
+        emb = self._f_reshape(self._f_embed(self._ids1_dev, self.params), self._decode_shape)
         self._f_begin(self.kv, self._seq, self._one)
         logits, self.kv = self._f_decode(emb, self.kv, self.params)
         self._f_end(self.kv)
