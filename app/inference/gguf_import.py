@@ -182,10 +182,16 @@ class _Group:
 
     def __init__(self, prefix: str, parts: list[GGUFTensor], kind: str, heads: list[int | None]) -> None:
         self.prefix, self.parts, self.kind, self.heads = prefix, parts, kind, heads
+        from app.inference.quantization.ggml import MIXED_BLOCKS_FORMAT, WIDE_TYPES
+
         types = {p.type_name for p in parts}
-        # parts in different block types cannot share one format: widen them all to F32
-        self.type_name = types.pop() if len(types) == 1 else "F32"
-        self.format = _format_names()[self.type_name]
+        if len(types) == 1:
+            self.type_name = types.pop()
+            self.format = _format_names()[self.type_name]
+        elif types <= set(WIDE_TYPES):  # different block types: one int8 + scale/offset layout
+            self.type_name, self.format = "mixed", MIXED_BLOCKS_FORMAT
+        else:  # blocks mixed with F16/BF16/F32: exact fp32 values
+            self.type_name, self.format = "F32", "q0f32"
 
     def suffixes(self) -> dict[str, tuple[tuple[int, ...], str]]:
         if self.kind == "vector":
@@ -199,22 +205,27 @@ class _Group:
     def arrays(self) -> dict[str, np.ndarray]:
         import gguf
 
-        from app.inference.quantization.ggml import params_from_gguf
+        from app.inference.quantization.ggml import GGML_WIDE, params_from_gguf
 
         if self.kind == "vector":
             return {"": _as_f32(self.parts[0]).reshape(-1)}
         rows = []
         for part, n_head in zip(self.parts, self.heads, strict=True):
             data = np.asarray(part.data)
-            if part.type_name != self.type_name:  # mixed types: exact fp32 values
+            if self.type_name == "F32" and part.type_name != "F32":  # exact fp32 values
                 data = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[part.type_name])
             data = data.reshape(part.shape[0], -1)
             if n_head:
                 data = _unpermute_rows(data, n_head)
             rows.append(data)
-        raw = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
-        out_f, in_f = raw.shape[0], self.parts[0].shape[1]
-        params = params_from_gguf(self.type_name, raw, out_f, in_f)
+        in_f = self.parts[0].shape[1]
+        if self.type_name == "mixed":
+            params = GGML_WIDE.from_parts(
+                [(p.type_name, r, p.shape[0], in_f) for p, r in zip(self.parts, rows, strict=True)]
+            )
+        else:
+            raw = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+            params = params_from_gguf(self.type_name, raw, raw.shape[0], in_f)
         return {f".{k}": v for k, v in params.items()}
 
 

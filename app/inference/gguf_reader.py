@@ -16,7 +16,7 @@ import numpy as np
 from app.errors import LlmchatError
 
 #: GGUF tensor types imported losslessly (see app.inference.quantization.ggml)
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 #: general.architecture values whose tensors map onto the engine's Llama / Qwen2 models
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -119,7 +119,7 @@ def read_gguf(path: str | Path, vocab_only: bool = False) -> GGUFFile:
             raise LlmchatError(
                 f"{path}: tensor {t.name!r} has type {type_name}, which llmchat cannot import.",
                 f"use a GGUF whose tensors are {', '.join(SUPPORTED_TENSOR_TYPES)} "
-                "(e.g. a Q4_0, Q4_1, Q8_0 or F16 file rather than K-quants or I-quants)",
+                "(e.g. a Q4_K_M, Q4_0, Q8_0 or F16 file rather than Q2_K, Q3_K or I-quants)",
             )
         if int(t.data_offset) + int(t.n_bytes) > size:
             raise _not_gguf(

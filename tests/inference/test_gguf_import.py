@@ -17,7 +17,7 @@ from app.inference.gguf_import import default_name, import_gguf
 from app.inference.tokenizer import Tokenizer
 from app.inference.weights import load_numpy
 from tests.inference.reference import forward
-from tests.inference.tiny_gguf import reference_params, tiny_vocab, write_tiny_gguf
+from tests.inference.tiny_gguf import TINY_K, random_k_blocks, reference_params, tiny_vocab, write_tiny_gguf
 
 PROMPT_LEN = 20
 DECODE_STEPS = 16
@@ -34,6 +34,9 @@ CASES = {
     # the default model's mix: Q4_1 layers, a Q8_0 embedding tied to the output
     "Q4_1-tied-Q8_0-embd": {"tensor_type": "Q4_1", "tied": True, "types": {"token_embd.weight": "Q8_0"}},
     "qwen2-Q8_0": {"tensor_type": "Q8_0", "arch": "qwen2", "tied": True},
+    # a Q4_K_M-like file: Q4_K, a Q6_K output and attn_v (q, k, v fused as ggml_wide), a Q5_K ffn_down
+    "K-quants": {"tensor_type": "Q4_K", "dims": TINY_K, "types": {
+        "output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q5_K"}},
 }
 
 
@@ -95,8 +98,29 @@ def test_blocks_are_stored_without_requantizing(tmp_path):
     assert np.array_equal(back, np.asarray(raw))
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quants_are_exact_and_fuse_with_other_blocks(qtype):
+    """K-quant rows -> params that dequantize to exactly gguf's values; also inside ggml_wide."""
+    import gguf
+
+    from app.inference.quantization.ggml import FORMAT_OF_TYPE, GGML_WIDE
+
+    rng = np.random.default_rng(5)
+    raw = random_k_blocks(rng, qtype, 6, 512)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).astype(np.float64)
+    fmt = FORMAT_OF_TYPE[qtype]
+    # equal up to gguf's own float32 rounding (the stored integers and scales are exact)
+    ulp = 1e-6 * np.abs(expected).max()
+    assert np.abs(fmt.dequantize(fmt.from_gguf(raw, 6, 512)) - expected).max() <= ulp
+    q41 = gguf.GGMLQuantizationType.Q4_1
+    other = gguf.quants.quantize(rng.standard_normal((3, 512)).astype(np.float32), q41)
+    wide = GGML_WIDE.from_parts([(qtype, raw, 6, 512), ("Q4_1", other, 3, 512)])
+    both = np.concatenate([expected, gguf.quants.dequantize(other, q41)])
+    assert np.abs(GGML_WIDE.dequantize(wide) - both).max() <= ulp
+
+
 def test_mixed_qkv_types_are_fused_as_exact_fp32(tmp_path):
-    path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_0", types={"blk.0.attn_v.weight": "Q8_0"})
+    path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_0", types={"blk.0.attn_v.weight": "F16"})
     model_dir = import_gguf(path, name="mixed")
     config = json.loads((model_dir / "mlc-chat-config.json").read_text())
     params = load_numpy(model_dir)
@@ -157,9 +181,8 @@ def test_other_architecture_is_refused(tmp_path):
     _nothing_left("other")
 
 
-@pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "IQ4_XS", "Q5_0"])
 def test_unsupported_tensor_type_is_refused(tmp_path, qtype):
-    # K-quants need rows of 256: widen the FFN so one tensor can hold them
     import gguf
 
     path = tmp_path / "t.gguf"
@@ -168,8 +191,8 @@ def test_unsupported_tensor_type_is_refused(tmp_path, qtype):
     w.add_tensor("blk.0.ffn_down.weight", gguf.quants.quantize(np.ones((4, 256), np.float32),
                                                                 gguf.GGMLQuantizationType.Q8_0),
                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][1]
-    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, nbytes), np.uint8),
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, nbytes * 256 // block), np.uint8),
                  raw_dtype=gguf.GGMLQuantizationType[qtype])
     w.write_header_to_file()
     w.write_kv_data_to_file()

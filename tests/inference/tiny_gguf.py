@@ -23,6 +23,27 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w"), ("o", "r")]
 
 TINY = {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "layers": 2, "ctx": 128}
+#: K-quants need rows of whole super-blocks (256 values)
+TINY_K = {"hidden": 256, "ffn": 512, "heads": 4, "kv_heads": 2, "layers": 2, "ctx": 128}
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def random_k_blocks(rng: np.random.Generator, kind: str, rows: int, cols: int) -> np.ndarray:
+    """Random but well-formed K-quant rows (gguf cannot quantize to K-quants): sane fp16 scales."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
+
+    def f16(n: int) -> np.ndarray:
+        return rng.uniform(2e-4, 1e-3, (rows, cols // block, n)).astype(np.float16).view(np.uint8)
+
+    if kind == "Q6_K":
+        raw[..., 208:210] = f16(1)
+    else:  # d, dmin
+        raw[..., 0:4] = f16(2)
+    return raw.reshape(rows, -1)
 
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -50,6 +71,7 @@ def write_tiny_gguf(
     omit: tuple[str, ...] = (),
     spm_vocab: dict[str, Any] | None = None,
     rope_freqs: np.ndarray | None = None,
+    dims: dict[str, int] | None = None,
 ) -> Path:
     """A complete tiny GGUF model; ``types`` overrides the type of single tensors by GGUF name.
 
@@ -59,7 +81,7 @@ def write_tiny_gguf(
     import gguf
 
     rng = np.random.default_rng(seed)
-    c = TINY
+    c = dims or TINY
     d = c["hidden"] // c["heads"]
     tokens, token_types, merges = tiny_vocab()
     vocab = len(tokens)
@@ -101,7 +123,9 @@ def write_tiny_gguf(
             return
         kind = (types or {}).get(name, tensor_type if value.ndim == 2 else "F32")
         qtype = gguf.GGMLQuantizationType[kind]
-        if kind == "F32":
+        if kind in K_QUANTS:
+            w.add_tensor(name, random_k_blocks(rng, kind, *value.shape), raw_dtype=qtype)
+        elif kind == "F32":
             w.add_tensor(name, value.astype(np.float32))
         elif kind == "F16":
             w.add_tensor(name, value.astype(np.float16))
@@ -161,13 +185,15 @@ def reference_params(path: Path) -> dict[str, Any]:
     for tensor in reader.tensors:
         values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float64)
         t[tensor.name] = values.reshape([int(x) for x in reversed(tensor.shape.tolist())])
-    heads, kv_heads = TINY["heads"], TINY["kv_heads"]
+    heads = int(reader.fields[f"{arch}.attention.head_count"].contents())
+    kv_heads = int(reader.fields[f"{arch}.attention.head_count_kv"].contents())
+    layers = int(reader.fields[f"{arch}.block_count"].contents())
     qkv = "c_attn" if arch == "qwen2" else "qkv_proj"
     p: dict[str, Any] = {"model.embed_tokens.weight": t["token_embd.weight"],
                          "model.norm.weight": t["output_norm.weight"]}
     if "output.weight" in t:
         p["lm_head.weight"] = t["output.weight"]
-    for i in range(TINY["layers"]):
+    for i in range(layers):
         b, m = f"blk.{i}", f"model.layers.{i}"
         q, k = t[f"{b}.attn_q.weight"], t[f"{b}.attn_k.weight"]
         if arch == "llama":
