@@ -178,6 +178,9 @@ class TVMEngine:
                     tokenizer=self.tokenizer, stop_token_ids=self.stop_token_ids,
                     stop_strings=self.stop_strings, result=result,
                 )
+            except Exception:
+                self._clear_kv()  # the KV state may be partly written: rebuild it next time
+                raise
             finally:
                 # the turn joins the history even when the consumer stopped early or it was cancelled
                 self._history = [*history, Message("assistant", result.text)]
