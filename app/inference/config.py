@@ -171,8 +171,7 @@ class ModelConfig:
         """Weight format of the parameter(s) under ``param_prefix`` (e.g. "model.layers.0.mlp.down_proj")."""
         best, best_len = self.quantization, -1
         for prefix, fmt in self.tensor_formats.items():
-            if (param_prefix == prefix or param_prefix.startswith(prefix + ".") or
-                    param_prefix.startswith(prefix)) and len(prefix) > best_len:
+            if (param_prefix == prefix or param_prefix.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = fmt, len(prefix)
         return best
 

@@ -90,6 +90,10 @@ def test_tensor_formats_longest_prefix_wins():
     assert cfg.format_name_for("model.layers.0.mlp.down_proj") == "q0f16"
     assert cfg.format_name_for("model.layers.1.mlp.down_proj") == "q4f16_1"
     assert cfg.format_name_for("lm_head") == "q4f16_1"
+    one = ModelConfig.from_dict(
+        dict(LLAMA3_8B, quantization="q0f16", tensor_formats={"model.layers.1": "q4f16_1"}))
+    assert one.format_name_for("model.layers.1.mlp.down_proj") == "q4f16_1"
+    assert one.format_name_for("model.layers.10.mlp.down_proj") == "q0f16"  # whole name parts only
     with pytest.raises(LlmchatError, match=r"Unsupported quantization"):
         ModelConfig.from_dict(dict(LLAMA3_8B, tensor_formats={"lm_head": "nope"}))
 
