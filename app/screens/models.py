@@ -51,6 +51,7 @@ class ModelsScreen(Screen):
         self.downloading: str | None = None
         self.cancel_event: threading.Event | None = None
         self._remove_armed: str | None = None
+        self.last_result = ""  # the outcome of the last download or removal, kept above the hints
 
     @property
     def llm_app(self) -> LlmchatApp:
@@ -92,7 +93,7 @@ class ModelsScreen(Screen):
         note = f"{len(data.installed)} installed · Enter: chat with · d: download · x: remove"
         if data.probe_error is not None:
             note += f" · fit unknown: {data.probe_error}"
-        status.update(note)
+        status.update(f"{self.last_result}\n{note}" if self.last_result else note)
 
     # -- actions -------------------------------------------------------------------------------
     def _selected(self) -> str | None:
@@ -161,11 +162,12 @@ class ModelsScreen(Screen):
         self.query_one("#download-progress").display = False
         status = self.query_one("#models-status", Static)
         if message.error is not None:
-            status.update(error_markdown(message.error).replace("**", ""))
+            self.last_result = error_markdown(message.error).replace("**", "")
             self.llm_app.show_error(message.error)
         else:
-            status.update(f"{message.model_id} installed. Enter: chat with it")
+            self.last_result = f"{message.model_id} installed. Enter: chat with it"
             self.notify(f"{message.model_id} installed")
+        status.update(self.last_result)
         self._load()
 
     def action_cancel_download(self) -> None:
@@ -194,7 +196,8 @@ class ModelsScreen(Screen):
         except Exception as err:
             self.llm_app.show_error(err)
             return
-        self.notify(f"{model_id} removed")
+        self.last_result = f"{model_id} removed"
+        self.notify(self.last_result)
         self._load()
 
     @on(DataTable.RowHighlighted)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from textual.css.query import NoMatches
+
 from app.screens.chat import ChatScreen
 from app.widgets.chat_log import AssistantMessage, ChatLog, Notice, StatsLine, UserMessage
 from app.widgets.prompt_input import PromptInput
@@ -12,10 +14,17 @@ from app.widgets.prompt_input import PromptInput
 async def wait_until(pilot, predicate, timeout: float = 30.0) -> None:
     """Poll the app until ``predicate()`` is true (a single pause is flaky)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
+    while not _holds(predicate):
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for the app; on screen: {screen_text(pilot.app)}")
         await pilot.pause(0.02)
+
+
+def _holds(predicate) -> bool:
+    try:
+        return bool(predicate())
+    except NoMatches:  # the screen is not mounted yet
+        return False
 
 
 def screen_text(app) -> str:
@@ -29,6 +38,7 @@ def screen_text(app) -> str:
 
 async def open_chat(pilot) -> ChatScreen:
     await wait_until(pilot, lambda: isinstance(pilot.app.screen, ChatScreen))
+    await wait_until(pilot, lambda: pilot.app.screen.query_one(PromptInput).has_focus)
     return pilot.app.screen
 
 

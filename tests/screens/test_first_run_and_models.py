@@ -18,7 +18,7 @@ from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import AssistantMessage, ChatLog
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, use_hub
 from tests.screens.conftest import greedy, probe_fixture
-from tests.screens.test_chat import type_and_send, wait_until
+from tests.screens.test_chat import open_chat, type_and_send, wait_until
 
 SHARD = "params_shard_0.bin"
 
@@ -79,7 +79,7 @@ async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
         assert any(e.stage == "compile" for e in events), events
         assert "Compiling" in stages and "Loading" in stages
         assert installed_model_path(TINY_ID) is not None
-        chat = app.screen
+        chat = await open_chat(pilot)
         app.params = greedy(8)
         await type_and_send(pilot, "Hello")
         await wait_until(pilot, lambda: chat.engine.session_stats.replies == 1 and not chat.replying)
@@ -92,10 +92,10 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
     async with app.run_test(size=(110, 40)) as pilot:
         await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
         app.action_open_models()
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).row_count > 0)
         screen = app.screen
+        assert isinstance(screen, ModelsScreen)
         table = screen.query_one(CatalogTable)
-        await wait_until(pilot, lambda: table.row_count > 0)
         table.select(TINY_ID)
         await pilot.press("d")
         progress = screen.query_one("#download-progress")

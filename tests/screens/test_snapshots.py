@@ -8,6 +8,7 @@ Update after an intended change with ``pytest tests/screens/test_snapshots.py --
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from textual.css.query import NoMatches
 
@@ -64,7 +65,9 @@ def test_chat_screen(snap_compare, chat_engine):
         store.add_message(conversation, role, content)
     store.close()
     engine = SharedEngine(chat_engine, model_id="tiny-llama", model_path="/models/tiny-llama")
-    services = Services(load_engine=lambda model, device, progress: engine)
+    services = Services(
+        load_engine=lambda model, device, progress: engine, installed_model_path=lambda m: Path("/models")
+    )
     app = LlmchatApp(StartOptions(continue_last=True, device="cpu"), services)
 
     async def ready(pilot):
