@@ -75,7 +75,7 @@ def test_imported_logits_match_gguf_dequantized_reference(tmp_path, case):
 
 
 def test_blocks_are_stored_without_requantizing(tmp_path):
-    """Q4_1 stays 4-bit words + fp16 scale and minimum; Q8_0 stays int8 + fp16 scale."""
+    """Q4_1 stays 4-bit words + a scale and minimum per 32; Q8_0 stays int8 + a scale per 32."""
     import gguf
 
     path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_1", types={"token_embd.weight": "Q8_0"})
@@ -85,7 +85,8 @@ def test_blocks_are_stored_without_requantizing(tmp_path):
     down = "model.layers.0.mlp.down_proj"
     assert params[f"{down}.q_weight"].dtype == np.uint32
     assert params[f"{down}.q_weight"].shape == (64, 128 // 8)
-    assert params[f"{down}.q_scale"].dtype == np.float16 and params[f"{down}.q_min"].shape == (64, 4)
+    # GGUF's fp16 scales and minima, widened exactly to fp32
+    assert params[f"{down}.q_scale"].dtype == np.float32 and params[f"{down}.q_min"].shape == (64, 4)
     assert params["model.embed_tokens.q_weight"].dtype == np.int8
     assert config["tensor_formats"][down] == "ggml_q4_1"
     assert config["tensor_formats"]["model.embed_tokens"] == "ggml_q8_0"

@@ -13,7 +13,8 @@ GGUF stores a ``[out, in]`` matrix as rows of blocks of 32 values along ``in``:
 The import repacks the blocks without changing a bit of information into arrays TVM handles well:
 4-bit values in uint32 words in MLC's order (element ``8w + r`` in bits ``4r..4r+3`` of word ``w``,
 ``q_weight [out, in/8]``), int8 values as ``q_weight [out, in]``, and the block scales (and minima)
-as fp16 ``[out, in/32]``.  K-quants keep their integer values (4-bit words, or int8) and store the
+widened exactly from fp16 to fp32 ``[out, in/32]`` (fp16 scales cost a conversion per weight in the
+CPU kernels: ~30 % slower decode).  K-quants keep their integer values (4-bit words, or int8) and store the
 sub-block products ``d * sc`` / ``dmin * m`` as fp32 — exact, as fp16 times a 6/8-bit integer fits
 fp32's mantissa — so every weight dequantizes to the value llama.cpp computes.  A fused matrix
 (q, k, v or gate, up) whose parts differ in block type uses ``ggml_wide``: int8 values with an fp32
@@ -137,12 +138,12 @@ class GGMLFormat(WeightFormat):
 
 
 class Q4_0(GGMLFormat):
-    """``q_weight [out, in/8]`` uint32, ``q_scale [out, in/32]`` fp16; value = (q - 8) * d."""
+    """``q_weight [out, in/8]`` uint32, ``q_scale [out, in/32]`` fp32 (GGUF's fp16 d); value = (q - 8) * d."""
 
     def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
         return {
             "q_weight": ((out_features, in_features // PER_WORD), "uint32"),
-            "q_scale": ((out_features, in_features // BLOCK), "float16"),
+            "q_scale": ((out_features, in_features // BLOCK), "float32"),
         }
 
     def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
@@ -157,7 +158,8 @@ class Q4_0(GGMLFormat):
     def from_gguf(self, raw: np.ndarray, out_features: int, in_features: int) -> dict[str, np.ndarray]:
         self.check_shape(out_features, in_features)
         b = _blocks(raw, out_features, in_features, 18)
-        return {"q_weight": _pack_words(_unpack_nibbles(b[..., 2:])), "q_scale": _f16(b, 0).copy()}
+        q = _pack_words(_unpack_nibbles(b[..., 2:]))
+        return {"q_weight": q, "q_scale": _f16(b, 0).astype(np.float32)}
 
     def decompose(self, raw: np.ndarray, out_f: int, in_f: int):
         b = _blocks(raw, out_f, in_f, 18)
@@ -166,7 +168,7 @@ class Q4_0(GGMLFormat):
         return q, d, np.zeros_like(d)
 
     def to_gguf(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
-        d = np.ascontiguousarray(params["q_scale"], np.float16)[..., None].view(np.uint8)
+        d = np.ascontiguousarray(params["q_scale"]).astype(np.float16)[..., None].view(np.uint8)
         qs = _pack_nibble_blocks(_unpack_words(params["q_weight"]))
         return np.concatenate([d, qs], axis=-1).reshape(d.shape[0], -1)
 
@@ -176,13 +178,13 @@ class Q4_0(GGMLFormat):
 
 
 class Q4_1(GGMLFormat):
-    """Q4_0's layout plus ``q_min [out, in/32]`` fp16; value = q * d + m."""
+    """Q4_0's layout plus ``q_min [out, in/32]`` fp32 (GGUF's fp16 m); value = q * d + m."""
 
     def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
         return {
             "q_weight": ((out_features, in_features // PER_WORD), "uint32"),
-            "q_scale": ((out_features, in_features // BLOCK), "float16"),
-            "q_min": ((out_features, in_features // BLOCK), "float16"),
+            "q_scale": ((out_features, in_features // BLOCK), "float32"),
+            "q_min": ((out_features, in_features // BLOCK), "float32"),
         }
 
     def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
@@ -200,8 +202,8 @@ class Q4_1(GGMLFormat):
         b = _blocks(raw, out_features, in_features, 20)
         return {
             "q_weight": _pack_words(_unpack_nibbles(b[..., 4:])),
-            "q_scale": _f16(b, 0).copy(),
-            "q_min": _f16(b, 2).copy(),
+            "q_scale": _f16(b, 0).astype(np.float32),
+            "q_min": _f16(b, 2).astype(np.float32),
         }
 
     def decompose(self, raw: np.ndarray, out_f: int, in_f: int):
@@ -210,8 +212,8 @@ class Q4_1(GGMLFormat):
             _f16(b, 2).astype(np.float32)
 
     def to_gguf(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
-        d = np.ascontiguousarray(params["q_scale"], np.float16)[..., None].view(np.uint8)
-        m = np.ascontiguousarray(params["q_min"], np.float16)[..., None].view(np.uint8)
+        d = np.ascontiguousarray(params["q_scale"]).astype(np.float16)[..., None].view(np.uint8)
+        m = np.ascontiguousarray(params["q_min"]).astype(np.float16)[..., None].view(np.uint8)
         qs = _pack_nibble_blocks(_unpack_words(params["q_weight"]))
         return np.concatenate([d, m, qs], axis=-1).reshape(d.shape[0], -1)
 
@@ -223,12 +225,12 @@ class Q4_1(GGMLFormat):
 
 
 class Q8_0(GGMLFormat):
-    """``q_weight [out, in]`` int8, ``q_scale [out, in/32]`` fp16; value = q * d."""
+    """``q_weight [out, in]`` int8, ``q_scale [out, in/32]`` fp32 (GGUF's fp16 d); value = q * d."""
 
     def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
         return {
             "q_weight": ((out_features, in_features), "int8"),
-            "q_scale": ((out_features, in_features // BLOCK), "float16"),
+            "q_scale": ((out_features, in_features // BLOCK), "float32"),
         }
 
     def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
@@ -239,7 +241,7 @@ class Q8_0(GGMLFormat):
         self.check_shape(out_features, in_features)
         b = _blocks(raw, out_features, in_features, 34)
         q = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(out_features, in_features)
-        return {"q_weight": q, "q_scale": _f16(b, 0).copy()}
+        return {"q_weight": q, "q_scale": _f16(b, 0).astype(np.float32)}
 
     def decompose(self, raw: np.ndarray, out_f: int, in_f: int):
         p = self.from_gguf(raw, out_f, in_f)
@@ -247,7 +249,7 @@ class Q8_0(GGMLFormat):
         return p["q_weight"], d, np.zeros_like(d)
 
     def to_gguf(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
-        d = np.ascontiguousarray(params["q_scale"], np.float16)[..., None].view(np.uint8)
+        d = np.ascontiguousarray(params["q_scale"]).astype(np.float16)[..., None].view(np.uint8)
         q = np.ascontiguousarray(params["q_weight"], np.int8).reshape(d.shape[0], d.shape[1], BLOCK)
         return np.concatenate([d, q.view(np.uint8)], axis=-1).reshape(d.shape[0], -1)
 
@@ -364,19 +366,16 @@ class Q5_K(_KQuant):
 
 
 class Q6_K(_KQuant):
-    """``q_weight [out, in]`` int8 (q - 32), ``q_scale [out, in/256]`` fp16 d, ``q_sub [out, in/16]`` int8."""
+    """``q_weight [out, in]`` int8 (q - 32), ``q_scale [out, in/16]`` fp32 (= d * sc, exact)."""
 
     def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
         return {
             "q_weight": ((out_features, in_features), "int8"),
-            "q_scale": ((out_features, in_features // QK_K), "float16"),
-            "q_sub": ((out_features, in_features // 16), "int8"),
+            "q_scale": ((out_features, in_features // 16), "float32"),
         }
 
     def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
-        d = params["q_scale"][row, col // QK_K].astype("float32")
-        sc = params["q_sub"][row, col // 16].astype("float32")
-        return (d * sc) * params["q_weight"][row, col].astype("float32")
+        return params["q_scale"][row, col // 16] * params["q_weight"][row, col].astype("float32")
 
     def _parts(self, raw: np.ndarray, out_f: int, in_f: int):
         b = _blocks(raw, out_f, in_f, 210, QK_K).reshape(-1, 210)
@@ -396,13 +395,12 @@ class Q6_K(_KQuant):
 
     def from_gguf(self, raw: np.ndarray, out_features: int, in_features: int) -> dict[str, np.ndarray]:
         self.check_shape(out_features, in_features)
-        q, sc, d = self._parts(raw, out_features, in_features)
-        return {"q_weight": q, "q_scale": d.copy(), "q_sub": sc.copy()}
+        q, scale, _ = self.decompose(raw, out_features, in_features)
+        return {"q_weight": q, "q_scale": scale}
 
     def dequantize(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
-        d = np.repeat(params["q_scale"].astype(np.float64), QK_K, axis=1)
-        sc = np.repeat(params["q_sub"].astype(np.float64), 16, axis=1)
-        return d * sc * params["q_weight"].astype(np.float64)
+        scale = np.repeat(params["q_scale"].astype(np.float64), 16, axis=1)
+        return scale * params["q_weight"].astype(np.float64)
 
 
 class WideBlocks(GGMLFormat):
