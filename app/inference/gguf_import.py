@@ -393,10 +393,21 @@ def import_gguf(
         _write_json(staging / "generation_config.json",
                     {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_ids})
         _write_json(staging / "mlc-chat-config.json", config)
-        if target.exists():
-            raise LlmchatError(f"A model named {name!r} appeared while importing ({target}).",
-                               f"choose another name with --name, or remove it: llmchat remove {name}")
-        os.replace(staging, target)
+        try:
+            if target.exists():
+                raise FileExistsError(target)
+            os.replace(staging, target)
+        except OSError as err:
+            if target.exists():
+                raise LlmchatError(
+                    f"A model named {name!r} appeared while importing ({target}).",
+                    f"choose another name with --name, or remove it: llmchat remove {name}",
+                ) from err
+            raise
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise LlmchatError(f"Writing the model to {target.parent} failed: {err}",
+                           "free some disk space or check the permissions of the data directory") from err
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -228,6 +228,23 @@ def test_interrupted_import_leaves_nothing(tmp_path, monkeypatch):
     _nothing_left("interrupted")
 
 
+def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
+    import errno
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_0")
+    from app.inference import weights
+
+    def full(params, out_dir, **kw):
+        (out_dir / "params_shard_0.bin").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(weights, "write_tensor_cache", full)
+    with pytest.raises(LlmchatError, match="No space left on device") as err:
+        import_gguf(path, name="full")
+    assert "disk space" in err.value.fix
+    _nothing_left("full")
+
+
 def test_not_a_gguf_is_refused(tmp_path):
     path = tmp_path / "x.gguf"
     path.write_bytes(b"PK\x03\x04 not a gguf at all")
