@@ -37,6 +37,7 @@ class CPUScheduleConfig:
 
     lanes: int = 8  # fp32 lanes of the GEMV accumulator (the words of 8 nibbles decode to 8 lanes)
     rows_per_step: int = 4  # output rows computed together in the GEMV inner loop
+    k_unroll: int = 4  # reduction steps unrolled together (4 x 8 lanes = one q4 group of 32)
     row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
     min_parallel_work: int = 16384  # elements below which an elementwise kernel stays serial
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
@@ -290,6 +291,13 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
     if epilogue is not None:
         sch.reverse_compute_at(epilogue.block_rv, after, preserve_unit_loops=True)
     sch.unroll(n_i)
+    words = k_extent // lanes
+    if cfg.k_unroll > 1 and words % cfg.k_unroll == 0 and words > cfg.k_unroll:
+        # a few reduction steps unrolled: per-group values (the scale, its conversion) are
+        # loaded once for all of them
+        ko_l, ko_i = sch.split(ko_l, factors=[None, cfg.k_unroll])
+        sch.reorder(ko_i, n_i)
+        sch.unroll(ko_i)
     sch.vectorize(ki_l)
     init = sch.decompose_reduction(rf, ko_l)
     sch.vectorize(sch.get_loops(init)[-1])
