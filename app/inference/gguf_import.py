@@ -158,7 +158,7 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
         "eos_token_id": tok.eos_token_ids,
         "pad_token_id": g.get("tokenizer.ggml.padding_token_id"),
         "tokenizer_files": ["tokenizer.json", "tokenizer_config.json", "generation_config.json"],
-        "conv_template": None,
+        "conv_template": None if tok.chat_template else fallback_conv_template(g, tok),
         "llmchat_source": {
             "gguf": g.path.name,
             "bytes": g.path.stat().st_size,
@@ -166,6 +166,30 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
             "tensor_types": g.tensor_types(),
         },
     }
+
+
+def fallback_conv_template(g: GGUFFile, tok: Any) -> dict[str, Any] | None:
+    """MLC's conversation template for a GGUF without ``tokenizer.chat_template`` (older conversions),
+    chosen by the vocabulary's markers, with the stop and prefix token ids of this vocabulary."""
+    from app.inference.chat_template import BUILTIN_CONV_TEMPLATES
+
+    index = {t: i for i, t in enumerate(tok.tokens)}
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    if "<|im_start|>" in index and "<|im_end|>" in index:
+        conv = dict(BUILTIN_CONV_TEMPLATES["chatml"])
+        conv["stop_token_ids"] = sorted({index["<|im_end|>"], *tok.eos_token_ids})
+    elif "<|start_header_id|>" in index and "<|eot_id|>" in index:
+        conv = dict(BUILTIN_CONV_TEMPLATES["llama-3_1"])
+        conv["stop_token_ids"] = sorted({index["<|eot_id|>"], *tok.eos_token_ids})
+        conv["system_prefix_token_ids"] = bos
+    elif str(g.get("tokenizer.ggml.model")) == "llama":
+        name = "mistral_default" if "mistral" in str(g.get("general.name", "")).lower() else "llama-2"
+        conv = dict(BUILTIN_CONV_TEMPLATES[name])
+        conv["stop_token_ids"] = list(tok.eos_token_ids)
+        conv["system_prefix_token_ids"] = bos
+    else:
+        return None  # a base model: completion only
+    return conv
 
 
 # ------------------------------------------------------------------------------------------

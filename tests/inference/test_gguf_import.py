@@ -150,6 +150,20 @@ def test_model_dir_has_tokenizer_and_template(tmp_path):
     assert not list(paths.models_dir().glob(".*"))  # no staging directory left
 
 
+def test_gguf_without_chat_template_gets_a_conv_template(tmp_path):
+    from app.inference.api import Message
+    from app.inference.chat_template import ChatFormatter
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", "Q8_0", chat_template=None)
+    model_dir = import_gguf(path, name="notemplate")
+    config = json.loads((model_dir / "mlc-chat-config.json").read_text())
+    assert config["conv_template"]["name"] == "chatml" and config["conv_template"]["stop_token_ids"] == [2]
+    assert "chat_template" not in json.loads((model_dir / "tokenizer_config.json").read_text())
+    formatter = ChatFormatter.from_model_dir(model_dir, config)
+    text = formatter.render([Message("user", "hi")], add_generation_prompt=True)
+    assert "<|im_start|>user\nhi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
 def test_importing_twice_under_one_name_is_refused(tmp_path):
     path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_0")
     import_gguf(path, name="dup")

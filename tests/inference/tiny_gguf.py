@@ -72,6 +72,7 @@ def write_tiny_gguf(
     spm_vocab: dict[str, Any] | None = None,
     rope_freqs: np.ndarray | None = None,
     dims: dict[str, int] | None = None,
+    chat_template: str | None = CHATML,
 ) -> Path:
     """A complete tiny GGUF model; ``types`` overrides the type of single tensors by GGUF name.
 
@@ -113,7 +114,8 @@ def write_tiny_gguf(
         w.add_add_bos_token(False)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template(CHATML)
+    if chat_template:
+        w.add_chat_template(chat_template)
 
     def mat(rows: int, cols: int, scale: float = 0.3) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
