@@ -33,7 +33,7 @@ def _kind(func) -> str | None:
 # ------------------------------------------------------------------------------------------
 # Linear layers (dequantize-in-reduction GEMV and plain matmul) through the whole pipeline
 # ------------------------------------------------------------------------------------------
-IN_F, OUT_F = 96, 40  # 40 rows: not a multiple of the 4-row step's square, 96 = 3 words of 32
+IN_F, OUT_F = 256, 40  # 40 rows: not a multiple of 32; 256 = one k-quant super-block
 
 
 def _linear_module(fmt_name: str):
@@ -57,7 +57,12 @@ def _linear_module(fmt_name: str):
     return fmt, dtype, mod, named
 
 
-@pytest.fixture(scope="module", params=["q4f32_1", "q4f16_1", "q0f32", "q0f16"])
+#: formats with a numpy encoder (k-quants come only from GGUF files: their schedule is still checked)
+ENCODABLE = ["q4f32_1", "q4f16_1", "q0f32", "q0f16", "ggml_q4_0", "ggml_q4_1", "ggml_q8_0", "ggml_f16"]
+FORMATS = [*ENCODABLE, "ggml_q4_k", "ggml_q6_k"]
+
+
+@pytest.fixture(scope="module", params=ENCODABLE)
 def compiled_linear(request, target):
     fmt, dtype, mod, named = _linear_module(request.param)
     ex = tvm.compile(mod, target, relax_pipeline=cpu_pipeline(target))
@@ -86,7 +91,7 @@ def test_linear_matches_numpy(compiled_linear, rows):
     assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), name
 
 
-@pytest.mark.parametrize("fmt_name", ["q4f16_1", "q0f32"])
+@pytest.mark.parametrize("fmt_name", FORMATS)
 def test_gemv_schedule_is_parallel_and_vectorized(target, fmt_name):
     mod = scheduled_module(_linear_module(fmt_name)[2], target)
     gemvs = [f for _gv, f in mod.functions_items()
