@@ -92,8 +92,9 @@ class TVMEngine:
         return self._system
 
     def set_system_prompt(self, text: str | None) -> None:
+        """Set or clear the system prompt; the conversation stays, its KV state is rebuilt."""
         self._system = text or None
-        self.reset()
+        self._clear_kv()
 
     def load_history(self, messages: list[Message]) -> None:
         msgs = list(messages)

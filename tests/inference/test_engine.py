@@ -74,13 +74,18 @@ def test_reset_empties_the_kv_cache(engine):
     assert engine.kv_sequence_length == 0 and engine.history == []
 
 
-def test_system_prompt_is_rendered_and_resets(engine):
+def test_system_prompt_is_rendered_and_resets_the_kv_state(engine):
     _run(engine.chat("Hello!", GREEDY))
+    history = engine.history
     engine.set_system_prompt("You are terse.")
-    assert engine.history == [] and engine.runtime.kv_sequence_length() == 0
+    assert engine.history == history and engine.runtime.kv_sequence_length() == 0
     _run(engine.chat("Hi", GREEDY))
     text = engine.tokenizer.decode(engine._kv_ids, skip_special_tokens=False)
-    assert text.startswith("<|im_start|>system\nYou are terse.<|im_end|>")
+    assert text.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello!")
+    engine.set_system_prompt(None)
+    _run(engine.chat("Bye", GREEDY))
+    text = engine.tokenizer.decode(engine._kv_ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>user\nHello!")
 
 
 def test_cancel_from_another_thread_stops_within_one_step(engine):
