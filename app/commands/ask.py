@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from app.errors import LlmchatError
 from app.inference.api import ProgressEvent, ReplyStats, SamplingParams, TextDelta
@@ -26,8 +27,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
     parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
+    add_engine_argument(parser)
     parser.add_argument("--stats", action="store_true", help="print MLC-style speed stats to stderr")
     parser.add_argument("prompt", nargs="*", help="the prompt (read from stdin when omitted or '-')")
+
+
+def add_engine_argument(parser: argparse.ArgumentParser) -> None:
+    """``--engine tvm|mlc``."""
+    parser.add_argument("--engine", choices=("tvm", "mlc"), default="tvm",
+                        help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, when the "
+                        "mlc_llm package (MLC's wheels) is installed")
+
+
+def open_engine(args: argparse.Namespace, model: str | Path, progress: StderrProgress,
+                context_window: int | None) -> Any:
+    """The engine ``--engine`` names, loaded on ``--device``."""
+    device = getattr(args, "device", None) or "auto"
+    if getattr(args, "engine", "tvm") == "mlc":
+        from app.inference.engine import resolve_model_dir
+        from app.inference.mlc_engine import MLCLLMEngine
+
+        model_id, model_dir = resolve_model_dir(model)
+        return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
+    from app.inference.engine import load_engine
+
+    return load_engine(model, device=device, progress=progress, context_window=context_window,
+                       arch=getattr(args, "arch", None))
 
 
 class StderrProgress:
@@ -86,14 +111,11 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.engine import load_engine
-
     prompt = read_prompt(args.prompt)
     params = sampling_from_args(args)
     progress = StderrProgress()
     model = resolve_model(getattr(args, "model", None), progress)
-    engine = load_engine(model, device=getattr(args, "device", None) or "auto", progress=progress,
-                         context_window=args.context_window)
+    engine = open_engine(args, model, progress, args.context_window)
     try:
         if args.system:
             engine.set_system_prompt(args.system)

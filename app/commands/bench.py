@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from app.commands.ask import StderrProgress, resolve_model
+from app.commands.ask import StderrProgress, add_engine_argument, open_engine, resolve_model
 from app.errors import LlmchatError
 from app.inference.api import ReplyStats, SamplingParams
 
@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default=None, help="GPU architecture to compile for (e.g. sm_90, gfx1100)")
     parser.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
                         help="memory bandwidth for the roofline (default: from the hardware probe)")
+    add_engine_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
 
@@ -75,14 +76,14 @@ def _load(args: argparse.Namespace, progress: StderrProgress, ctx: int) -> Any:
     if args.random_weights:
         if getattr(args, "model", None):
             raise LlmchatError("--model and --random-weights exclude each other.", "pass one of them")
+        if args.engine != "tvm":
+            raise LlmchatError("--random-weights works with llmchat's own engine only.", "drop --engine")
         from app.inference.random_model import load_random_engine
 
         return load_random_engine(args.random_weights, args.quantization, device=device, context_window=ctx,
                                   progress=progress, arch=args.arch)
-    from app.inference.engine import load_engine
-
     model = resolve_model(getattr(args, "model", None), progress)
-    return load_engine(model, device=device, progress=progress, context_window=ctx, arch=args.arch)
+    return open_engine(args, model, progress, ctx)
 
 
 def _run_once(engine: Any, prompt: list[int], gen: int) -> ReplyStats:
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     engine = _load(args, progress, ctx)
     try:
         mem_before = _device_memory_used(engine)
-        vocab = engine.config.vocab_size
+        config = getattr(engine, "config", None)
+        vocab = config.vocab_size if config is not None else 1000
         prompt = np.random.default_rng(0).integers(0, vocab, size=args.prompt_tokens).tolist()
         print(f"[bench] warm-up ({args.warmup} tokens) on {engine.info.device}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
