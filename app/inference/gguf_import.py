@@ -63,13 +63,18 @@ def default_name(path: str | Path) -> str:
     stem = Path(path).name
     if stem.lower().endswith(".gguf"):
         stem = stem[:-5]
-    name = re.sub(r"[^a-z0-9_.-]+", "-", stem.lower()).replace(".", "-").strip("-.")
+    name = re.sub(r"[^a-z0-9_.-]+", "-", stem.lower()).replace(".", "-").strip("-._")[:128]
     return name or "imported-model"
 
 
+#: model ids as the catalog accepts them (app.inference.catalog)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
 def _check_name(name: str) -> str:
-    if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
-        raise LlmchatError(f"{name!r} cannot be a model name.", "use letters, digits, '-', '_' and '.'")
+    if not _NAME_RE.match(name):
+        raise LlmchatError(f"{name!r} cannot be a model name.",
+                           "use up to 128 letters, digits, '-', '_' and '.', starting with a letter or digit")
     return name
 
 

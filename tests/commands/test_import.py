@@ -40,3 +40,10 @@ def test_import_of_a_broken_file_is_a_clear_error(tmp_path, capsys):
     assert not (paths.models_dir() / "broken").exists()
     assert main(["import", str(tmp_path / "missing.gguf")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_import_refuses_a_bad_name(tmp_path, capsys):
+    path = write_tiny_gguf(tmp_path / "t.gguf", "Q8_0")
+    assert main(["import", str(path), "--name", "../escape"]) == 1
+    assert "cannot be a model name" in capsys.readouterr().err
+    assert not (paths.models_dir().parent / "escape").exists()
