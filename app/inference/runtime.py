@@ -19,6 +19,18 @@ PAGE_SIZE = 16
 SEQ_ID = 0
 
 
+def _configure_cpu_threads(device: Any) -> None:
+    """Size TVM's CPU thread pool to the physical cores before the first kernel runs
+    (app.inference.pipelines.cpu owns the policy; TVM's default uses half the logical CPUs)."""
+    if int(device.dlpack_device_type()) != 1:  # kDLCPU
+        return
+    try:
+        from app.inference.pipelines.cpu import configure_cpu_threads
+    except ImportError:
+        return
+    configure_cpu_threads()
+
+
 def _load_module(lib_path: str, device: Any) -> Any:
     """Load a model library; CUDA libraries through app.inference.cuda_support when present."""
     import tvm
@@ -63,6 +75,7 @@ class ModelRuntime:
         pages = math.ceil(self.context_window / PAGE_SIZE) + 1
         self.kv_bytes = pages * PAGE_SIZE * kv_bytes_per_token
         self._ShapeTuple = ShapeTuple
+        _configure_cpu_threads(device)
         try:
             self.vm = VirtualMachine(_load_module(lib_path, device), device)
             self._f_embed = self.vm["embed"]
