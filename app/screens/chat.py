@@ -27,8 +27,12 @@ if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
     from app.inference.api import Engine
 
-#: how often the UI pulls streamed text from the worker (seconds): at most 20 UI updates per second
+#: the UI pulls streamed text from the worker at most every UI_REFRESH_S seconds (20 updates/s) ...
 UI_REFRESH_S = 0.05
+#: ... and at most every UI_REFRESH_MAX_S seconds, backing off so that drawing the stream uses at most
+#: UI_CPU_SHARE of one core: on a CPU backend every cycle the UI takes is a cycle the decoder loses
+UI_REFRESH_MAX_S = 0.5
+UI_CPU_SHARE = 0.04
 
 KEYS_HELP: list[tuple[str, str]] = [
     ("enter", "send"),
@@ -205,7 +209,8 @@ class ChatScreen(Screen):
         self._buffer = buffer
         self._reply = (reply, stats)
         stats.update(buffer.live_line())
-        self._timer = self.set_interval(UI_REFRESH_S, self._pull_stream)
+        self._ui_cpu_mark = time.thread_time()
+        self._timer = self.set_timer(UI_REFRESH_S, self._pull_stream)
         self._stream_reply(text, self.llm_app.params, buffer)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
@@ -225,14 +230,24 @@ class ChatScreen(Screen):
             self.post_message(self.ReplyDone(buffer))
 
     async def _pull_stream(self) -> None:
-        """Timer: move streamed text into the Markdown widget and refresh the live stats line."""
+        """Timer: move streamed text into the Markdown widget and refresh the live stats line.
+
+        The next pull comes after the UI thread's CPU time since the last one (this pull and the
+        drawing it caused) divided by UI_CPU_SHARE, within [UI_REFRESH_S, UI_REFRESH_MAX_S].
+        """
         buffer, reply = self._buffer, self._reply
         if buffer is None or reply is None:
             return
         text = buffer.take()
         if text:
             await reply[0].append(text)
+        if self._buffer is not buffer:  # the reply finished meanwhile
+            return
         reply[1].update(buffer.live_line())
+        now = time.thread_time()
+        spent, self._ui_cpu_mark = now - self._ui_cpu_mark, now
+        delay = min(max(spent / UI_CPU_SHARE, UI_REFRESH_S), UI_REFRESH_MAX_S)
+        self._timer = self.set_timer(delay, self._pull_stream)
 
     @on(ReplyDone)
     async def on_reply_done(self, event: ReplyDone) -> None:
