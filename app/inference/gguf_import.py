@@ -207,14 +207,17 @@ def _unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 
 class _Group:
-    """One MLC parameter group (a matrix, maybe fused from several GGUF tensors, or a norm)."""
+    """One MLC parameter group: a matrix (maybe fused from several GGUF tensors), a norm's weight
+    (``kind="vector"``) or a fused bias (``kind="bias"``); vectors are stored as float32."""
 
     def __init__(self, prefix: str, parts: list[GGUFTensor], kind: str, heads: list[int | None]) -> None:
         self.prefix, self.parts, self.kind, self.heads = prefix, parts, kind, heads
         from app.inference.quantization.ggml import MIXED_BLOCKS_FORMAT, WIDE_TYPES
 
         types = {p.type_name for p in parts}
-        if len(types) == 1:
+        if kind != "matrix":
+            self.type_name, self.format = "F32", "q0f32"
+        elif len(types) == 1:
             self.type_name = types.pop()
             self.format = _format_names()[self.type_name]
         elif types <= set(WIDE_TYPES):  # different block types: one int8 + scale/offset layout
@@ -223,8 +226,9 @@ class _Group:
             self.type_name, self.format = "F32", "q0f32"
 
     def suffixes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        if self.kind == "vector":
-            return {"": ((self.parts[0].shape[0],), "float32")}
+        """Parameter name suffix -> (shape, dtype) of what this group writes."""
+        if self.kind != "matrix":
+            return {"": ((sum(p.shape[0] for p in self.parts),), "float32")}
         from app.inference.quantization import get_format
 
         fmt = get_format(self.format)
@@ -232,12 +236,13 @@ class _Group:
         return {f".{k}": v for k, v in fmt.param_specs(out_f, self.parts[0].shape[1]).items()}
 
     def arrays(self) -> dict[str, np.ndarray]:
+        """Parameter name suffix -> array, converted from the GGUF's tensors."""
         import gguf
 
         from app.inference.quantization.ggml import GGML_WIDE, params_from_gguf
 
-        if self.kind == "vector":
-            return {"": _as_f32(self.parts[0]).reshape(-1)}
+        if self.kind != "matrix":
+            return {"": np.concatenate([_as_f32(p).reshape(-1) for p in self.parts])}
         rows = []
         for part, n_head in zip(self.parts, self.heads, strict=True):
             data = np.asarray(part.data)
@@ -273,16 +278,6 @@ def _as_f32(t: GGUFTensor) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def _bias_group(prefix: str, parts: list[GGUFTensor]) -> _Group:
-    g = _Group.__new__(_Group)
-    g.prefix, g.parts, g.kind, g.heads, g.type_name, g.format = prefix, parts, "bias", [], "F32", "q0f32"
-    return g
-
-
-def _bias_arrays(group: _Group) -> dict[str, np.ndarray]:
-    return {"": np.concatenate([_as_f32(p).reshape(-1) for p in group.parts])}
-
-
 def plan_groups(g: GGUFFile) -> list[_Group]:
     """Every MLC parameter group of the model, in MLC's order; LlmchatError for a missing tensor."""
     t = g.tensors
@@ -309,7 +304,7 @@ def plan_groups(g: GGUFFile) -> list[_Group]:
             groups.append(_Group(f"model.layers.{i}.{name}", tensors, "matrix", perm))
             if key == "qkv" and f"{b}.attn_q.bias" in t:
                 biases = [need(f"{b}.{p}.bias") for p in parts]
-                groups.append(_bias_group(f"model.layers.{i}.{name}.bias", biases))
+                groups.append(_Group(f"model.layers.{i}.{name}.bias", biases, "bias", [None] * 3))
         for gg, mlc in _LAYER_NORMS.items():
             norm = need(f"{b}.{gg}.weight")
             groups.append(_Group(f"model.layers.{i}.{mlc}.weight", [norm], "vector", [None]))
@@ -328,8 +323,7 @@ class _LazyParams(Mapping[str, np.ndarray]):
         self.index: dict[str, int] = {}
         self.names: list[str] = []
         for gi, grp in enumerate(groups):
-            keys = ("",) if grp.kind == "bias" else tuple(grp.suffixes())
-            for suffix in keys:
+            for suffix in grp.suffixes():
                 self.index[grp.prefix + suffix] = gi
                 self.names.append(grp.prefix + suffix)
         self._cached: tuple[int, dict[str, np.ndarray]] | None = None
@@ -344,8 +338,7 @@ class _LazyParams(Mapping[str, np.ndarray]):
         gi = self.index[name]
         if self._cached is None or self._cached[0] != gi:
             grp = self.groups[gi]
-            arrays = _bias_arrays(grp) if grp.kind == "bias" else grp.arrays()
-            self._cached = (gi, {grp.prefix + s: a for s, a in arrays.items()})
+            self._cached = (gi, {grp.prefix + s: a for s, a in grp.arrays().items()})
             if self.on_group:
                 self.on_group(gi)
         return self._cached[1][name]
@@ -360,11 +353,8 @@ def _check_against_engine(config: dict[str, Any], params: _LazyParams) -> None:
     expected = {p["name"]: (tuple(p["shape"]), str(p["dtype"])) for p in parameter_specs(cfg)}
     written: dict[str, tuple[tuple[int, ...], str]] = {}
     for grp in params.groups:
-        if grp.kind == "bias":
-            written[grp.prefix] = ((sum(p.shape[0] for p in grp.parts),), "float32")
-        else:
-            for suffix, (shape, dtype) in grp.suffixes().items():
-                written[grp.prefix + suffix] = (tuple(shape), dtype)
+        for suffix, (shape, dtype) in grp.suffixes().items():
+            written[grp.prefix + suffix] = (tuple(shape), dtype)
     if written != expected:
         missing = sorted(set(expected) - set(written))[:3]
         extra = sorted(set(written) - set(expected))[:3]
