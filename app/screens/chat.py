@@ -295,6 +295,10 @@ class ChatScreen(Screen):
         await self.run_command(chat_commands.Command("reset"))
 
     # -- commands ------------------------------------------------------------------------------
+    async def run_command_text(self, text: str) -> None:
+        """Run a typed line (e.g. "/stats") as if it was entered in the prompt."""
+        await self.handle_input(text)
+
     async def run_command(self, command: chat_commands.Command) -> None:
         """Run a slash command; errors are shown in the chat with their fix."""
         log = self.query_one(ChatLog)
