@@ -136,3 +136,19 @@ async def test_load_errors_are_messages_with_the_fix(error, expected):
         assert expected in panel
         assert "Traceback" not in panel
         assert "retry" in panel
+
+
+async def test_quit_mid_download_cancels_it(hub):
+    hub.faults.stall_after[SHARD] = 50_000
+    app = LlmchatApp(StartOptions(device="cpu"), real_services())
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).selected_id == TINY_ID)
+        await pilot.press("enter")  # download the default model
+        await wait_until(pilot, lambda: hub.counters.bytes_sent.get(SHARD, 0) >= 50_000)
+        events = set(app.cancel_events)
+        assert events
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: not app.is_running, timeout=15)
+    assert all(event.is_set() for event in events)
+    assert list_installed() == []
