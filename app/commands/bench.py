@@ -8,8 +8,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 from app.commands.ask import StderrProgress, add_engine_argument, open_engine, resolve_model
 from app.errors import LlmchatError
 from app.inference.api import ReplyStats, SamplingParams
@@ -107,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         mem_before = _device_memory_used(engine)
         config = getattr(engine, "config", None)
         vocab = config.vocab_size if config is not None else 1000
+        import numpy as np
+
         prompt = np.random.default_rng(0).integers(0, vocab, size=args.prompt_tokens).tolist()
         print(f"[bench] warm-up ({args.warmup} tokens) on {engine.info.device}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
