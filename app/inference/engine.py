@@ -10,7 +10,7 @@ the context window the oldest turns are dropped (the system prompt stays) and th
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +229,24 @@ class TVMEngine:
             self.runtime = None
 
 
+def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per_token: int) -> int:
+    """Shrink a default context window so that weights + KV cache fit the GPU's memory.
+
+    Uses 85 % of the device's memory (MLC's gpu_memory_utilization) less a 512 MiB workspace;
+    CPUs are left alone.  Never below 512 tokens (a load that cannot fit then fails loudly)."""
+    try:
+        if int(device.dlpack_device_type()) == 1:
+            return ctx
+        total = int(device.total_global_memory)
+    except Exception:
+        return ctx
+    if total <= 0:
+        return ctx
+    budget = int(total * 0.85) - weight_bytes - (512 << 20)
+    fits = budget // max(1, kv_bytes_per_token)
+    return max(min(ctx, 512), min(ctx, int(fits) // 16 * 16))
+
+
 def load_engine(
     model: str | Path,
     device: str = "auto",
@@ -264,6 +282,8 @@ def load_engine(
     params, weight_bytes = load_weights(model_dir, compiled.params, dev,
                                         progress=on_load if progress else None)
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * compiled.kv_itemsize
+    if not context_window:
+        ctx = fit_context_window(ctx, dev, weight_bytes, kv_per_token)
     runtime = ModelRuntime(
         str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=compiled.compute_dtype,
         context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
@@ -277,4 +297,3 @@ def load_engine(
 
 
 Engine = TVMEngine
-ProgressFn = Callable[[ProgressEvent], None]

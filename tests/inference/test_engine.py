@@ -209,3 +209,20 @@ def test_installed_model_id_resolves(tiny_model_dir, tmp_path, monkeypatch):
         assert np.isfinite(engine.runtime.prefill([1, 2, 3])).all()
     finally:
         engine.close()
+
+
+def test_default_context_window_fits_gpu_memory():
+    """Weights + KV cache of the default window stay within 85 % of a (stand-in) GPU's memory."""
+    import types
+
+    from app.inference.engine import fit_context_window
+
+    gpu = types.SimpleNamespace(dlpack_device_type=lambda: 2, total_global_memory=8 << 30)
+    kv = 2 * 32 * 32 * 128 * 2  # Llama-2-7B, fp16: 512 KiB per token
+    ctx = fit_context_window(8192, gpu, weight_bytes=3_800_000_000, kv_bytes_per_token=kv)
+    assert 512 <= ctx < 8192 and ctx % 16 == 0
+    assert 3_800_000_000 + ctx * kv <= 0.85 * (8 << 30)
+    big = types.SimpleNamespace(dlpack_device_type=lambda: 2, total_global_memory=141 << 30)
+    assert fit_context_window(8192, big, 3_800_000_000, kv) == 8192
+    cpu = types.SimpleNamespace(dlpack_device_type=lambda: 1, total_global_memory=1)
+    assert fit_context_window(8192, cpu, 3_800_000_000, kv) == 8192
