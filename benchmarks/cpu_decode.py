@@ -37,17 +37,20 @@ path, threads, gen, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), i
 llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=gen + 16,
             n_batch=64, verbose=False)
 eos = llm.token_eos()
+n_vocab = llm.n_vocab()
 for line in sys.stdin:          # one run per request line, so runs interleave with llmchat's
     llm.reset()
     llm.eval([llm.token_bos()])
-    tok_s = None
+    steps = []
     t0 = time.perf_counter()
     for _ in range(gen):
-        logits = np.asarray(llm.scores[llm.n_tokens - 1])
+        t1 = time.perf_counter()
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,)).copy()
         logits[eos] = -np.inf
         llm.eval([int(np.argmax(logits))])
+        steps.append(time.perf_counter() - t1)
     dt = time.perf_counter() - t0
-    print(json.dumps({"decode_tok_s": gen / dt}), flush=True)
+    print(json.dumps({"decode_tok_s": gen / dt, "steps": steps}), flush=True)
 """
 
 
@@ -64,14 +67,16 @@ class LlamaCpp:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
 
-    def run(self) -> float:
+    def run(self) -> tuple[float, list[float]]:
+        """(decode tok/s, seconds of every step)."""
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("llama.cpp worker exited")
-        return float(json.loads(line)["decode_tok_s"])
+        out = json.loads(line)
+        return float(out["decode_tok_s"]), list(out["steps"])
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -79,7 +84,10 @@ class LlamaCpp:
         self.proc.wait(timeout=60)
 
 
-def _llmchat_run(engine, gen: int) -> float:
+def _llmchat_run(engine, gen: int) -> tuple[float, list[float]]:
+    """(decode tok/s through ``engine.generate``, seconds of every step of a same-length runtime loop)."""
+    import numpy as np
+
     from app.inference.api import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=gen)
@@ -87,7 +95,23 @@ def _llmchat_run(engine, gen: int) -> float:
         pass
     stats = engine.last_stats
     assert stats.generated_tokens == gen, stats
-    return stats.decode_tok_s
+    # the same protocol one level down (argmax on the host), timing every step
+    rt = engine.runtime
+    rt.clear()
+    steps = []
+    tok = int(np.argmax(rt.prefill([1])))
+    for _ in range(gen):
+        t = time.perf_counter()
+        tok = int(np.argmax(rt.decode(tok)))
+        steps.append(time.perf_counter() - t)
+    rt.clear()
+    return stats.decode_tok_s, steps
+
+
+def _best_decile_tok_s(steps: list[float]) -> float:
+    """1 / the 10th-percentile step time: the speed of the steps that ran without being preempted."""
+    ordered = sorted(steps)
+    return round(1.0 / ordered[len(ordered) // 10], 1) if ordered else 0.0
 
 
 def main() -> int:
@@ -140,12 +164,18 @@ def main() -> int:
         _llmchat_run(eng, 16)  # warm-up
     if peer:
         peer.run()
-    runs: dict[str, list[float]] = {name: [] for name in [*engines, *(["llama.cpp"] if peer else [])]}
+    names = [*engines, *(["llama.cpp"] if peer else [])]
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    steps: dict[str, list[float]] = {name: [] for name in names}
     for i in range(args.repeats):
         for name, eng in engines.items():
-            runs[name].append(_llmchat_run(eng, args.gen))
+            tok_s, st = _llmchat_run(eng, args.gen)
+            runs[name].append(tok_s)
+            steps[name] += st
         if peer:
-            runs["llama.cpp"].append(peer.run())
+            tok_s, st = peer.run()
+            runs["llama.cpp"].append(tok_s)
+            steps["llama.cpp"] += st
         print(f"run {i + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items()),
               file=sys.stderr, flush=True)
     if peer:
@@ -153,6 +183,7 @@ def main() -> int:
     for name, values in runs.items():
         result[f"{name}_decode_tok_s"] = _median(values)
         result[f"{name}_runs"] = [round(v, 1) for v in values]
+        result[f"{name}_best_decile_tok_s"] = _best_decile_tok_s(steps[name])
     if peer and result["llama.cpp_decode_tok_s"]:
         result["llmchat_vs_llama.cpp"] = round(
             float(result["llmchat_decode_tok_s"]) / float(result["llama.cpp_decode_tok_s"]), 2)
