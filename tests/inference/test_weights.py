@@ -115,3 +115,20 @@ def test_missing_config_file(model_copy):
     (model_copy / "mlc-chat-config.json").unlink()
     with pytest.raises(LlmchatError, match=r"mlc-chat-config\.json is missing"):
         load_engine(model_copy, device="cpu")
+
+
+def test_reads_what_tvms_own_writer_wrote(tmp_path):
+    """MLC writes its weights with tvm.contrib.tvmjs.dump_tensor_cache: ours reads that format,
+    including float32 stored as bf16 (its default encoding)."""
+    from tvm.contrib import tvmjs
+
+    params = _params()
+    tvmjs.dump_tensor_cache(params, str(tmp_path / "raw"), encode_format="raw", show_progress=False)
+    loaded = load_numpy(tmp_path / "raw")
+    for name, arr in params.items():
+        assert np.array_equal(loaded[name], arr)
+    tvmjs.dump_tensor_cache(params, str(tmp_path / "bf16"), show_progress=False)
+    loaded = load_numpy(tmp_path / "bf16")
+    w = params["b.weight"]
+    assert np.allclose(loaded["b.weight"], w, rtol=1e-2, atol=1e-2)
+    assert np.array_equal(loaded["a.q_weight"], params["a.q_weight"])
