@@ -41,6 +41,15 @@ def test_defaults_filled_like_mlc():
     assert cfg.rope_scaling is None and cfg.prefill_chunk_size == 2048
 
 
+def test_mistral_is_a_llama_family_model():
+    from app.inference.models import MODEL_CLASSES
+
+    data = dict(LLAMA3_8B, model_type="mistral", sliding_window_size=-1)
+    cfg = ModelConfig.from_dict(data)
+    assert cfg.model_type == "mistral" and not cfg.attention_bias
+    assert MODEL_CLASSES["mistral"] == MODEL_CLASSES["llama"]
+
+
 def test_qwen2_has_qkv_bias():
     data = json.loads(json.dumps(LLAMA3_8B))
     data["model_type"] = "qwen2"

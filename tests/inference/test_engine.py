@@ -179,6 +179,12 @@ def test_prompt_longer_than_context_window_is_an_error(tiny_model_dir):
         # the engine still works afterwards
         _, stats, _ = _run(engine.chat("Hi", SamplingParams(temperature=0, max_tokens=4)))
         assert stats.generated_tokens >= 1
+        # a reply that runs into the end of the window stops there
+        engine.reset()
+        _, stats, _ = _run(engine.generate(list(range(1, 40)), SamplingParams(temperature=0, max_tokens=100),
+                                           ignore_eos=True))
+        assert stats.finish_reason == "context"
+        assert engine.runtime.context_window == 48 and stats.generated_tokens == 48 - 39 + 1
     finally:
         engine.close()
 
