@@ -149,6 +149,8 @@ class ModelRuntime:
                 f"{self._length + len(ids)} tokens do not fit the context window of {self.context_window}.",
                 "start a new conversation or use a shorter prompt",
             )
+        if len(ids) == 1:  # a one-token prefill is a decode step (its kernels are the faster ones)
+            return self.decode(int(ids[0]))
         arr = np.asarray(ids, dtype=np.int32)
         logits = None
         for start in range(0, len(arr), self.prefill_chunk):
