@@ -160,7 +160,7 @@ class ChatScreen(Screen):
                 if message.role == "user":
                     await log.add_user(message.content)
                 elif message.role == "assistant":
-                    await log.add_reply(message.content)
+                    await log.add_saved_reply(message.content)
             await log.add_notice(f"*Resumed conversation ({len(resumed)} messages).*")
 
     # -- state ---------------------------------------------------------------------------------

@@ -47,10 +47,17 @@ class ChatLog(VerticalScroll):
         return widget
 
     async def add_reply(self, text: str = "") -> tuple[AssistantMessage, StatsLine]:
+        """A reply to stream into, with its stats line below."""
         reply = AssistantMessage(text)
         stats = StatsLine("")
         await self.mount_all([reply, stats])
         return reply, stats
+
+    async def add_saved_reply(self, text: str) -> AssistantMessage:
+        """A reply of a resumed conversation (no stats)."""
+        reply = AssistantMessage(text)
+        await self.mount(reply)
+        return reply
 
     async def add_notice(self, markdown: str, *, error: bool = False) -> Notice:
         widget = Notice(markdown)
