@@ -326,6 +326,12 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
     from app.inference.pipelines import pipeline_for
 
     kind = target.kind.name
+    if tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None:
+        name = {"vulkan": "Vulkan (SPIR-V)", "rocm": "ROCm", "metal": "Metal", "cuda": "CUDA"}.get(kind, kind)
+        raise LlmchatError(
+            f"The installed TVM has no {name} code generator, so it cannot build a model library for {kind}.",
+            "install a TVM built with it: MLC's TVM wheels, e.g. `pip install --pre -f https://mlc.ai/wheels "
+            "mlc-ai-nightly-rocm62` (ROCm and Vulkan), or use another --device")
     if progress:
         progress(ProgressEvent("compile", f"compiling {cfg.model_type} {cfg.quantization} for {kind}", 0, 3))
     try:

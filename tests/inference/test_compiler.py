@@ -121,3 +121,17 @@ def test_cross_compiles_for_a_gpu_that_is_not_here(tiny_model_dir, backend, arch
     assert lib.lib_path.stat().st_size > 10_000
     assert arch in meta["target"] and lib.compute_dtype == "float16"
     assert [p["name"] for p in lib.params] == [p["name"] for p in compiler.parameter_specs(cfg)]
+
+
+def test_vulkan_without_a_spirv_code_generator_is_a_clear_error(tiny_model_dir, tmp_path):
+    import tvm
+
+    from app.errors import LlmchatError
+
+    if tvm.get_global_func("target.build.vulkan", allow_missing=True) is not None:
+        pytest.skip("this TVM can generate Vulkan code")
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    target = compiler.make_target(DeviceSpec("vulkan"))
+    with pytest.raises(LlmchatError, match="no Vulkan") as err:
+        compiler.compile_library(cfg, target, tmp_path / "x.so")
+    assert "mlc-ai-nightly" in err.value.fix and not (tmp_path / "x.so").exists()
