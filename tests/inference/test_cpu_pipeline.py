@@ -102,6 +102,66 @@ def test_gemv_schedule_is_parallel_and_vectorized(target, fmt_name):
         assert "T.parallel" in text and "T.vectorized" in text and "_rf" in text
 
 
+def _dequantize_then_matmul_module(fmt_name: str):
+    """A linear layer whose dequantization is its own compute (MLC's form): the CPU schedule
+    decodes a tile of weight rows once per call when there are several activation rows."""
+    from tvm import te
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn import op
+
+    from app.inference.quantization import get_format
+
+    fmt = get_format(fmt_name)
+    dtype = fmt.model_dtype
+    specs = fmt.param_specs(OUT_F, IN_F)
+    names = list(specs)
+
+    class Proj(nn.Module):
+        def __init__(self) -> None:
+            for pname, (shape, pdtype) in specs.items():
+                setattr(self, pname, nn.Parameter(shape, pdtype))
+
+        def forward(self, x):
+            def compute(x, *tensors):
+                params = dict(zip(names, tensors, strict=True))
+                w = te.compute((OUT_F, IN_F), lambda n, k: fmt.dequant(params, n, k), name="dequantize")
+                k = te.reduce_axis((0, IN_F), name="k")
+                acc = te.compute([*x.shape[:-1], OUT_F],
+                                 lambda *i: te.sum(x(*i[:-1], k).astype("float32") * w[i[-1], k], axis=k),
+                                 name="matmul")
+                return te.compute(acc.shape, lambda *i: acc(*i).astype(dtype), name="out")
+
+            return op.tensor_expr_op(compute, "dequantize_matmul", [x, *[getattr(self, n) for n in names]])
+
+    spec = {"forward": {"x": nn.spec.Tensor([1, "n", IN_F], dtype),
+                        "$": {"param_mode": "packed", "effect_mode": "none"}}}
+    mod, named = Proj().export_tvm(spec=spec)
+    return fmt, dtype, mod, named
+
+
+@pytest.mark.parametrize("fmt_name", ["q4f32_1", "q4f16_1"])
+def test_dequantize_tile_gemm(target, fmt_name):
+    fmt, dtype, mod, named = _dequantize_then_matmul_module(fmt_name)
+    scheduled = scheduled_module(mod, target)
+    texts = [f.script() for _gv, f in scheduled.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"]
+    assert texts and all("llmchat.dequantize_tile" in t and "T.parallel" in t for t in texts)
+    ex = tvm.compile(mod, target, relax_pipeline=cpu_pipeline(target))
+    rng = np.random.default_rng(1)
+    encoded = fmt.quantize(rng.standard_normal((OUT_F, IN_F)) / np.sqrt(IN_F))
+    dev = tvm.cpu()
+    vm = tvm.runtime.vm.VirtualMachine(ex, dev)
+    packed = [tvm.runtime.tensor(np.ascontiguousarray(encoded[n.rpartition(".")[2]]).astype(str(p.dtype)),
+                                 device=dev) for n, p in named]
+    weight = fmt.dequantize(encoded)
+    for rows in (1, 7, 33):
+        x = rng.standard_normal((1, rows, IN_F)).astype(dtype)
+        out = vm["forward"](tvm.runtime.tensor(x, device=dev), packed).numpy()
+        ref = x.astype(np.float64) @ weight.T
+        tol = 1e-5 if dtype == "float32" else 5e-3
+        assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), rows
+
+
 # ------------------------------------------------------------------------------------------
 # Decode attention over a paged KV cache
 # ------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class CPUScheduleConfig:
     rows_per_step: int = 4  # output rows computed together in the GEMV inner loop
     k_unroll: int = 4  # reduction steps unrolled together (4 x 8 lanes = one q4 group of 32)
     row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
+    weight_tile_rows: int = 8  # dequantized weight rows decoded at once for several activation rows
     min_parallel_work: int = 16384  # elements below which an elementwise kernel stays serial
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
 
@@ -187,32 +188,61 @@ def _vars_in(expr: Any) -> set[Any]:
     return set(collect_vars_used_in_prim_expr(expr))
 
 
-def _normalized_blocks(func: Any) -> tuple[Any, list[Any]] | None:
-    """A schedule of ``func`` with all spatial producers/consumers inlined, and its remaining blocks."""
+def _normalized_blocks(func: Any, keep_weight_block: bool = False) -> tuple[Any, list[Any], Any] | None:
+    """A schedule of ``func`` with its spatial producers/consumers inlined, its remaining blocks, and
+    (``keep_weight_block``) the block that materialises a 2-D weight ``[n, k]`` for the reduction,
+    left as it is; None when there is no such block or nothing could be normalised."""
     from tvm import s_tir
     from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+    from tvm.s_tir.dlight.base import try_inline, try_inline_contiguous_spatial
 
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     if infos is None:
         return None
-    infos = try_inline_contiguous_spatial(sch, infos)
-    if infos is None:
+    if not keep_weight_block:
+        infos = try_inline_contiguous_spatial(sch, infos)
+        return (sch, infos, None) if infos is not None else None
+    reductions = [b for b in infos if not b.is_injective()]
+    if len(reductions) != 1:
         return None
-    return sch, infos
+    red_reads = {str(r.source.name) for r in sch.get(reductions[0].block_rv).reads}
+    weight = None
+    for b in infos:
+        if b.is_injective() and len(b.iters) == 2 and all(_static(it.dom) for it in b.iters):
+            writes = sch.get(b.block_rv).writes
+            if len(writes) == 1 and str(writes[0].source.name) in red_reads:
+                weight = b
+    if weight is None:
+        return None
+    others = [b for b in infos if b is not weight and b.is_injective()]
+    try_inline(sch, others)
+    names = {sch.get(b.block_rv).name_hint for b in infos}
+    remaining = [b for b in normalize_prim_func(sch) or [] if sch.get(b.block_rv).name_hint in names]
+    weight = next((b for b in remaining if b.name == weight.name), None)
+    rest = [b for b in remaining if weight is None or b.name != weight.name]
+    return (sch, rest, weight) if weight is not None else None
 
 
 # --------------------------------------------------------------------------------------------
 # GEMV / matmul with the reduction along the weight's last axis
 # --------------------------------------------------------------------------------------------
 def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | None:
+    """GEMV / GEMM. When the function materialises the dequantized weight in its own block (a
+    ``dequantize`` compute feeding the matmul) and there are several activation rows, that block
+    is kept and computed per tile of weight rows, so each weight is decoded once per call instead of
+    once per activation row; otherwise the dequantization is inlined into the reduction."""
+    sch = _matmul_schedule(func, cfg, keep_weight_block=True)
+    return sch if sch is not None else _matmul_schedule(func, cfg, keep_weight_block=False)
+
+
+def _matmul_schedule(func: Any, cfg: CPUScheduleConfig, keep_weight_block: bool) -> Any | None:
     from tvm import tirx
 
-    norm = _normalized_blocks(func)
+    norm = _normalized_blocks(func, keep_weight_block)
     if norm is None:
         return None
-    sch, infos = norm
+    sch, infos, weight_block = norm
     if len(infos) == 2 and infos[1].is_injective():
         main, epilogue = infos[0], infos[1]
     elif len(infos) == 1:
@@ -254,12 +284,14 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
     lanes = cfg.lanes
     while lanes > 1 and k_extent % lanes:
         lanes //= 2
-    rows = cfg.rows_per_step
+    rows = cfg.weight_tile_rows if weight_block is not None else cfg.rows_per_step
     while rows > 1 and n_extent % rows:
         rows //= 2
 
     loops = sch.get_loops(main.block_rv)
     m_loops = [lp for i, lp in enumerate(loops[:-1]) if i != n_pos]
+    if weight_block is not None and not m_loops:
+        return None  # one activation row: decoding inside the reduction is cheaper
     n_loop, k_loop = loops[n_pos], loops[-1]
     sch.reorder(*m_loops, n_loop, k_loop)
     m_loop = sch.fuse(*m_loops) if m_loops else None
@@ -282,9 +314,19 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
         groups = cfg.row_groups
         while groups > 1 and (n_extent // rows) % groups:
             groups //= 2
+        if weight_block is not None:
+            groups = max(1, min(groups, cfg.weight_tile_rows // rows))
+            while groups > 1 and (n_extent // rows) % groups:
+                groups //= 2
         n_o, n_g, n_i = sch.split(n_l, factors=[None, groups, rows])
         sch.reorder(n_o, m_l, n_g, ko_l, n_i, ki_l)
         after = n_g
+        if weight_block is not None:
+            # decode a tile of weight rows once, before the loop over activation rows
+            sch.compute_at(weight_block.block_rv, n_o, preserve_unit_loops=True)
+            w_k = sch.get_loops(weight_block.block_rv)[-1]
+            _w_ko, w_ki = sch.split(w_k, factors=[None, lanes])
+            sch.vectorize(w_ki)
     sch.parallel(n_o)
     # write-back block (sum over the lanes) and the epilogue go per row group
     sch.reverse_compute_at(main.block_rv, after, preserve_unit_loops=True)
@@ -302,6 +344,8 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
     init = sch.decompose_reduction(rf, ko_l)
     sch.vectorize(sch.get_loops(init)[-1])
     del tirx
+    if weight_block is not None:
+        sch.annotate(n_o, "llmchat.dequantize_tile", 1)
     return sch
 
 
