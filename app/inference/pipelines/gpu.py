@@ -13,6 +13,7 @@ The rule is written for both NVIDIA (warp 32) and AMD RDNA (wave32) and assumes 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -120,13 +121,14 @@ class DecodeGEMV:
 
     def __init__(self, load_bytes: int = LOAD_BYTES, max_threads_per_row: int = 32,
                  min_blocks: int = 512, max_block_threads: int = 256, unroll_steps: int = 4,
-                 shared_vector_bytes: int = 16384) -> None:
+                 shared_vector_bytes: int = 16384, pad_shared: bool = True) -> None:
         self.load_bytes = load_bytes
         self.max_threads_per_row = max_threads_per_row
         self.min_blocks = min_blocks
         self.max_block_threads = max_block_threads
         self.unroll_steps = unroll_steps
         self.shared_vector_bytes = shared_vector_bytes
+        self.pad_shared = pad_shared
 
     # dlight's ApplyDefaultSchedule calls rules through this interface
     def is_target_available(self, target: Any) -> bool:
@@ -200,7 +202,8 @@ class DecodeGEMV:
         vector_bytes = red * (4 if stage_f32 else vectors[0].dtype.bits // 8)
         use_shared = vector_bytes <= self.shared_vector_bytes
         self._schedule(sch, block, epilogue, cfg, values_per_word * words_per_thread,
-                       words_per_thread, weight_index, use_shared, stage_f32 and use_shared)
+                       words_per_thread, weight_index, use_shared, stage_f32 and use_shared,
+                       self.pad_shared)
         if stage_f32 and use_shared:
             return s_tir.Schedule(_drop_roundtrip_casts(sch.mod["main"]))
         return sch
@@ -226,7 +229,7 @@ class DecodeGEMV:
     @staticmethod
     def _schedule(sch: Any, block: Any, epilogue: Any, cfg: GemvConfig, values_per_thread: int,
                   words_per_thread: int, weight_index: int, use_shared: bool,
-                  stage_f32: bool) -> None:
+                  stage_f32: bool, pad_shared: bool = True) -> None:
         rows, threads = cfg.rows_per_block, cfg.threads_per_row
         batch, spatial, red, red_inner = sch.get_loops(block)
         spatial = sch.fuse(batch, spatial)
@@ -256,7 +259,9 @@ class DecodeGEMV:
             sch.compute_at(vload, tx, preserve_unit_loops=True)
             vloop = sch.get_loops(vload)[-1]
             total = _static_int(sch.get(vloop).extent) or 0
-            vec_len = 8
+            # padded rows are not 16-byte aligned: scalar stores then
+            padded = pad_shared and total % values_per_thread == 0
+            vec_len = 1 if padded else 8
             while vec_len > 1 and total % (rows * threads * vec_len) != 0:
                 vec_len //= 2
             _, vy, vx, vv = sch.split(vloop, factors=[None, rows, threads, vec_len],
@@ -264,6 +269,14 @@ class DecodeGEMV:
             sch.bind(vy, "threadIdx.y")
             sch.bind(vx, "threadIdx.x")
             sch.vectorize(vv)
+            if padded:
+                # each thread reads its own contiguous chunk: pad every chunk by one word so that
+                # the threads of a warp hit different shared-memory banks
+                ndim = len(sch.get(vload).writes[0].source.shape)
+                chunk = values_per_thread
+                sch.transform_layout(vload, ("write", 0), lambda *idx: (*idx[:-1], idx[-1] // chunk,
+                                                                        idx[-1] % chunk))
+                sch.storage_align(vload, 0, axis=ndim - 1, factor=32, offset=1)
         sch.unroll(inner)  # constant indices into the register copy of the weights
         sch.decompose_reduction(partial, step)
         if cfg.unroll_steps > 1:  # several 16-byte loads in flight per thread
@@ -285,12 +298,37 @@ class DecodeGEMV:
             sch.set_scope(block, 0, "local")
 
 
+class NibbleGEMV:
+    """TVM's dlight GEMV schedule, applied after the 4-bit decode is rewritten without I2F."""
+
+    def is_target_available(self, target: Any) -> bool:
+        return "gpu" in target.keys
+
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        from tvm import tirx
+        from tvm.s_tir import dlight as dl
+
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        rewritten = fast_small_uint_to_float(func)
+        if rewritten.same_as(func):
+            return None
+        return dl.gpu.GEMV().apply(rewritten, target, tunable)
+
+
+#: let dlight's Matmul rule use tensor cores (TVM 0.27 can segfault on some fp16 matmuls)
+TENSOR_CORE_MATMUL = os.environ.get("LLMCHAT_TENSOR_CORE_MATMUL", "") == "1"
+
+
 @contextlib.contextmanager
 def _simt_matmul_only() -> Iterator[None]:
     """TVM 0.27's dlight tensor-core matmul crashes (segfault in s_tir Tensorize) on fp16 matmuls
     whose static dims all exceed 64; make the Matmul rule take its SIMT path while we compile."""
     import tvm.s_tir.dlight.gpu.matmul as matmul
 
+    if TENSOR_CORE_MATMUL:
+        yield
+        return
     original = matmul.check_sm_version
     matmul.check_sm_version = lambda _arch: 0
     try:
@@ -300,11 +338,17 @@ def _simt_matmul_only() -> Iterator[None]:
 
 
 def schedule_rules(target: Any) -> list[Any]:
-    """The dlight rules, in order, for ``target``."""
+    """The dlight rules, in order, for ``target``.
+
+    TVM's GEMV rule (MLC's tuned configurations for CUDA, ROCm, Vulkan and Metal) schedules the
+    batch-1 GEMVs; ``LLMCHAT_GPU_GEMV=llmchat`` puts the experimental :class:`DecodeGEMV` first
+    (slower on an H200 in our measurements: 238 vs 302 tok/s on Llama-2-7B shapes).
+    """
     from tvm.s_tir import dlight as dl
 
+    first = [DecodeGEMV()] if os.environ.get("LLMCHAT_GPU_GEMV", "") == "llmchat" else []
     return [
-        DecodeGEMV(),
+        *first,
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
         dl.gpu.LowBatchGEMV(),
@@ -312,6 +356,29 @@ def schedule_rules(target: Any) -> list[Any]:
         dl.gpu.GeneralReduction(),
         dl.gpu.Fallback(),
     ]
+
+
+def fast_decode_pass() -> Any:
+    """Module pass: :func:`fast_small_uint_to_float` on every PrimFunc (exact; removes I2F)."""
+    import tvm
+    from tvm import tirx
+
+    @tvm.transform.module_pass(opt_level=0, name="llmchat_fast_uint4_decode")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
+                new = fast_small_uint_to_float(func)
+                if not new.same_as(func):
+                    updates[gv] = new
+        if not updates:
+            return mod
+        mod = mod.clone()
+        for gv, func in updates.items():
+            mod.update_func(gv, func)
+        return mod
+
+    return _pass
 
 
 def uses_cuda_graph(target: Any) -> bool:
@@ -339,6 +406,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
+            fast_decode_pass(),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
             *cuda_passes.dataflow_lower_passes(target),
             *cuda_passes.finalize_passes(target),

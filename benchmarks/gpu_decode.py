@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""GPU decode/prefill benchmark of llmchat's engine with random weights (MLC's protocol).
+
+Subcommands
+  compile   build the model libraries for a CUDA/ROCm architecture into a cache directory
+            (on a machine with the TVM compiler; no GPU needed), e.g.
+            python benchmarks/gpu_decode.py compile --cache DIR --arch sm_90 --presets llama2-7b
+  run       on the GPU machine (a runtime-only TVM is enough): load each cached library with
+            random weights, check it against the plain TVM pipeline's logits, and measure decode
+            (1-token prompt + 512 greedy tokens) and prefill (512-token prompt). JSON to --out.
+  copy-bw   device-to-device copy bandwidth (bytes read + written per second), via PyTorch.
+  make-gguf a Llama-architecture GGUF with random Q4_0 weights of the same shapes, for llama.cpp.
+
+Presets (app.inference.random_model): llama2-7b, qwen2.5-3b, qwen2.5-0.5b, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: llama.cpp shapes for make-gguf: hidden, ffn, layers, heads, kv heads, vocab gguf file
+GGUF_SHAPES = {
+    "llama2-7b": (4096, 11008, 32, 32, 32, "ggml-vocab-llama-spm.gguf"),
+    "qwen2.5-3b": (2048, 11008, 36, 16, 2, "ggml-vocab-qwen2.gguf"),
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, "ggml-vocab-qwen2.gguf"),
+}
+
+
+def _set_cache(cache: str) -> None:
+    os.environ["LLMCHAT_CACHE_DIR"] = str(Path(cache).resolve())
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile (llmchat pipeline, and the plain TVM pipeline for --plain presets)."""
+    _set_cache(args.cache)
+    from app.inference.compiler import get_library
+    from app.inference.devices import DeviceSpec
+    from app.inference.random_model import preset_config
+
+    backend = "rocm" if args.arch.startswith("gfx") else "cuda"
+    device = DeviceSpec(backend, 0)
+    plain = set(filter(None, args.plain.split(",")))
+    manifest_path = Path(args.cache) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for preset in args.presets.split(","):
+        for use_plain in ([False, True] if preset in plain else [False]):
+            if use_plain:
+                os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
+            else:
+                os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+            cfg = preset_config(preset, args.quant, args.context)
+            t0 = time.time()
+            lib = get_library(cfg, device, arch=args.arch)
+            print(json.dumps({"preset": preset, "plain_pipeline": use_plain, "arch": args.arch,
+                              "lib": str(lib.lib_path), "seconds": round(time.time() - t0, 1),
+                              "lib_bytes": lib.lib_path.stat().st_size}), flush=True)
+            fields = {k: (v.name if k == "lib_path" else v) for k, v in dataclasses.asdict(lib).items()}
+            manifest[f"{preset}|{args.quant}|{args.context}|{'plain' if use_plain else 'llmchat'}"] = fields
+            manifest_path.write_text(json.dumps(manifest))
+    os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+    return 0
+
+
+def _teacher_forced_logits(engine: Any, steps: int, tokens: list[int] | None) -> tuple[list[Any], list[int]]:
+    import numpy as np
+
+    rt = engine.runtime
+    rt.clear()
+    outs = [rt.prefill([1])]
+    used = []
+    for i in range(steps):
+        tok = int(np.argmax(outs[-1])) if tokens is None else tokens[i]
+        used.append(tok)
+        outs.append(rt.decode(tok))
+    rt.clear()
+    return outs, used
+
+
+def _bench_engine(engine: Any, gen: int, prompt: int, repeats: int) -> dict[str, Any]:
+    import numpy as np
+
+    from app.inference.api import ReplyStats, SamplingParams
+
+    def run(prompt_ids: list[int], max_tokens: int) -> ReplyStats:
+        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=0)
+        for _ in engine.generate(prompt_ids, params, ignore_eos=True, detokenize=False):
+            pass
+        return engine.last_stats
+
+    run([1], 32)  # warm-up: module load, CUDA-graph capture
+    decode = [run([1], gen + 1) for _ in range(repeats)]  # the first token comes from prefill
+    best = max(decode, key=lambda s: s.decode_tok_s)
+    out: dict[str, Any] = {
+        "decode_tok_s": round(best.decode_tok_s, 1),
+        "decode_tok_s_runs": [round(s.decode_tok_s, 1) for s in decode],
+        "generated_tokens": best.generated_tokens,
+        "ms_per_token": round(1000 / best.decode_tok_s, 3) if best.decode_tok_s else None,
+    }
+    if prompt:
+        vocab = engine.config.vocab_size
+        ids = np.random.default_rng(1).integers(0, vocab, size=prompt).tolist()
+        run(ids, 1)
+        pre = [run(ids, 1) for _ in range(repeats)]
+        best_pre = max(pre, key=lambda s: s.prefill_tok_s)
+        out.update({"prefill_tokens": prompt, "prefill_tok_s": round(best_pre.prefill_tok_s, 1),
+                    "prefill_tok_s_runs": [round(s.prefill_tok_s, 1) for s in pre]})
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Measure each preset; compare with the plain pipeline where its library is cached."""
+    _set_cache(args.cache)
+    import numpy as np
+
+    from app.inference.cuda_support import prepare_cuda_runtime
+
+    prepare_cuda_runtime()
+    if args.forbid_nvcc:  # prove the libraries carry binary kernels
+        import app.inference.cuda_support as cs
+
+        def _no_nvcc(*_a: Any, **_k: Any) -> bytes:
+            raise RuntimeError("nvcc was called at run time")
+
+        cs.compile_fatbin = _no_nvcc
+    import tvm
+
+    from app.inference.random_model import load_random_engine
+
+    _use_manifest(Path(args.cache), args.quant, args.context)
+    dev = tvm.cuda(0)
+    results: dict[str, Any] = {"device": dev.device_name, "tvm": tvm.__version__,
+                               "compute_version": dev.compute_version, "runtime_only": _runtime_only(),
+                               "copy_bw_TBps": args.copy_bw, "presets": {}}
+    plain = set(filter(None, args.plain.split(",")))
+    for preset in args.presets.split(","):
+        res: dict[str, Any] = {}
+        try:
+            os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+            t0 = time.time()
+            engine = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
+            res["load_s"] = round(time.time() - t0, 1)
+            res["weight_bytes"] = engine.info.weight_bytes
+            res.update(_bench_engine(engine, args.gen, args.prompt, args.repeats))
+            if args.copy_bw:
+                res["roofline_pct"] = round(100 * res["decode_tok_s"] * res["weight_bytes"]
+                                            / (args.copy_bw * 1e12), 1)
+            if preset in plain:
+                logits, toks = _teacher_forced_logits(engine, args.check_steps, None)
+                engine.close()
+                del engine
+                os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
+                ref = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
+                ref_logits, _ = _teacher_forced_logits(ref, args.check_steps, toks)
+                pairs = list(zip(logits, ref_logits, strict=True))
+                errs = [float(np.abs(a - b).max() / (np.abs(b).max() + 1e-9)) for a, b in pairs]
+                res["check_vs_plain_pipeline"] = {
+                    "steps": len(errs), "max_rel_err": max(errs),
+                    "argmax_equal": sum(int(np.argmax(a) == np.argmax(b)) for a, b in pairs),
+                    "finite": bool(all(np.isfinite(x).all() for x in logits)),
+                }
+                res["plain_pipeline"] = _bench_engine(ref, args.gen, args.prompt if args.plain_prefill else 0,
+                                                      1)
+                ref.close()
+                del ref
+            else:
+                engine.close()
+                del engine
+        except Exception as err:  # keep measuring the other presets
+            res["error"] = f"{type(err).__name__}: {err}"[:3000]
+        finally:
+            os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+        results["presets"][preset] = res
+        print("RESULT", json.dumps({preset: res}), flush=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _use_manifest(cache: Path, quant: str, context: int) -> None:
+    """Load exactly the libraries ``compile`` built (recorded in manifest.json), even if the
+    engine's sources changed since (which would change the cache key and force a rebuild)."""
+    manifest_path = cache / "manifest.json"
+    if not manifest_path.exists():
+        return
+    manifest = json.loads(manifest_path.read_text())
+    import app.inference.compiler as compiler
+
+    original = compiler.get_library
+
+    def get_library(cfg: Any, device: Any, arch: str | None = None, progress: Any = None) -> Any:
+        from app.inference.random_model import PRESETS
+
+        kind = "plain" if os.environ.get("LLMCHAT_TVM_PIPELINE") == "default" else "llmchat"
+        for preset in PRESETS:
+            entry = manifest.get(f"{preset}|{quant}|{context}|{kind}")
+            if entry and cfg.code_key() == _preset_key(preset, quant, context):
+                fields = dict(entry, lib_path=compiler.libs_dir() / entry["lib_path"])
+                return compiler.CompiledModel(**fields)
+        return original(cfg, device, arch=arch, progress=progress)
+
+    compiler.get_library = get_library
+
+
+def _preset_key(preset: str, quant: str, context: int) -> Any:
+    from app.inference.random_model import preset_config
+
+    return preset_config(preset, quant, context).code_key()
+
+
+def _runtime_only() -> bool:
+    import tvm
+
+    return not (Path(tvm.__file__).parent / "lib" / "libtvm_compiler.so").exists()
+
+
+def cmd_copy_bw(args: argparse.Namespace) -> int:
+    import torch
+
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        y.copy_(x)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / 20
+    print(round(2 * x.numel() / seconds / 1e12, 3))
+    return 0
+
+
+def cmd_make_gguf(args: argparse.Namespace) -> int:
+    """Random Q4_0 GGUF (llama architecture) with a vocab-only GGUF's tokenizer."""
+    import numpy as np
+
+    sys.path.insert(0, args.gguf_py)
+    import gguf
+    from gguf import GGMLQuantizationType, GGUFValueType
+
+    hidden, ffn, layers, heads, kv_heads, vocab_file = GGUF_SHAPES[args.preset]
+    vocab = gguf.GGUFReader(os.path.join(args.vocab_dir, vocab_file))
+    w = gguf.GGUFWriter(args.out, "llama")
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(2)
+    n_vocab = 0
+    for f in vocab.fields.values():
+        if not f.name.startswith("tokenizer."):
+            continue
+        if f.types[0] == GGUFValueType.ARRAY:
+            vals = [f.parts[i] for i in f.data]
+            vals = ([bytes(v) for v in vals] if f.types[1] == GGUFValueType.STRING
+                    else [v[0].item() for v in vals])
+            w.add_array(f.name, vals)
+            if f.name == "tokenizer.ggml.tokens":
+                n_vocab = len(vals)
+        elif f.types[0] == GGUFValueType.STRING:
+            w.add_string(f.name, bytes(f.parts[f.data[0]]).decode())
+        else:
+            w.add_key_value(f.name, f.parts[f.data[0]][0].item(), f.types[0])
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 256, size=(1 << 22, 18), dtype=np.uint8)
+    pool[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # block scale
+
+    def q4_0(rows: int, cols: int) -> Any:
+        blocks = rows * cols // 32
+        arr = np.tile(pool, (-(-blocks // len(pool)), 1))[:blocks] if blocks > len(pool) else pool[:blocks]
+        return arr.reshape(rows, cols // 32 * 18)
+
+    head_dim = hidden // heads
+    q4 = GGMLQuantizationType.Q4_0
+    w.add_tensor("token_embd.weight", q4_0(n_vocab, hidden), raw_dtype=q4)
+    for i in range(layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(p + "attn_q.weight", q4_0(heads * head_dim, hidden), raw_dtype=q4)
+        w.add_tensor(p + "attn_k.weight", q4_0(kv_heads * head_dim, hidden), raw_dtype=q4)
+        w.add_tensor(p + "attn_v.weight", q4_0(kv_heads * head_dim, hidden), raw_dtype=q4)
+        w.add_tensor(p + "attn_output.weight", q4_0(hidden, heads * head_dim), raw_dtype=q4)
+        w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(p + "ffn_gate.weight", q4_0(ffn, hidden), raw_dtype=q4)
+        w.add_tensor(p + "ffn_up.weight", q4_0(ffn, hidden), raw_dtype=q4)
+        w.add_tensor(p + "ffn_down.weight", q4_0(hidden, ffn), raw_dtype=q4)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output.weight", q4_0(n_vocab, hidden), raw_dtype=q4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(json.dumps({"gguf": args.out, "preset": args.preset, "vocab": n_vocab,
+                      "bytes": os.path.getsize(args.out)}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache", required=True, help="LLMCHAT_CACHE_DIR for the compiled libraries")
+    common.add_argument("--presets", default="llama2-7b,qwen2.5-3b,qwen2.5-0.5b")
+    common.add_argument("--quant", default="q4f16_1")
+    common.add_argument("--context", type=int, default=2048, help="context window (KV cache size)")
+    common.add_argument("--plain", default="llama2-7b",
+                        help="presets also built/checked with TVM's plain pipeline (comma list)")
+    c = sub.add_parser("compile", parents=[common])
+    c.add_argument("--arch", default="sm_90")
+    r = sub.add_parser("run", parents=[common])
+    r.add_argument("--gen", type=int, default=512)
+    r.add_argument("--prompt", type=int, default=512, help="prefill benchmark prompt length (0: skip)")
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--check-steps", type=int, default=8)
+    r.add_argument("--copy-bw", type=float, default=None, help="measured copy bandwidth, TB/s")
+    r.add_argument("--plain-prefill", action="store_true")
+    r.add_argument("--forbid-nvcc", action="store_true")
+    r.add_argument("--out", required=True)
+    sub.add_parser("copy-bw")
+    g = sub.add_parser("make-gguf")
+    g.add_argument("--preset", required=True, choices=list(GGUF_SHAPES))
+    g.add_argument("--gguf-py", required=True, help="llama.cpp's gguf-py directory")
+    g.add_argument("--vocab-dir", required=True, help="llama.cpp's models/ directory")
+    g.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    return {"compile": cmd_compile, "run": cmd_run, "copy-bw": cmd_copy_bw,
+            "make-gguf": cmd_make_gguf}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
