@@ -72,7 +72,8 @@ class LoadingScreen(Screen):
         self.resume_id = resume_id
         self.cancel_event = threading.Event()
         self.failed = False
-        self.stages: list[str] = []
+        self.stages: list[str] = []  # one line per stage seen: "Compiling: compiling … for cpu:0"
+        self._stage_messages: dict[str, str] = {}
 
     @property
     def llm_app(self) -> LlmchatApp:
@@ -132,10 +133,12 @@ class LoadingScreen(Screen):
         if event.stage == "download" and event.total:
             detail = f" — {(event.done or 0) / 1e6:.1f} / {event.total / 1e6:.1f} MB"
         self.query_one("#loading-status", Static).update(f"{event.message}{detail}")
-        line = f"{STAGE_NAMES.get(event.stage, event.stage)}: {event.message}"
-        if not self.stages or self.stages[-1] != line:
-            self.stages.append(line)
-            self.query_one("#loading-stages", Static).update("\n".join(f"✓ {s}" for s in self.stages[-8:]))
+        self._stage_messages.pop(event.stage, None)  # a stage seen again moves to the end
+        self._stage_messages[event.stage] = event.message
+        self.stages = [f"{STAGE_NAMES.get(k, k)}: {m}" for k, m in self._stage_messages.items()]
+        marks = ["✓"] * (len(self.stages) - 1) + ["…"]
+        lines = [f"{mark} {line}" for mark, line in zip(marks, self.stages, strict=True)]
+        self.query_one("#loading-stages", Static).update("\n".join(lines))
 
     @on(Finished)
     async def on_finished(self, message: Finished) -> None:

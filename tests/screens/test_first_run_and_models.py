@@ -18,7 +18,7 @@ from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import AssistantMessage, ChatLog
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, use_hub
 from tests.screens.conftest import greedy, probe_fixture
-from tests.screens.test_chat import open_chat, type_and_send, wait_until
+from tests.screens.test_chat import open_chat, screen_text, type_and_send, wait_until
 
 SHARD = "params_shard_0.bin"
 
@@ -72,8 +72,9 @@ async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, (LoadingScreen, ChatScreen)))
         loading = app.screen
-        await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen), timeout=180)
         assert isinstance(loading, LoadingScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen) or loading.failed, timeout=180)
+        assert not loading.failed, screen_text(app)
         stages = "\n".join(loading.stages)
         assert "Downloading" in stages
         assert any(e.stage == "compile" for e in events), events
