@@ -253,3 +253,30 @@ async def test_continue_resumes_the_latest_conversation(make_app):
         assert log.query_one(UserMessage).source == "remember me"
         assert chat.engine.history[0].content == "remember me"
         assert again.conversation_id == saved_id
+
+
+async def test_model_command_switches_and_unknown_model_is_a_readable_error(make_app, chat_engine):
+    from app.screens.loading import LoadingScreen
+    from tests.screens.conftest import SharedEngine
+
+    other = SharedEngine(chat_engine, model_id="other-model")
+    app = make_app()
+    app.services.load_engine = lambda model, device, progress: other
+    known = app.services.installed_model_path
+    app.services.installed_model_path = lambda wanted: known(chat_engine.info.model_id)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await send_and_finish(pilot, chat, "before the switch")
+        await type_and_send(pilot, "/model other-model")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen is not chat)
+        new_chat = await open_chat(pilot)
+        assert new_chat.engine is other and app.engine is other
+        assert "other-model" in str(new_chat.query_one("#chat-title").render())
+        assert app.conversation_id is None  # the next message starts a new conversation
+        app.services.installed_model_path = lambda wanted: None
+        await type_and_send(pilot, "/model no-such-model")
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
+        panel = str(app.screen.query_one("#loading-error").render())
+        assert "no-such-model" in panel and "fix:" in panel
+        await pilot.press("escape")  # back to the chat
+        await wait_until(pilot, lambda: app.screen is new_chat)
