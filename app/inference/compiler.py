@@ -317,6 +317,25 @@ def _build_hooks(target: Any) -> contextlib.AbstractContextManager[Any]:
     return cuda_build_hooks(target)
 
 
+def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: ProgressCallback | None) -> None:
+    """tvm.compile + export_library to ``out_path`` (written to a temp file, then renamed)."""
+    import tvm
+
+    with _build_hooks(target), tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
+        executable = tvm.compile(mod, target, relax_pipeline=pipeline)
+        if progress:
+            progress(ProgressEvent("compile", "writing the library", 2, 3))
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=out_path.stem + ".", suffix=".so.tmp", dir=out_path.parent)
+        os.close(fd)
+        try:
+            executable.export_library(tmp)
+            os.replace(tmp, out_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
 def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
                     progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
     """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic)."""
@@ -336,29 +355,33 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
         progress(ProgressEvent("compile", f"compiling {cfg.model_type} {cfg.quantization} for {kind}", 0, 3))
     try:
         mod, named_params = export_model(cfg, target)
-        if progress:
-            progress(ProgressEvent("compile", "generating kernels", 1, 3))
-        pipeline = "default" if _plain_pipeline() else pipeline_for(target)
-        with _build_hooks(target), tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
-            executable = tvm.compile(mod, target, relax_pipeline=pipeline)
-            if progress:
-                progress(ProgressEvent("compile", "writing the library", 2, 3))
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=out_path.stem + ".", suffix=".so.tmp", dir=out_path.parent)
-            os.close(fd)
-            try:
-                executable.export_library(tmp)
-                os.replace(tmp, out_path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+    except LlmchatError:
+        raise
+    except Exception as err:
+        raise LlmchatError(f"Building the {cfg.model_type} model failed: {type(err).__name__}: {err}",
+                           "report this with the message above") from err
+    if progress:
+        progress(ProgressEvent("compile", "generating kernels", 1, 3))
+    try:
+        _build(mod, target, "default" if _plain_pipeline() else pipeline_for(target), out_path, progress)
     except LlmchatError:
         raise
     except Exception as err:  # TVM raises many types; the user gets one clear message
-        raise LlmchatError(
-            f"Compiling the model for {kind} failed: {type(err).__name__}: {str(err).strip()[:2000]}",
-            "run with --device cpu, or report this with the message above",
-        ) from err
+        first = f"{type(err).__name__}: {str(err).strip()[:2000]}"
+        if _plain_pipeline():
+            raise LlmchatError(f"Compiling the model for {kind} failed: {first}",
+                               "run with --device cpu, or report this with the message above") from err
+        # llmchat's kernel schedules failed: TVM's stock pipeline gives slower but working code
+        if progress:
+            progress(ProgressEvent("compile", f"llmchat's schedules failed ({first[:200]}); "
+                                   "retrying with TVM's stock pipeline (slower code)", 1, 3))
+        try:
+            _build(mod, target, "default", out_path, progress)
+        except Exception as err2:
+            raise LlmchatError(
+                f"Compiling the model for {kind} failed: {first}",
+                "run with --device cpu, or report this with the message above",
+            ) from err2
     COMPILE_COUNT += 1
     if progress:
         progress(ProgressEvent("compile", "compiled", 3, 3))

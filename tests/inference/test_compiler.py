@@ -135,3 +135,18 @@ def test_vulkan_without_a_spirv_code_generator_is_a_clear_error(tiny_model_dir, 
     with pytest.raises(LlmchatError, match="no Vulkan") as err:
         compiler.compile_library(cfg, target, tmp_path / "x.so")
     assert "mlc-ai-nightly" in err.value.fix and not (tmp_path / "x.so").exists()
+
+
+def test_failing_schedules_fall_back_to_tvms_stock_pipeline(tiny_model_dir, tmp_path, monkeypatch):
+    """A bug in llmchat's kernel schedules costs speed, not the ability to run the model."""
+    from app.inference import pipelines
+
+    def broken(target):
+        raise RuntimeError("schedule bug")
+
+    monkeypatch.setattr(pipelines, "pipeline_for", broken)
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    events = []
+    compiler.compile_library(cfg, compiler.make_target(DeviceSpec("cpu")), tmp_path / "lib.so", events.append)
+    assert (tmp_path / "lib.so").stat().st_size > 0
+    assert any("schedule bug" in e.message and "stock pipeline" in e.message for e in events)
