@@ -79,13 +79,17 @@ class ReplyBuffer:
         return text
 
     def live_line(self) -> str:
-        """Stats while streaming: tokens so far, tok/s, time to first token."""
+        """Stats while streaming: tokens so far, tok/s, time to first token.
+
+        Counted in text deltas, which are tokens except where the engine holds a token back (half a
+        UTF-8 character, a possible stop string): hence "~". The exact numbers replace it at the end.
+        """
         if self.first_token_at is None:
             return f"waiting for the first token… {time.perf_counter() - self.started:.1f} s"
         ttft = self.first_token_at - self.started
         span = (self.last_token_at or self.first_token_at) - self.first_token_at
         rate = (self.deltas - 1) / span if span > 0 else 0.0
-        return f"▍ {self.deltas} tokens · {rate:.1f} tok/s · TTFT {ttft:.2f} s"
+        return f"▍ ~{self.deltas} tokens · ~{rate:.1f} tok/s · TTFT {ttft:.2f} s"
 
 
 def final_stats_line(stats: ReplyStats) -> str:
