@@ -152,7 +152,7 @@ class Engine(Protocol):
     def history(self) -> list[Message]: ...
 
     def set_system_prompt(self, text: str | None) -> None:
-        """Set (or clear) the system prompt; resets the conversation's KV state."""
+        """Set (or clear) the system prompt; the conversation is kept, its KV state rebuilt."""
 
     def load_history(self, messages: list[Message]) -> None:
         """Replace the conversation (e.g. a resumed chat); prefilled lazily on the next chat()."""
@@ -160,8 +160,18 @@ class Engine(Protocol):
     def chat(self, user_message: str, params: SamplingParams | None = None) -> Iterator[ChatEvent]:
         """Add a user turn and stream the assistant's reply; the reply joins the history."""
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[ChatEvent]:
-        """Raw completion of token ids (bench); does not touch the conversation."""
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        ignore_eos: bool = False,
+        detokenize: bool = True,
+    ) -> Iterator[ChatEvent]:
+        """Raw completion of token ids (bench); does not touch the conversation.
+
+        ``ignore_eos`` decodes exactly ``max_tokens`` tokens; ``detokenize=False`` yields no text.
+        """
 
     def cancel(self) -> None:
         """Stop the running chat()/generate() within one decode step (thread-safe)."""

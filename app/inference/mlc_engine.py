@@ -183,8 +183,8 @@ class MLCLLMEngine:
         return self._system
 
     def set_system_prompt(self, text: str | None) -> None:
+        """Set (or clear) the system prompt; the conversation is kept (MLC re-prefills per request)."""
         self._system = text or None
-        self.reset()
 
     def load_history(self, messages: list[Message]) -> None:
         msgs = list(messages)

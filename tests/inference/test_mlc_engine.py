@@ -140,9 +140,10 @@ def test_history_and_system_prompt_are_sent_each_turn(stand_in, model_dir: Path)
     assert engine.history == []
     _run(engine.chat("third"))
     assert [m["role"] for m in engine._engine.requests[-1].kwargs["messages"]] == ["system", "user"]
-    engine.set_system_prompt(None)
+    engine.set_system_prompt(None)  # keeps the conversation, like the TVM engine
     _run(engine.chat("fourth"))
-    assert [m["role"] for m in engine._engine.requests[-1].kwargs["messages"]] == ["user"]
+    assert [m["role"] for m in engine._engine.requests[-1].kwargs["messages"]] == [
+        "user", "assistant", "user"]
 
 
 def test_load_history(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
