@@ -1,13 +1,18 @@
 """The compiler pipeline for GPUs (cuda, rocm, vulkan, metal).
 
-TVM's default GPU pipeline schedules a batch-1 dequantize+GEMV so that each thread reads one
-32-bit word per step; decode is then bound by kernel latency rather than memory bandwidth. This
-pipeline puts its own rule first (`DecodeGEMV`): every thread reads 16 bytes of packed weights per
-step (one whole q4 group of 32 values), rows are spread over the block's warps, and partial sums
-meet in a warp-shuffle reduction. Everything else falls through to TVM's dlight rules. On CUDA the
-static parts of each function are captured into CUDA graphs.
+TVM's GPU pipeline (legalize, fuse, dlight schedules: MLC's tuned GEMV configurations for CUDA,
+ROCm, Vulkan and Metal), plus:
 
-The rule is written for both NVIDIA (warp 32) and AMD RDNA (wave32) and assumes no tensor cores.
+- an exact rewrite of the 4-bit decode ``float(u & 15)`` into float bit tricks (one OR and one
+  FADD instead of an integer-to-float conversion, which runs at a fraction of the FMA rate);
+- CUDA graphs on CUDA (the static parts of each function are captured and replayed);
+- dlight's Matmul rule kept on its SIMT path: TVM 0.27's tensor-core path segfaults on fp16
+  matmuls whose static dims all exceed 64;
+- ``DecodeGEMV``, an experimental batch-1 GEMV rule (16-byte weight loads per thread, fp32
+  activations staged in padded shared memory, warp-shuffle reduction) — opt-in with
+  ``LLMCHAT_GPU_GEMV=llmchat``: on an H200 it was slower than dlight's GEMV (see schedule_rules).
+
+Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
 
 from __future__ import annotations
@@ -298,24 +303,6 @@ class DecodeGEMV:
             sch.set_scope(block, 0, "local")
 
 
-class NibbleGEMV:
-    """TVM's dlight GEMV schedule, applied after the 4-bit decode is rewritten without I2F."""
-
-    def is_target_available(self, target: Any) -> bool:
-        return "gpu" in target.keys
-
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
-        from tvm import tirx
-        from tvm.s_tir import dlight as dl
-
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        rewritten = fast_small_uint_to_float(func)
-        if rewritten.same_as(func):
-            return None
-        return dl.gpu.GEMV().apply(rewritten, target, tunable)
-
-
 #: let dlight's Matmul rule use tensor cores (TVM 0.27 can segfault on some fp16 matmuls)
 TENSOR_CORE_MATMUL = os.environ.get("LLMCHAT_TENSOR_CORE_MATMUL", "") == "1"
 
@@ -386,13 +373,25 @@ def uses_cuda_graph(target: Any) -> bool:
     return target.kind.name == "cuda"
 
 
+def _backend_passes(target: Any) -> Any:
+    """TVM's per-backend pass lists (library dispatch, lowering, finalization) for ``target``."""
+    kind = target.kind.name
+    if kind == "cuda":
+        from tvm.relax.backend.cuda import pipeline
+    elif kind == "rocm":
+        from tvm.relax.backend.rocm import pipeline
+    else:
+        from tvm.relax.backend.gpu_generic import pipeline
+    return pipeline
+
+
 def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
     """The relax pipeline for a GPU ``target``, as ``tvm.compile(..., relax_pipeline=...)`` takes it."""
     import tvm
     from tvm import relax
-    from tvm.relax.backend.cuda import pipeline as cuda_passes
     from tvm.s_tir import dlight as dl
 
+    backend = _backend_passes(target)
     graph = uses_cuda_graph(target) if cuda_graph is None else cuda_graph
 
     @tvm.transform.module_pass(opt_level=0, name="llmchat_gpu_pipeline")
@@ -400,7 +399,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
         config = dict(ctx.config) if ctx.config is not None else {}
         config["relax.backend.use_cuda_graph"] = bool(graph)
         passes = [
-            *cuda_passes.library_dispatch_passes(target),
+            *backend.library_dispatch_passes(target),
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
@@ -408,8 +407,8 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FuseTIR(),
             fast_decode_pass(),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
-            *cuda_passes.dataflow_lower_passes(target),
-            *cuda_passes.finalize_passes(target),
+            *backend.dataflow_lower_passes(target),
+            *backend.finalize_passes(target),
         ]
         with _simt_matmul_only(), target, tvm.transform.PassContext(
             opt_level=ctx.opt_level, config=config, required_pass=list(ctx.required_pass),
