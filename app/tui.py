@@ -25,21 +25,25 @@ def run_tui(args: argparse.Namespace) -> int:
     app = LlmchatApp(options)
     code = app.run()
     code = int(code or 0) if app.return_code is None else int(app.return_code)
-    _finish_background_work()
+    _finish_background_work(code)
     return code
 
 
-def _finish_background_work(grace_s: float = 3.0) -> None:
-    """A compile cannot be interrupted: after a short grace period, exit without waiting for it.
+def _finish_background_work(code: int, grace_s: float = 3.0) -> None:
+    """Leave without waiting for work that cannot be interrupted (a compile in progress).
 
+    A daemon thread still inside TVM would abort the interpreter's shutdown ("terminate called ..."),
+    so when one is alive the process ends with ``os._exit``; other threads get ``grace_s`` seconds.
     Conversations are committed message by message, so nothing is lost by not waiting.
     """
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    while True:
+        others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
         if not others:
             return
+        if any(t.daemon for t in others) or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

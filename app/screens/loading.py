@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
@@ -98,10 +98,12 @@ class LoadingScreen(Screen):
         self.llm_app.cancel_events.add(self.cancel_event)
         self.query_one("#loading-error", Static).update("")
         self.query_one("#loading-error").display = False
-        self._prepare()
+        # a daemon thread, not a Textual worker: a compile cannot be interrupted, and quitting must not
+        # wait for it (the compiler writes its cache atomically; downloads stop on the cancel event)
+        threading.Thread(target=self._prepare, name="llmchat-prepare", daemon=True).start()
 
-    @work(thread=True, exclusive=True, group="download", exit_on_error=False)
     def _prepare(self) -> None:
+        """Download (when needed), compile and load, in the background thread; posts Progress/Finished."""
         services = self.llm_app.services
         progress = ProgressThrottle(lambda event: self.post_message(self.Progress(event)))
         try:

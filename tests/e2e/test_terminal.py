@@ -175,3 +175,20 @@ def test_llmchat_in_a_terminal_question_and_stats(kind, installed_tiny_model):
     db = Path(installed_tiny_model["LLMCHAT_DATA_DIR"]) / "history.sqlite3"
     rows = sqlite3.connect(db).execute("SELECT role, content FROM messages ORDER BY id").fetchall()
     assert rows[0] == ("user", "Hello, who are you?") and rows[1][0] == "assistant"
+
+
+def test_ctrl_c_during_compile_quits_at_once(installed_tiny_model, tmp_path):
+    """A compile cannot be interrupted; quitting must not wait for it, nor crash the interpreter."""
+    env = {**installed_tiny_model, "LLMCHAT_CACHE_DIR": str(tmp_path / "empty-cache")}
+    terminal = PtyTerminal([*llmchat_command(), "--model", MODEL_ID, "--device", "cpu"], env)
+    try:
+        wait_for(terminal, lambda s: "ompiling" in s, 120, "the compile to start")
+        terminal.key("C-c")
+        started = time.monotonic()
+        terminal.proc.wait(timeout=10)
+        assert time.monotonic() - started < 3
+        assert terminal.proc.returncode == 0
+        screen = terminal.screen()
+        assert "Traceback" not in screen and "terminate called" not in screen
+    finally:
+        terminal.close()
