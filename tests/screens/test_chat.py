@@ -49,25 +49,34 @@ async def type_and_send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
-async def test_message_streams_with_live_and_final_stats(make_app):
+async def test_message_streams_with_live_and_final_stats(make_app, monkeypatch):
+    shown: list[str] = []  # every text the stats line showed, in order
+    update = StatsLine.update
+
+    def record(self, content="", **kwargs):
+        shown.append(str(content))
+        return update(self, content, **kwargs)
+
+    monkeypatch.setattr(StatsLine, "update", record)
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
-        app.params.max_tokens = 3000  # a few seconds: long enough to watch it stream
-        await type_and_send(pilot, "Hello there")
-        await wait_until(pilot, lambda: chat.replying)
+        app.params.max_tokens = 3000  # about a second or more: several UI updates
+        await send_and_finish(pilot, chat, "Hello there")
         log = chat.query_one(ChatLog)
         reply = log.query_one(AssistantMessage)
         stats = log.query_one(StatsLine)
-        await wait_until(pilot, lambda: "tok/s" in str(stats.render()))
-        assert stats.has_class("live")
-        await wait_until(pilot, lambda: not chat.replying)
+        live = [text for text in shown if text.startswith("▍")]
+        assert live, shown  # the live line: tokens so far, tok/s, time to first token
+        assert all("tokens" in text and "tok/s" in text and "TTFT" in text for text in live)
+        assert shown[-1] == str(stats.render())
         assert log.query_one(UserMessage).source == "Hello there"
         assert reply.source.strip()
         final = str(stats.render())
-        assert "prefill:" in final and "decode:" in final and "TTFT" in final
+        assert final.startswith("3000 tokens") and "prefill:" in final and "decode:" in final
+        assert "TTFT" in final and "max_tokens reached" in final
         assert not stats.has_class("live")
-        # saved: user message and the reply
+        # saved: the user message and the reply
         messages = app.history.messages(app.conversation_id)
         assert [m.role for m in messages] == ["user", "assistant"]
         assert messages[1].content == reply.source
