@@ -1,23 +1,28 @@
-"""The compiler pipeline for CPUs (llvm targets): TVM's CPU passes plus llmchat's own kernel schedules.
+"""The compiler pipeline for CPUs (llvm targets): TVM's CPU passes plus llmchat's own kernels.
 
 TVM's generic CPU pipeline legalizes and fuses the model into PrimFuncs but leaves every loop nest
-serial and scalar. ``cpu_pipeline`` inserts :class:`ScheduleCPUKernels` right after fusion. It
-recognises the shapes an LLM produces and schedules them with ``tvm.s_tir.Schedule``:
+serial and scalar. ``cpu_pipeline`` adds, right after fusion:
 
-* matrix-vector / matrix-matrix products whose reduction runs along the weight's last axis
-  (``[out, in]`` weights: q0 ``NT`` matmuls, tied lm_heads, and the dequantize-in-reduction
-  products of q4f16_1 / q4f32_1 where the weight is a ``uint32`` word of eight nibbles): the
-  output rows are split over the threads, a few rows are computed together (unrolled, so the
-  activation vector is loaded once for all of them and the FMA chains are independent), the
-  reduction is ``rfactor``-ed into a vector accumulator of ``lanes`` floats that lives in
-  registers, and the fused epilogue (cast, residual add) is applied per row;
-* row reductions (RMSNorm, softmax): the rows go over the threads, the inner loops are vectorized;
-* elementwise and layout kernels: flattened, parallel when large, vectorized when the innermost
-  extent allows it.
+* ``FuseTransposeMatmul`` (as MLC does), so ``x @ W.T`` reads ``W`` in place instead of writing
+  a transposed copy of the weight on every call;
+* :func:`ScheduleCPUKernels`, which schedules with ``tvm.s_tir.Schedule`` every matrix product
+  whose reduction runs along the weight's last axis: q0 ``NT`` matmuls, tied lm_heads and the
+  dequantize-in-reduction products of every weight format (MLC's q4f16_1 / q4f32_1 words of eight
+  nibbles, GGUF blocks). Output rows are split over the threads; four rows are computed together
+  (unrolled: the activation is loaded once for all of them and their FMA chains are independent);
+  the reduction is ``rfactor``-ed into an 8-lane fp32 vector accumulator that stays in registers,
+  with one q4 group (4 x 8 values) unrolled so its scale is loaded once; the fused epilogue (cast,
+  residual add) runs per row. With several activation rows (prefill) each activation row meets 32
+  weight rows while it is in L1, and when the model materialises the dequantized weight in its
+  own block, 8-row tiles of it are decoded once per call and reused by every activation row;
+* a vectorized, parallel paged-KV decode attention kernel in place of TVM's scalar
+  ``batch_decode_paged_kv_cpu`` (:func:`decode_attention_kernel`).
 
-Kernels that arrive already scheduled (the paged-KV-cache attention kernels carry
-``tirx.is_scheduled``) are left alone. Anything a rule cannot handle falls back to the unscheduled
-loop nest, so a model always compiles.
+Small kernels (RMSNorm, SiLU, reshapes: a few microseconds per token) stay serial: a parallel
+launch would cost more than they do. Kernels that arrive scheduled (the KV-cache kernels carry
+``tirx.is_scheduled``) are left alone, and a kernel no rule fits keeps TVM's loop nest, so a model
+always compiles. TVM sizes its thread pool from ``TVM_NUM_THREADS``; :func:`configure_cpu_threads`
+sets it to the number of physical cores before the first kernel runs.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ class CPUScheduleConfig:
     k_unroll: int = 4  # reduction steps unrolled together (4 x 8 lanes = one q4 group of 32)
     row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
     weight_tile_rows: int = 8  # dequantized weight rows decoded at once for several activation rows
-    min_parallel_work: int = 16384  # elements below which an elementwise kernel stays serial
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
 
 
@@ -149,16 +153,13 @@ def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> 
 def schedule_prim_func(func: Any, target: Any, config: CPUScheduleConfig | None = None) -> Any | None:
     """``func`` with a CPU schedule applied, or None when no rule fits (it then stays as it is)."""
     cfg = config or CPUScheduleConfig()
-    for kind, rule in (("gemv", _schedule_matmul), ("reduction", _schedule_row_reduction),
-                       ("elementwise", _schedule_elementwise)):
-        try:
-            sch = rule(func, target, cfg)
-        except Exception:
-            sch = None
-        if sch is not None:
-            out = sch.mod["main"]
-            return out.with_attr(_SCHEDULED_ATTR, True).with_attr(KERNEL_KIND_ATTR, kind)
-    return None
+    try:
+        sch = _schedule_matmul(func, target, cfg)
+    except Exception:  # a kernel the rule does not fit keeps TVM's loop nest
+        sch = None
+    if sch is None:
+        return None
+    return sch.mod["main"].with_attr(_SCHEDULED_ATTR, True).with_attr(KERNEL_KIND_ATTR, "gemv")
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,8 +238,6 @@ def _schedule_matmul(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | No
 
 
 def _matmul_schedule(func: Any, cfg: CPUScheduleConfig, keep_weight_block: bool) -> Any | None:
-    from tvm import tirx
-
     norm = _normalized_blocks(func, keep_weight_block)
     if norm is None:
         return None
@@ -343,24 +342,9 @@ def _matmul_schedule(func: Any, cfg: CPUScheduleConfig, keep_weight_block: bool)
     sch.vectorize(ki_l)
     init = sch.decompose_reduction(rf, ko_l)
     sch.vectorize(sch.get_loops(init)[-1])
-    del tirx
     if weight_block is not None:
         sch.annotate(n_o, "llmchat.dequantize_tile", 1)
     return sch
-
-
-# --------------------------------------------------------------------------------------------
-# Row reductions (RMSNorm, softmax): rows over threads
-# --------------------------------------------------------------------------------------------
-def _schedule_row_reduction(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | None:
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# Elementwise / layout
-# --------------------------------------------------------------------------------------------
-def _schedule_elementwise(func: Any, target: Any, cfg: CPUScheduleConfig) -> Any | None:
-    return None
 
 
 # --------------------------------------------------------------------------------------------
