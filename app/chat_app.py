@@ -332,4 +332,3 @@ class LlmchatApp(App):
             with contextlib.suppress(Exception):
                 self.engine.close()
         self.history.close()
-

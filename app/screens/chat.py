@@ -94,9 +94,7 @@ class ReplyBuffer:
 
 def final_stats_line(stats: ReplyStats) -> str:
     """The stats line kept under a finished reply."""
-    line = (
-        f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
-    )
+    line = f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
     notes = {"cancelled": "stopped", "length": "max_tokens reached", "context": "context window full"}
     if stats.finish_reason in notes:
         line += f" · {notes[stats.finish_reason]}"

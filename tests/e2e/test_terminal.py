@@ -74,7 +74,11 @@ class PtyTerminal:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         self.proc = subprocess.Popen(
-            command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            command,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
             env={**os.environ, **env, "TERM": "xterm-256color"},
         )
         os.close(slave)

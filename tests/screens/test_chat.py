@@ -108,7 +108,6 @@ async def test_stats_command_shows_last_reply_session_device_memory(make_app):
         assert "memory in use:" in text
 
 
-
 async def test_reset_clears_chat_and_starts_new_conversation(make_app):
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:
