@@ -153,3 +153,20 @@ async def test_quit_mid_download_cancels_it(hub):
         await wait_until(pilot, lambda: not app.is_running, timeout=15)
     assert all(event.is_set() for event in events)
     assert list_installed() == []
+
+
+async def test_probe_errors_are_messages_and_the_catalog_still_shows():
+    def failing_probe():
+        raise LlmchatError("Cannot read /sys/class/drm: permission denied.", "run llmchat as your own user")
+
+    services = Services(probe=failing_probe, list_installed=lambda: [], installed_model_path=lambda m: None)
+    app = LlmchatApp(StartOptions(), services)
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).row_count > 0)
+        summary = str(app.screen.query_one("#hardware-summary").render())
+        assert "probe failed" in summary and "permission denied" in summary
+        app.action_open_hardware()
+        await wait_until(pilot, lambda: "fix:" in str(app.screen.query_one("#hardware-report").render()))
+        report = str(app.screen.query_one("#hardware-report").render())
+        assert "permission denied" in report and "run llmchat as your own user" in report
+        assert "Traceback" not in report
