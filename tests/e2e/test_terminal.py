@@ -55,7 +55,10 @@ class TmuxTerminal:
         return "t" in self._tmux("list-sessions", "-F", "#{session_name}").split()
 
     def close(self) -> None:
+        socket_path = self._tmux("display-message", "-p", "#{socket_path}").strip()
         self._tmux("kill-server")
+        if socket_path.endswith(self.socket):
+            Path(socket_path).unlink(missing_ok=True)
 
 
 class PtyTerminal:
