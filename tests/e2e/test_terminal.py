@@ -36,6 +36,7 @@ class TmuxTerminal:
         env_args = [f"{key}={value}" for key, value in env.items()]
         shell_command = " ".join(_quote(part) for part in ["env", *env_args, *command])
         self._tmux("new-session", "-d", "-s", "t", "-x", str(size[0]), "-y", str(size[1]), shell_command)
+        self.socket_path = self._tmux("display-message", "-p", "#{socket_path}").strip()
 
     def _tmux(self, *args: str) -> str:
         return subprocess.run(
@@ -55,10 +56,9 @@ class TmuxTerminal:
         return "t" in self._tmux("list-sessions", "-F", "#{session_name}").split()
 
     def close(self) -> None:
-        socket_path = self._tmux("display-message", "-p", "#{socket_path}").strip()
         self._tmux("kill-server")
-        if socket_path.endswith(self.socket):
-            Path(socket_path).unlink(missing_ok=True)
+        if self.socket_path.endswith(self.socket):
+            Path(self.socket_path).unlink(missing_ok=True)
 
 
 class PtyTerminal:
