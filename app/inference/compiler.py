@@ -337,8 +337,12 @@ def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: Progr
 
 
 def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
-                    progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
-    """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic)."""
+                    progress: ProgressCallback | None = None,
+                    device_label: str | None = None) -> list[dict[str, Any]]:
+    """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic).
+
+    ``device_label`` (e.g. ``"vulkan:0"``) names the device in progress messages.
+    """
     global COMPILE_COUNT
     import tvm
 
@@ -352,7 +356,9 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
             "install a TVM built with it: MLC's TVM wheels, e.g. `pip install --pre -f https://mlc.ai/wheels "
             "mlc-ai-nightly-rocm62` (ROCm and Vulkan), or use another --device")
     if progress:
-        progress(ProgressEvent("compile", f"compiling {cfg.model_type} {cfg.quantization} for {kind}", 0, 3))
+        where = device_label or ("cpu" if kind == "llvm" else kind)
+        progress(ProgressEvent("compile", f"compiling for {where} ({cfg.model_type}, {cfg.quantization}) …",
+                               0, 3))
     try:
         mod, named_params = export_model(cfg, target)
     except LlmchatError:
@@ -426,7 +432,7 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
             pass  # damaged entry: rebuild it
     target = make_target(device, arch)
     t0 = time.monotonic()
-    params = compile_library(cfg, target, lib, progress)
+    params = compile_library(cfg, target, lib, progress, device_label=str(device))
     meta = {"params": params, "target": str(target), "compute_dtype": cfg.activation_dtype, "key": key,
             "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key()}
     _write_json_atomic(meta_path, meta)

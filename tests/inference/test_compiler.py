@@ -32,6 +32,7 @@ def test_second_load_reuses_the_library(tiny_model_dir, fresh_cache, monkeypatch
     assert before + 1 == compiler.COMPILE_COUNT
     compile_events = [e for e in events if e.stage == "compile"]
     assert compile_events and compile_events[-1].fraction == 1.0
+    assert compile_events[0].message.startswith("compiling for cpu:0")
     libs = list((tmp_path / "cache" / "libs").glob("*.so"))
     assert len(libs) == 1 and libs[0].with_suffix(".json").is_file()
     assert not list((tmp_path / "cache" / "libs").glob("*.tmp"))
