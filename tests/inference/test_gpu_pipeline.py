@@ -33,7 +33,7 @@ def _tiny_module(target):
 
 
 def _scheduled_functions(mod, target):
-    """Run the pipeline up to the schedules; return {name: PrimFunc} of the decode GEMVs."""
+    """Run the pipeline up to the schedules (``gpu.schedule_rules``); return {name: PrimFunc}."""
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
@@ -41,7 +41,8 @@ def _scheduled_functions(mod, target):
         mod = tvm.transform.Sequential([
             relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
-            dl.ApplyDefaultSchedule(gpu.DecodeGEMV()),
+            gpu.fast_decode_pass(),
+            dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
         ])(mod)
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 
@@ -97,17 +98,47 @@ def test_fast_uint_to_float_rewrite_is_exact():
     np.testing.assert_array_equal(results[1], expected)
 
 
-def test_experimental_decode_gemv_rule_schedules_every_decode_matmul():
+def _q4_gemv(in_f: int, out_f: int):
+    """A batch-1 q4f16_1 GEMV as the engine writes it (dequantization inside the reduction)."""
+    from tvm import te
+
+    from app.inference.quantization import get_format
+
+    fmt = get_format("q4f16_1")
+    x = te.placeholder((1, 1, in_f), "float16", name="x")
+    qw = te.placeholder((out_f, in_f // 8), "uint32", name="q_weight")
+    qs = te.placeholder((out_f, in_f // 32), "float16", name="q_scale")
+    k = te.reduce_axis((0, in_f), name="k")
+    acc = te.compute((1, 1, out_f), lambda b, s, n: te.sum(
+        x[b, s, k].astype("float32") * fmt.dequant({"q_weight": qw, "q_scale": qs}, n, k), axis=k),
+        name="dequant_matmul")
+    out = te.compute((1, 1, out_f), lambda b, s, n: acc[b, s, n].astype("float16"), name="out")
+    return te.create_prim_func([x, qw, qs, out])
+
+
+def test_decode_gemv_rule_schedule():
     target = tvm.target.Target(CUDA_TARGET)
-    funcs = _scheduled_functions(_tiny_module(target), target)
-    scheduled = [n for n, f in funcs.items() if "dequant" in n and f.attrs
-                 and f.attrs.get("tirx.is_scheduled")]
-    # decode: qkv, o_proj(+residual), gate_up, down(+residual), lm_head
-    assert len(scheduled) >= 5, sorted(funcs)
-    for name in scheduled:
-        script = funcs[name].script()
-        assert 'thread="threadIdx.x"' in script and "blockIdx.x" in script
-        assert "reinterpret" in script, name  # nibble decode without I2F
+    with target:
+        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 256), target, False)
+    assert sch is not None
+    script = sch.mod.script()
+    assert 'thread="threadIdx.x"' in script and 'thread="blockIdx.x"' in script
+    assert "reinterpret" in script  # 4-bit decode without I2F
+    assert 'scope="shared"' in script and "T.vectorized(4)" in script  # staged vector, 16-byte loads
+    with target:  # rows too short to tile with 16-byte chunks: left to the next rule
+        assert gpu.DecodeGEMV().apply(_q4_gemv(64, 256), target, False) is None
+
+
+def test_decode_gemv_rule_cuda_source_compiles():
+    target = tvm.target.Target(CUDA_TARGET)
+    with target:
+        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 256), target, False)
+    mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "gemv")})
+    with cuda_support.cuda_build_hooks(target) as info:
+        tvm.tirx.build(mod, target=target)
+    source = info["sources"][0]
+    assert "uint4" in source and "__shfl_down_sync" in source
+    assert "float4" in source  # fp32 vector chunk read from shared memory 16 bytes at a time
 
 
 def test_cuda_build_decodes_without_i2f_and_uses_cuda_graphs(cuda_build):
@@ -118,11 +149,17 @@ def test_cuda_build_decodes_without_i2f_and_uses_cuda_graphs(cuda_build):
     assert "vm.builtin.cuda_graph.run_or_capture" in ex.as_text()  # static regions are captured
 
 
-def test_experimental_gemv_is_opt_in(monkeypatch):
-    target = tvm.target.Target(CUDA_TARGET)
-    assert not any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(target))
+def test_llmchat_gemv_first_on_cuda_only_unless_overridden(monkeypatch):
+    cuda = tvm.target.Target(CUDA_TARGET)
+    rocm = tvm.target.Target({"kind": "rocm", "mcpu": "gfx1100", "mtriple": "amdgcn-amd-amdhsa-hcc",
+                              "thread_warp_size": 32, "host": {"kind": "llvm"}})
+    monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
+    assert isinstance(gpu.schedule_rules(cuda)[0], gpu.DecodeGEMV)
+    assert not any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(rocm))
+    monkeypatch.setenv("LLMCHAT_GPU_GEMV", "tvm")
+    assert not any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(cuda))
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "llmchat")
-    assert isinstance(gpu.schedule_rules(target)[0], gpu.DecodeGEMV)
+    assert isinstance(gpu.schedule_rules(rocm)[0], gpu.DecodeGEMV)
 
 
 @pytest.mark.skipif(cuda_support.find_nvcc() is None, reason="nvcc not installed")

@@ -8,9 +8,10 @@ ROCm, Vulkan and Metal), plus:
 - CUDA graphs on CUDA (the static parts of each function are captured and replayed);
 - dlight's Matmul rule kept on its SIMT path: TVM 0.27's tensor-core path segfaults on fp16
   matmuls whose static dims all exceed 64;
-- ``DecodeGEMV``, an experimental batch-1 GEMV rule (16-byte weight loads per thread, fp32
-  activations staged in padded shared memory, warp-shuffle reduction) — opt-in with
-  ``LLMCHAT_GPU_GEMV=llmchat``: on an H200 it was slower than dlight's GEMV (see schedule_rules).
+- ``DecodeGEMV``, a batch-1 dequantizing GEMV rule: 16-byte weight loads per thread (one q4 group
+  of 32 values), the activation vector staged once per block as fp32 in padded (bank-conflict
+  free) shared memory and read with 16-byte loads, the group scale converted once, warp-shuffle
+  reduction. Used on CUDA (see ``use_llmchat_gemv``); rows it cannot tile go to dlight's GEMV.
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
@@ -101,6 +102,13 @@ def fast_small_uint_to_float(func: Any) -> Any:
     return tvm_ffi.structural_map(func, [(Sub, _sub), (Cast, _cast)], order="pre")
 
 
+def _read_index(sch: Any, block: Any, buffer: Any) -> int:
+    for i, region in enumerate(sch.get(block).reads):
+        if region.source.same_as(buffer):
+            return i
+    raise ValueError("buffer is not read by the block")
+
+
 def _drop_roundtrip_casts(func: Any) -> Any:
     """``f32(f16(x))`` -> ``x`` where x is float32: left behind by staging an fp16 vector as fp32."""
     import tvm_ffi
@@ -126,7 +134,7 @@ class DecodeGEMV:
 
     def __init__(self, load_bytes: int = LOAD_BYTES, max_threads_per_row: int = 32,
                  min_blocks: int = 512, max_block_threads: int = 256, unroll_steps: int = 4,
-                 shared_vector_bytes: int = 16384, pad_shared: bool = True) -> None:
+                 shared_vector_bytes: int = 40960, pad_shared: bool = True) -> None:
         self.load_bytes = load_bytes
         self.max_threads_per_row = max_threads_per_row
         self.min_blocks = min_blocks
@@ -196,8 +204,8 @@ class DecodeGEMV:
                                      self.max_threads_per_row, self.min_blocks, block_threads)
             if cfg is None:
                 words_per_thread //= 2
-        if cfg is None:
-            return None
+        if cfg is None or cfg.threads_per_row < 8:
+            return None  # short rows: dlight's GEMV handles them better
         steps = words_per_row // (cfg.threads_per_row * words_per_thread)
         unroll = min(self.unroll_steps, steps)
         cfg = GemvConfig(cfg.rows_per_block, cfg.threads_per_row, unroll)
@@ -206,12 +214,26 @@ class DecodeGEMV:
         stage_f32 = accumulates_f32 and str(vectors[0].dtype) == "float16"
         vector_bytes = red * (4 if stage_f32 else vectors[0].dtype.bits // 8)
         use_shared = vector_bytes <= self.shared_vector_bytes
+        if stage_f32 and not use_shared:
+            return None  # per-element fp16->fp32 conversions would bound it: dlight's GEMV is faster
+        scale_buf = self._scale_buffer(sch, block, vectors[0], weight_index, red)
         self._schedule(sch, block, epilogue, cfg, values_per_word * words_per_thread,
                        words_per_thread, weight_index, use_shared, stage_f32 and use_shared,
-                       self.pad_shared)
+                       self.pad_shared, scale_buf)
         if stage_f32 and use_shared:
             return s_tir.Schedule(_drop_roundtrip_casts(sch.mod["main"]))
         return sch
+
+    @staticmethod
+    def _scale_buffer(sch: Any, block: Any, vector: Any, weight_index: int, red: int) -> Any | None:
+        """The float16 [N, K/32] buffer the reduction reads (the group scales), if any."""
+        for i, region in enumerate(sch.get(block).reads):
+            buf = region.source
+            if i == weight_index or buf.same_as(vector) or len(buf.shape) != 2:
+                continue
+            if str(buf.dtype) == "float16" and _static_int(buf.shape[-1]) == red // 32:
+                return buf
+        return None
 
     @staticmethod
     def _weight_buffer(sch: Any, block: Any, vector: Any) -> tuple[int, Any]:
@@ -234,7 +256,7 @@ class DecodeGEMV:
     @staticmethod
     def _schedule(sch: Any, block: Any, epilogue: Any, cfg: GemvConfig, values_per_thread: int,
                   words_per_thread: int, weight_index: int, use_shared: bool,
-                  stage_f32: bool, pad_shared: bool = True) -> None:
+                  stage_f32: bool, pad_shared: bool = True, scale_buf: Any = None) -> None:
         rows, threads = cfg.rows_per_block, cfg.threads_per_row
         batch, spatial, red, red_inner = sch.get_loops(block)
         spatial = sch.fuse(batch, spatial)
@@ -264,9 +286,8 @@ class DecodeGEMV:
             sch.compute_at(vload, tx, preserve_unit_loops=True)
             vloop = sch.get_loops(vload)[-1]
             total = _static_int(sch.get(vloop).extent) or 0
-            # padded rows are not 16-byte aligned: scalar stores then
             padded = pad_shared and total % values_per_thread == 0
-            vec_len = 1 if padded else 8
+            vec_len = 4 if padded else 8
             while vec_len > 1 and total % (rows * threads * vec_len) != 0:
                 vec_len //= 2
             _, vy, vx, vv = sch.split(vloop, factors=[None, rows, threads, vec_len],
@@ -275,13 +296,30 @@ class DecodeGEMV:
             sch.bind(vx, "threadIdx.x")
             sch.vectorize(vv)
             if padded:
-                # each thread reads its own contiguous chunk: pad every chunk by one word so that
-                # the threads of a warp hit different shared-memory banks
+                # each thread reads its own contiguous chunk: pad every chunk by 4 words so that
+                # the 16-byte reads of 8 threads (one shared-memory phase) hit different banks
                 ndim = len(sch.get(vload).writes[0].source.shape)
                 chunk = values_per_thread
                 sch.transform_layout(vload, ("write", 0), lambda *idx: (*idx[:-1], idx[-1] // chunk,
                                                                         idx[-1] % chunk))
-                sch.storage_align(vload, 0, axis=ndim - 1, factor=32, offset=1)
+                sch.storage_align(vload, 0, axis=ndim - 1, factor=32, offset=4)
+            if stage_f32:
+                # per step: the thread's chunk of the vector into registers (16-byte shared loads)
+                shared_buf = sch.get(vload).writes[0].source
+                xi = _read_index(sch, partial, shared_buf)
+                xload = sch.cache_read(partial, read_buffer_index=xi, storage_scope="local")
+                sch.compute_at(xload, step, preserve_unit_loops=True)
+                xloops = sch.get_loops(xload)[4:]
+                xf = sch.fuse(*xloops) if len(xloops) > 1 else xloops[0]
+                xo, xv = sch.split(xf, factors=[None, 4], preserve_unit_iters=True)
+                sch.vectorize(xv)
+                sch.unroll(xo)
+        if stage_f32 and scale_buf is not None and values_per_thread == 32:
+            # the group's scale once per step, converted to float32 once
+            sload = sch.cache_read(partial, read_buffer_index=_read_index(sch, partial, scale_buf),
+                                   storage_scope="local")
+            sch.compute_at(sload, step, preserve_unit_loops=True)
+            sch.unsafe_set_dtype(sload, 0, "float32")
         sch.unroll(inner)  # constant indices into the register copy of the weights
         sch.decompose_reduction(partial, step)
         if cfg.unroll_steps > 1:  # several 16-byte loads in flight per thread
@@ -324,16 +362,25 @@ def _simt_matmul_only() -> Iterator[None]:
         matmul.check_sm_version = original
 
 
-def schedule_rules(target: Any) -> list[Any]:
-    """The dlight rules, in order, for ``target``.
+def use_llmchat_gemv(target: Any) -> bool:
+    """Whether :class:`DecodeGEMV` goes before dlight's GEMV rule.
 
-    TVM's GEMV rule (MLC's tuned configurations for CUDA, ROCm, Vulkan and Metal) schedules the
-    batch-1 GEMVs; ``LLMCHAT_GPU_GEMV=llmchat`` puts the experimental :class:`DecodeGEMV` first
-    (slower on an H200 in our measurements: 238 vs 302 tok/s on Llama-2-7B shapes).
+    Default: on CUDA, where it was measured (H200, Llama-2-7B shapes, engine end to end: 317.7
+    tok/s against 307.8 with dlight's GEMV and 272.5 with TVM's plain pipeline). Elsewhere
+    dlight's GEMV keeps MLC's per-vendor configurations until the rule is measured there.
+    ``LLMCHAT_GPU_GEMV=llmchat`` or ``=tvm`` overrides.
     """
+    choice = os.environ.get("LLMCHAT_GPU_GEMV", "").strip().lower()
+    if choice in ("llmchat", "tvm"):
+        return choice == "llmchat"
+    return target.kind.name == "cuda"
+
+
+def schedule_rules(target: Any) -> list[Any]:
+    """The dlight rules, in order, for ``target``."""
     from tvm.s_tir import dlight as dl
 
-    first = [DecodeGEMV()] if os.environ.get("LLMCHAT_GPU_GEMV", "") == "llmchat" else []
+    first = [DecodeGEMV()] if use_llmchat_gemv(target) else []
     return [
         *first,
         dl.gpu.Matmul(),
