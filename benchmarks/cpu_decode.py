@@ -184,9 +184,13 @@ def main() -> int:
         result[f"{name}_decode_tok_s"] = _median(values)
         result[f"{name}_runs"] = [round(v, 1) for v in values]
         result[f"{name}_best_decile_tok_s"] = _best_decile_tok_s(steps[name])
-    if peer and result["llama.cpp_decode_tok_s"]:
-        result["llmchat_vs_llama.cpp"] = round(
-            float(result["llmchat_decode_tok_s"]) / float(result["llama.cpp_decode_tok_s"]), 2)
+    if peer:
+        for name in engines:
+            for metric in ("decode_tok_s", "best_decile_tok_s"):
+                peer_value = float(result[f"llama.cpp_{metric}"])
+                if peer_value:
+                    ratio = float(result[f"{name}_{metric}"]) / peer_value
+                    result[f"{name}_vs_llama.cpp_{metric}"] = round(ratio, 2)
     result["load_avg_end"] = os.getloadavg()[0]
     print(json.dumps(result))
     return 0
