@@ -127,6 +127,8 @@ def test_decode_gemv_rule_schedule():
     assert 'scope="shared"' in script and "T.vectorized(4)" in script  # staged vector, 16-byte loads
     with target:  # rows too short to tile with 16-byte chunks: left to the next rule
         assert gpu.DecodeGEMV().apply(_q4_gemv(64, 256), target, False) is None
+        # Qwen2.5-0.5B's down projection: one row per block would stage the vector per row
+        assert gpu.DecodeGEMV().apply(_q4_gemv(4864, 896), target, False) is None
 
 
 def test_decode_gemv_rule_cuda_source_compiles():

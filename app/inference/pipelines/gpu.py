@@ -204,8 +204,10 @@ class DecodeGEMV:
                                      self.max_threads_per_row, self.min_blocks, block_threads)
             if cfg is None:
                 words_per_thread //= 2
-        if cfg is None or cfg.threads_per_row < 8:
-            return None  # short rows: dlight's GEMV handles them better
+        if cfg is None or cfg.threads_per_row < 8 or cfg.threads_per_row * cfg.rows_per_block < 128:
+            # short rows, or so few rows per block that staging the vector would cost more than
+            # the weights it serves: dlight's GEMV handles these better
+            return None
         steps = words_per_row // (cfg.threads_per_row * words_per_thread)
         unroll = min(self.unroll_steps, steps)
         cfg = GemvConfig(cfg.rows_per_block, cfg.threads_per_row, unroll)
