@@ -119,7 +119,7 @@ def _q4_gemv(in_f: int, out_f: int):
 def test_decode_gemv_rule_schedule():
     target = tvm.target.Target(CUDA_TARGET)
     with target:
-        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 256), target, False)
+        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 4096), target, False)
     assert sch is not None
     script = sch.mod.script()
     assert 'thread="threadIdx.x"' in script and 'thread="blockIdx.x"' in script
@@ -134,7 +134,7 @@ def test_decode_gemv_rule_schedule():
 def test_decode_gemv_rule_cuda_source_compiles():
     target = tvm.target.Target(CUDA_TARGET)
     with target:
-        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 256), target, False)
+        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 4096), target, False)
     mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "gemv")})
     with cuda_support.cuda_build_hooks(target) as info:
         tvm.tirx.build(mod, target=target)
