@@ -1,15 +1,20 @@
 #!/bin/bash
 # llmchat vs llama.cpp on one NVIDIA GPU (written for the H200), random weights, same run.
 #
-# Prepare on a machine with the TVM compiler (no GPU needed):
+# Prepare on a machine with the TVM compiler and nvcc (no GPU needed):
 #   python benchmarks/gpu_decode.py compile --cache scratch/gpu/cache --arch sm_90 \
 #       --presets llama2-7b,qwen2.5-3b,qwen2.5-0.5b --plain llama2-7b
-#   runtime-only wheels in .whl/: apache-tvm (repacked without lib/libtvm_compiler.so),
-#   apache-tvm-ffi, platformdirs (cp312 for the device's Python)
-#   llama.cpp's source (from PyPI's llama-cpp-python sdist, vendor/llama.cpp) as a .tgz
+#   .whl/: cp312 wheels for the GPU machine's Python: apache-tvm 0.27.0.post1 repacked without
+#     tvm/lib/libtvm_compiler.so (and tvm/3rdparty; runtime-only, 5 MB), apache-tvm-ffi 0.1.15.post2,
+#     platformdirs
+#   llama.cpp's source: vendor/llama.cpp of PyPI's llama-cpp-python 0.3.36 sdist, as a .tgz
+#     (LLAMA_CPP_TGZ; only gguf-py/ and models/ggml-vocab-{llama-spm,qwen2}.gguf are needed when a
+#     llama-bench binary is given as LLAMA_BENCH_XZ: xz-compressed, split files allowed, built on the
+#     same kind of machine with the cmake flags below)
 # Run on the GPU machine, from the repository root:
-#   bash benchmarks/run_h200.sh OUTDIR
-# Writes OUTDIR/llmchat.json, OUTDIR/llamacpp.json (llama-bench -o json), logs, and a summary.
+#   LLMCHAT_BENCH_CACHE=scratch/gpu/cache LLAMA_BENCH_XZ=scratch/gpu/lbench/llama-bench.xz.part- \
+#   LLAMA_CPP_TGZ=scratch/gpu/lcpp/llama.cpp-gguf.tgz bash benchmarks/run_h200.sh OUTDIR
+# Writes OUTDIR/llmchat.json, OUTDIR/llamacpp.json (llama-bench -o json), logs, and summary.md.
 set -u
 OUTDIR=${1:-${OUT:-bench-out}}
 CACHE=${LLMCHAT_BENCH_CACHE:-scratch/gpu/cache}
