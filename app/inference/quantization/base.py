@@ -111,10 +111,29 @@ def _nn():
     return nn
 
 
+#: name of the TE stage that materialises the dequantized weight (several activation rows)
+DEQUANTIZE_STAGE = "dequantize"
+
+
+def is_single_row(lead_dims: list[Any]) -> bool:
+    """Whether every leading (batch, sequence) dim is a static 1: a GEMV, as in decode."""
+    from tvm import tirx
+
+    return all((isinstance(d, int) and d == 1) or (isinstance(d, tirx.IntImm) and int(d.value) == 1)
+               for d in lead_dims)
+
+
 def dequant_matmul_te(
     fmt: WeightFormat, names: list[str], in_features: int, out_features: int, out_dtype: str
 ) -> Callable[..., Any]:
-    """TE function ``(x, *params[, bias]) -> x @ dequant(W).T`` accumulating in float32."""
+    """TE function ``(x, *params[, bias]) -> x @ dequant(W).T`` accumulating in float32.
+
+    For one activation row (decode: every leading dim a static 1) the dequantization sits inside
+    the reduction, so each weight byte is read once and nothing is materialised. For several rows
+    (prefill) the dequantized weight is its own ``dequantize`` stage of the same PrimFunc, read as
+    ``w[n, k]`` by the reduction: schedules can then decode it once per call (the CPU pipeline
+    decodes 8-row tiles) instead of once per activation row.
+    """
     from tvm import te
 
     def compute(x, *tensors):
@@ -122,13 +141,18 @@ def dequant_matmul_te(
         bias = tensors[len(names)] if len(tensors) > len(names) else None
         k = te.reduce_axis((0, in_features), name="k")
         lead = list(x.shape[:-1])
+        if is_single_row(lead):
+            def weight(n, kk):
+                return fmt.dequant(params, n, kk)
+        else:
+            w = te.compute((out_features, in_features), lambda n, kk: fmt.dequant(params, n, kk),
+                           name=DEQUANTIZE_STAGE)
+
+            def weight(n, kk):
+                return w[n, kk]
 
         def body(*idx):
-            n = idx[-1]
-            return te.sum(
-                x(*idx[:-1], k).astype("float32") * fmt.dequant(params, n, k),
-                axis=k,
-            )
+            return te.sum(x(*idx[:-1], k).astype("float32") * weight(idx[-1], k), axis=k)
 
         acc = te.compute([*lead, out_features], body, name="dequant_matmul")
         if bias is None and out_dtype == "float32":
