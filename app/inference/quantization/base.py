@@ -142,17 +142,17 @@ def dequant_matmul_te(
         k = te.reduce_axis((0, in_features), name="k")
         lead = list(x.shape[:-1])
         if is_single_row(lead):
-            def weight(n, kk):
-                return fmt.dequant(params, n, kk)
+            def body(*idx):
+                return te.sum(x(*idx[:-1], k).astype("float32") * fmt.dequant(params, idx[-1], k), axis=k)
         else:
             w = te.compute((out_features, in_features), lambda n, kk: fmt.dequant(params, n, kk),
                            name=DEQUANTIZE_STAGE)
 
-            def weight(n, kk):
-                return w[n, kk]
-
-        def body(*idx):
-            return te.sum(x(*idx[:-1], k).astype("float32") * weight(idx[-1], k), axis=k)
+            def body(*idx):
+                # the float32 weight is the first operand: TVM 0.27's dlight Matmul takes the first
+                # read's dtype as the input dtype, and an fp16 one sends it to its tensor-core path,
+                # which segfaults on these shapes (see pipelines/gpu.py)
+                return te.sum(w[idx[-1], k] * x(*idx[:-1], k).astype("float32"), axis=k)
 
         acc = te.compute([*lead, out_features], body, name="dequant_matmul")
         if bias is None and out_dtype == "float32":
