@@ -58,21 +58,31 @@ def open_engine(args: argparse.Namespace, model: str | Path, progress: StderrPro
 class StderrProgress:
     """Progress events as short lines on stderr (one per stage change, plus periodic updates)."""
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, interval_s: float = 1.5) -> None:
         self.quiet = quiet
-        self._last = ("", 0.0)
+        self.interval_s = interval_s
+        self._last = ("", 0.0)  # (stage, time of the last line printed)
 
     def __call__(self, event: ProgressEvent) -> None:
         if self.quiet:
             return
         now = time.monotonic()
-        key = f"{event.stage}:{event.message}"
         frac = event.fraction
-        if key == self._last[0] and now - self._last[1] < 2.0 and frac not in (None, 1.0):
-            return
-        self._last = (key, now)
+        same_stage = event.stage == self._last[0]
+        if same_stage and frac is not None and frac < 1.0 and now - self._last[1] < self.interval_s:
+            return  # a step of a stage already shown: at most one line per interval
+        self._last = (event.stage, now)
         pct = f" {frac * 100:.0f}%" if frac is not None else ""
         print(f"[{event.stage}] {event.message}{pct}", file=sys.stderr, flush=True)
+
+
+def check_device_first(args: argparse.Namespace) -> None:
+    """Fail on an unusable ``--device`` before anything is downloaded or imported."""
+    if getattr(args, "engine", "tvm") != "tvm":
+        return
+    from app.inference.devices import resolve_device
+
+    resolve_device(getattr(args, "device", None) or "auto")
 
 
 def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
@@ -114,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
     params = sampling_from_args(args)
     progress = StderrProgress()
+    check_device_first(args)
     model = resolve_model(getattr(args, "model", None), progress)
     engine = open_engine(args, model, progress, args.context_window)
     try:

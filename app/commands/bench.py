@@ -8,7 +8,13 @@ import sys
 import time
 from typing import Any
 
-from app.commands.ask import StderrProgress, add_engine_argument, open_engine, resolve_model
+from app.commands.ask import (
+    StderrProgress,
+    add_engine_argument,
+    check_device_first,
+    open_engine,
+    resolve_model,
+)
 from app.errors import LlmchatError
 from app.inference.api import ReplyStats, SamplingParams
 
@@ -80,6 +86,8 @@ def _load(args: argparse.Namespace, progress: StderrProgress, ctx: int) -> Any:
 
         return load_random_engine(args.random_weights, args.quantization, device=device, context_window=ctx,
                                   progress=progress, arch=args.arch)
+    if not getattr(args, "arch", None):  # --arch cross-compiles for a GPU that need not be here
+        check_device_first(args)
     model = resolve_model(getattr(args, "model", None), progress)
     return open_engine(args, model, progress, ctx)
 

@@ -83,3 +83,37 @@ def test_ask_with_mlc_engine_missing_package(tiny_model_dir, capsys, monkeypatch
     monkeypatch.setitem(sys.modules, "mlc_llm", None)
     code = main(["ask", "--engine", "mlc", "--model", str(tiny_model_dir("llama", "q4f32_1")), "hi"])
     assert code == 1 and "mlc.ai/wheels" in capsys.readouterr().err
+
+
+def test_unusable_device_fails_before_the_default_model_is_fetched(capsys):
+    """`llmchat ask --device rocm` on PyPI's TVM: a clear error, and nothing downloaded first."""
+    import tvm
+
+    from app.paths import cache_dir, models_dir
+
+    if tvm.get_global_func("device_api.rocm", allow_missing=True) is not None:
+        pytest.skip("this TVM has a ROCm runtime")
+    code = main(["ask", "--device", "rocm", "hi"])
+    err = capsys.readouterr().err
+    assert code == 1 and "ROCm" in err
+    assert "[download]" not in err
+    assert not (models_dir() / "smollm2-135m-instruct").exists()
+    assert not any((cache_dir() / "wheels").glob("*.whl"))
+
+
+def test_progress_lines_are_throttled_per_stage(capsys):
+    from app.commands.ask import StderrProgress
+    from app.inference.api import ProgressEvent
+
+    progress = StderrProgress(interval_s=60)
+    progress(ProgressEvent("import", "reading the file"))
+    for i in range(100):
+        progress(ProgressEvent("import", f"converting tensor {i}", i, 100))
+    progress(ProgressEvent("import", "imported", 100, 100))
+    progress(ProgressEvent("compile", "compiling for cpu:0", 0, 3))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "[import] reading the file",
+        "[import] imported 100%",
+        "[compile] compiling for cpu:0 0%",
+    ]
