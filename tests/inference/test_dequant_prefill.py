@@ -20,9 +20,11 @@ from app.inference.quantization.base import DEQUANTIZE_STAGE  # noqa: E402
 IN_F, OUT_F = 256, 64
 FORMATS = ["q4f16_1", "q4f32_1", "ggml_q4_0"]
 SPEC_MODE = {"param_mode": "packed", "effect_mode": "none"}
+CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
+               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
 
 
-def _module(fmt_name: str, bias: bool = False):
+def _module(fmt_name: str, bias: bool = False, in_f: int = IN_F, out_f: int = OUT_F):
     """One linear layer exported as ``prefill`` ([1, n, in]) and ``decode`` ([1, 1, in])."""
     from tvm.relax.frontend import nn
 
@@ -31,7 +33,7 @@ def _module(fmt_name: str, bias: bool = False):
 
     class Proj(nn.Module):
         def __init__(self) -> None:
-            self.proj = fmt.linear(IN_F, OUT_F, bias=bias, dtype=dtype)
+            self.proj = fmt.linear(in_f, out_f, bias=bias, dtype=dtype)
 
         def prefill(self, x):
             return self.proj(x)
@@ -39,8 +41,8 @@ def _module(fmt_name: str, bias: bool = False):
         def decode(self, x):
             return self.proj(x)
 
-    spec = {"prefill": {"x": nn.spec.Tensor([1, "n", IN_F], dtype), "$": SPEC_MODE},
-            "decode": {"x": nn.spec.Tensor([1, 1, IN_F], dtype), "$": SPEC_MODE}}
+    spec = {"prefill": {"x": nn.spec.Tensor([1, "n", in_f], dtype), "$": SPEC_MODE},
+            "decode": {"x": nn.spec.Tensor([1, 1, in_f], dtype), "$": SPEC_MODE}}
     mod, named = Proj().export_tvm(spec=spec)
     return fmt, dtype, mod, named
 
@@ -128,9 +130,7 @@ def test_gpu_prefill_kernel_gets_a_tiled_matmul_schedule():
 
     from app.inference.pipelines import gpu
 
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-                                "max_threads_per_block": 1024, "thread_warp_size": 32,
-                                "host": {"kind": "llvm"}})
+    target = tvm.target.Target(CUDA_TARGET)
     _fmt, _dtype, mod, _named = _module("q4f16_1")
     with gpu._simt_matmul_only(), target, tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential([
@@ -143,3 +143,38 @@ def test_gpu_prefill_kernel_gets_a_tiled_matmul_schedule():
     # a 2-D grid over (rows, columns) tiles, the dequantized weight tile staged in shared memory
     assert "blockIdx.y" in prefill and "dequantize_reindex_shared" in prefill
     assert "dequantize" not in decode and "blockIdx.y" not in decode
+
+
+_STOCK_MATMUL_SCRIPT = """
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+from tests.inference.test_dequant_prefill import CUDA_TARGET, _kernel_of, _module
+
+target = tvm.target.Target(CUDA_TARGET)
+# every static dim over 64: the shapes that reach dlight's tensor-core path
+_fmt, _dtype, mod, _named = _module("q4f16_1", bias=True, in_f=256, out_f=128)
+with target, tvm.transform.PassContext(opt_level=3):
+    mod = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback()),
+    ])(mod)
+print("blockIdx.y" in _kernel_of(mod, "prefill").script())
+"""
+
+
+def test_stock_dlight_matmul_schedules_prefill_without_crashing():
+    """TVM's stock pipeline (LLMCHAT_TVM_PIPELINE=default, and the fallback when llmchat's schedules
+    fail) runs dlight's Matmul with its tensor-core path enabled; that path segfaults in TVM 0.27 on
+    an fp16 first operand, so the prefill kernel must reach the SIMT path. Run in a subprocess: a
+    segfault would otherwise take pytest down with it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _STOCK_MATMUL_SCRIPT], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True"
