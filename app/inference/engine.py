@@ -29,6 +29,7 @@ from app.inference.api import (
     SessionStats,
 )
 from app.inference.config import ModelConfig
+from app.inference.conversation import split_system, with_system
 from app.inference.generation import GenerationResult, generate
 from app.inference.runtime import ModelRuntime
 
@@ -97,10 +98,9 @@ class TVMEngine:
         self._clear_kv()
 
     def load_history(self, messages: list[Message]) -> None:
-        msgs = list(messages)
-        if msgs and msgs[0].role == "system":
-            self._system = msgs.pop(0).content or None
-        self._history = [m for m in msgs if m.role != "system"]
+        system, self._history = split_system(messages)
+        if system is not None:
+            self._system = system
 
     def reset(self) -> None:
         self._history = []
@@ -121,8 +121,7 @@ class TVMEngine:
 
     # -- prompt building ----------------------------------------------------------------------
     def _messages(self, history: list[Message]) -> list[Message]:
-        system = [Message("system", self._system)] if self._system else []
-        return system + history
+        return with_system(self._system, history)
 
     def _encode(self, messages: list[Message]) -> list[int]:
         return self.formatter.encode_prompt(self.tokenizer, messages, add_generation_prompt=True)

@@ -39,6 +39,7 @@ from app.inference.api import (
     SessionStats,
     TextDelta,
 )
+from app.inference.conversation import split_system
 from app.inference.sampling import validate
 
 MLC_INSTALL_FIX = (
@@ -187,10 +188,9 @@ class MLCLLMEngine:
         self._system = text or None
 
     def load_history(self, messages: list[Message]) -> None:
-        msgs = list(messages)
-        if msgs and msgs[0].role == "system":
-            self._system = msgs.pop(0).content or None
-        self._history = [m for m in msgs if m.role != "system"]
+        system, self._history = split_system(messages)
+        if system is not None:
+            self._system = system
 
     def reset(self) -> None:
         """Forget the conversation (MLC keeps no per-conversation state; its prefix cache is shared)."""
