@@ -32,6 +32,15 @@ def _load_engine(model: str | Path, device: str, progress: ProgressCallback | No
     return load_engine(model, device=device, progress=progress)
 
 
+def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
+    """MLC-LLM's own engine (``llmchat --engine mlc``), where the mlc_llm package is installed."""
+    from app.inference.engine import resolve_model_dir
+    from app.inference.mlc_engine import MLCLLMEngine
+
+    model_id, model_dir = resolve_model_dir(model)
+    return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
+
+
 def _probe() -> Any:
     from app.inference.hardware import probe
 

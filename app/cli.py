@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume the most recent conversation",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("tvm", "mlc"),
+        default="tvm",
+        help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, where the mlc_llm package "
+        "(MLC's wheels) is installed",
+    )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = _command_module(name)

@@ -13,16 +13,18 @@ def run_tui(args: argparse.Namespace) -> int:
     """Run the chat app until the user quits; returns the exit code.
 
     ``--model ID`` goes straight to the chat with that model, ``--continue`` resumes the latest
-    conversation, ``--device`` picks the GPU backend (default: auto).
+    conversation, ``--device`` picks the GPU backend (default: auto), ``--engine mlc`` chats through
+    MLC-LLM's engine where the mlc_llm package is installed.
     """
-    from app.chat_app import LlmchatApp, StartOptions
+    from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine
 
     options = StartOptions(
         model=getattr(args, "model", None),
         device=getattr(args, "device", "auto") or "auto",
         continue_last=bool(getattr(args, "continue_last", False)),
     )
-    app = LlmchatApp(options)
+    services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
+    app = LlmchatApp(options, services)
     code = app.run()
     code = int(code or 0) if app.return_code is None else int(app.return_code)
     _finish_background_work(code)
