@@ -5,8 +5,9 @@ A ``WeightFormat`` names a storage layout (``q4f16_1``, ``q0f32``, ``ggml_q4_0``
 * ``param_specs(out_features, in_features)``: the stored parameters (suffix -> shape, dtype), e.g.
   ``{"q_weight": ((out, in // 8), "uint32"), "q_scale": ((out, in // 32), "float16")}``;
 * ``dequant(params, row, col)``: a TIR expression (float32) for element ``W[row, col]`` from the
-  stored ``te.Tensor`` params — the generic modules below put it *inside* the matmul reduction,
-  so the weight is never materialised in full;
+  stored ``te.Tensor`` params — the generic modules below put it *inside* the matmul reduction
+  for one activation row (decode), and in its own stage of the same kernel for several rows
+  (prefill), so that schedules decode each weight once per tile instead of once per row;
 * numpy ``quantize(w)`` (tests, random weights) and ``dequantize(params)`` (references).
 
 ``linear()`` and ``embedding()`` build ``tvm.relax.frontend.nn`` modules from those; a format can
@@ -183,7 +184,7 @@ def _module_classes() -> dict[str, type]:
     from tvm.relax.frontend.nn import op
 
     class _DequantLinear(nn.Module):
-        """``y = x @ dequant(W).T (+ bias)`` with the dequantization inside the reduction."""
+        """``y = x @ dequant(W).T (+ bias)``, one kernel (see :func:`dequant_matmul_te`)."""
 
         def __init__(self, fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str,
                      bias_dtype: str | None = None):
