@@ -216,9 +216,9 @@ def _normalized_blocks(func: Any, keep_weight_block: bool = False) -> tuple[Any,
                 weight = b
     if weight is None:
         return None
+    names = {sch.get(b.block_rv).name_hint for b in infos}  # before inlining removes blocks
     others = [b for b in infos if b is not weight and b.is_injective()]
     try_inline(sch, others)
-    names = {sch.get(b.block_rv).name_hint for b in infos}
     remaining = [b for b in normalize_prim_func(sch) or [] if sch.get(b.block_rv).name_hint in names]
     weight = next((b for b in remaining if b.name == weight.name), None)
     rest = [b for b in remaining if weight is None or b.name != weight.name]
