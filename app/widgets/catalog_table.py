@@ -50,7 +50,13 @@ class CatalogTable(DataTable):
         select: str | None = None,
     ) -> None:
         """Fill the table and put the cursor on ``select`` (e.g. the default model)."""
-        self.clear()
+        entries = list(entries)
+        # explicit widths: auto-sized two-line cells were sometimes measured before they had content
+        model_width = max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)])
+        self.clear(columns=True)
+        self.add_column("Model", width=model_width)
+        for label, width in (("Params", 7), ("Download", 9), ("Context", 7), ("Fit", 12), ("Installed", 11)):
+            self.add_column(label, width=width)
         for entry in entries:
             try:
                 verdict = fit(entry)
