@@ -363,6 +363,40 @@ def test_nvidia_and_amd_igpu_laptop_picks_the_nvidia_gpu(tmp_path):
     assert report.backend == "cuda" and report.device == "cuda:0"
 
 
+def _nvidia_pci_function(root: Path, slot: str = "0000:18:00.0", device: str = "2335") -> None:
+    """An NVIDIA GPU as /sys/bus/pci/devices shows it, with no DRM node (nvidia-drm not loaded)."""
+    base = f"/sys/bus/pci/devices/{slot}"
+    write(root, f"{base}/class", "0x030200\n")
+    write(root, f"{base}/vendor", "0x10de\n")
+    write(root, f"{base}/device", f"0x{device}\n")
+    write(root, f"{base}/uevent", f"DRIVER=nvidia\nPCI_ID=10DE:{device.upper()}\nPCI_SLOT_NAME={slot}\n")
+
+
+def test_nvidia_compute_gpu_without_a_drm_node_is_found(tmp_path):
+    """Seen on the H200 server: no /sys/class/drm at all, the GPU only under /sys/bus/pci/devices."""
+    root = make_root(tmp_path)
+    _nvidia_pci_function(root)
+    write(root, "/sys/bus/pci/devices/0000:00:1f.3/class", "0x040300\n")  # audio: not a GPU
+    write(root, "/sys/bus/pci/devices/0000:00:1f.3/vendor", "0x8086\n")
+    write(root, "/sys/bus/pci/devices/0000:00:1f.3/device", "0x7a50\n")
+    report = probe(root, tvm_runtimes={"cuda", "cpu"})
+    assert [(d.vendor, d.pci_id) for d in report.devices] == [("nvidia", "10de:2335")]
+    assert "H200" in report.devices[0].name and report.devices[0].bandwidth_bytes_per_s
+    assert report.recommended_backend == "cuda" and report.backend == "cuda" and report.device == "cuda:0"
+
+
+def test_gpu_with_a_drm_node_and_a_pci_entry_is_listed_once(tmp_path):
+    root = make_root(tmp_path)
+    write(
+        root,
+        "/sys/class/drm/card0/device/uevent",
+        "DRIVER=nvidia\nPCI_ID=10DE:2335\nPCI_SLOT_NAME=0000:18:00.0\n",
+    )
+    _nvidia_pci_function(root)
+    report = probe(root, tvm_runtimes={"cuda"})
+    assert len(report.devices) == 1 and report.devices[0].card == "card0"
+
+
 # ------------------------------------------------------------------ missing, empty and garbage files
 
 

@@ -11,6 +11,7 @@ from app.inference.hardware.pci_ids import VENDORS, identify, load_amdgpu_ids
 from app.inference.hardware.sysfs import SysReader, parse_int
 
 DRM = "/sys/class/drm"
+PCI_DEVICES = "/sys/bus/pci/devices"
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 GIB = 1 << 30
 
@@ -146,7 +147,8 @@ def _render_minor_of(reader: SysReader, slot: str | None) -> int | None:
 
 
 def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
-    """Every PCI GPU under /sys/class/drm (one entry per PCI device), AMD ones joined with KFD."""
+    """Every PCI GPU under /sys/class/drm, plus display-class PCI devices without a DRM node (one entry
+    per PCI device), AMD ones joined with KFD."""
     amdgpu_ids: dict[tuple[str, str], str] | None = None
     kfd = read_kfd_nodes(reader)
     used_kfd: set[int] = set()
@@ -154,8 +156,14 @@ def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
     seen: set[str] = set()
     entries = [e for e in reader.listdir(DRM) if re.fullmatch(r"card\d+|renderD\d+", e)]
     entries.sort(key=lambda e: (not e.startswith("card"), int(re.sub(r"\D", "", e))))
-    for entry in entries:
-        dev_dir = f"{DRM}/{entry}/device"
+    candidates = [(f"{DRM}/{entry}/device", entry) for entry in entries]
+    # GPUs without a DRM node (NVIDIA compute GPUs without nvidia-drm, servers, VMs): display-class
+    # PCI functions (class 0x03xxxx) under /sys/bus/pci/devices; duplicates are dropped by slot below
+    for slot in sorted(reader.listdir(PCI_DEVICES)):
+        pci_class = (reader.read_text(f"{PCI_DEVICES}/{slot}/class") or "").strip().lower()
+        if pci_class.startswith(("0x03", "03")):
+            candidates.append((f"{PCI_DEVICES}/{slot}", ""))
+    for dev_dir, entry in candidates:
         if not reader.is_dir(dev_dir):
             continue
         vendor_id, device_id, revision, uevent = _pci_ids(reader, dev_dir)
@@ -166,7 +174,7 @@ def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
             continue
         if vendor_id in _VIRTUAL_VENDORS:
             continue
-        slot = uevent.get("PCI_SLOT_NAME") or os.path.realpath(reader.path(dev_dir))
+        slot = uevent.get("PCI_SLOT_NAME") or os.path.basename(os.path.realpath(reader.path(dev_dir)))
         if slot in seen:
             continue
         seen.add(slot)
