@@ -8,6 +8,8 @@ devices must never reach native code that could crash.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass
 
@@ -106,6 +108,11 @@ def _auto() -> DeviceSpec:
         from app.inference.hardware import probe
     except ImportError:
         return DeviceSpec("cpu", 0)
+    if os.path.exists("/proc/driver/nvidia/version"):
+        # TVM registers its CUDA runtime only once libcudart is loaded, and the probe asks an
+        # already imported TVM what it can run: load it first (seen on the H200: auto fell to cpu)
+        with contextlib.suppress(LlmchatError):
+            _prepare_cuda()
     try:
         report = probe()
     except Exception:  # the probe is best effort; never block a start on it
