@@ -22,6 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.errors import LlmchatError
 from app.inference.api import Message
+from app.inference.tokenizer import token_content
 
 if TYPE_CHECKING:
     from app.inference.tokenizer import Tokenizer
@@ -170,14 +171,6 @@ def _jinja_environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _token_content(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
 def _read_json(path: Path, source: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -290,7 +283,7 @@ class ChatFormatter:
         if template is not None:
             special = {}
             for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
-                content = _token_content(config.get(key))
+                content = token_content(config.get(key))
                 if content is not None:
                     special[key] = content
             return cls(

@@ -33,7 +33,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _token_content(value: Any) -> str | None:
+def token_content(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
     if isinstance(value, str):
         return value
@@ -122,7 +122,7 @@ class Tokenizer:
         _add_missing_special_tokens(tok, config)
 
         def lookup(value: Any) -> int | None:
-            content = _token_content(value)
+            content = token_content(value)
             return tok.token_to_id(content) if content is not None else None
 
         bos_id = lookup(config.get("bos_token"))
@@ -190,7 +190,7 @@ def _add_missing_special_tokens(tok: HFTokenizer, config: dict[str, Any]) -> Non
     if not isinstance(decoder, dict):
         return
     for _id, entry in sorted(decoder.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
-        content = _token_content(entry)
+        content = token_content(entry)
         if content is None or not (isinstance(entry, dict) and entry.get("special")):
             continue
         if tok.token_to_id(content) is None:

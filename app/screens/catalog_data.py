@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from textual import work
 from textual.message import Message
 
 if TYPE_CHECKING:
@@ -49,3 +50,18 @@ def fit_function(app: LlmchatApp, report: Any):
     if report is None:
         return lambda entry: "?"
     return lambda entry: app.services.fit(entry, report)
+
+
+class LoadsCatalog:
+    """Mixin for screens that show the catalog: ``load_catalog()`` posts ``CatalogLoaded``."""
+
+    llm_app: LlmchatApp
+
+    @work(thread=True, exclusive=True, group="catalog", exit_on_error=False)
+    def load_catalog(self) -> None:
+        try:
+            data = load_catalog_data(self.llm_app)
+        except BaseException as err:
+            self.post_message(CatalogLoaded(None, err))  # type: ignore[attr-defined]
+            return
+        self.post_message(CatalogLoaded(data, None))  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.errors import LlmchatError
-from app.screens.catalog_data import CatalogLoaded, fit_function, load_catalog_data
+from app.screens.catalog_data import CatalogLoaded, LoadsCatalog, fit_function
 from app.screens.hardware import hardware_summary
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import error_markdown
@@ -27,7 +27,7 @@ WELCOME = (
 )
 
 
-class FirstRunScreen(Screen):
+class FirstRunScreen(LoadsCatalog, Screen):
     """Guided start: hardware summary → pick a model → loading screen → chat."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -52,16 +52,7 @@ class FirstRunScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one(CatalogTable).focus()
-        self._load()
-
-    @work(thread=True, exclusive=True, group="catalog", exit_on_error=False)
-    def _load(self) -> None:
-        try:
-            data = load_catalog_data(self.llm_app)
-        except BaseException as err:
-            self.post_message(CatalogLoaded(None, err))
-            return
-        self.post_message(CatalogLoaded(data, None))
+        self.load_catalog()
 
     @on(CatalogLoaded)
     def on_catalog_loaded(self, message: CatalogLoaded) -> None:

@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.errors import LlmchatError
 from app.inference.api import ProgressEvent
-from app.screens.catalog_data import CatalogLoaded, fit_function, load_catalog_data
+from app.screens.catalog_data import CatalogLoaded, LoadsCatalog, fit_function
 from app.screens.loading import ProgressThrottle
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import error_markdown
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
 
 
-class ModelsScreen(Screen):
+class ModelsScreen(LoadsCatalog, Screen):
     """Browse, download, remove and pick models."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -67,16 +67,7 @@ class ModelsScreen(Screen):
     def on_mount(self) -> None:
         self.query_one("#download-progress").display = False
         self.query_one(CatalogTable).focus()
-        self._load()
-
-    @work(thread=True, exclusive=True, group="catalog", exit_on_error=False)
-    def _load(self) -> None:
-        try:
-            data = load_catalog_data(self.llm_app)
-        except BaseException as err:
-            self.post_message(CatalogLoaded(None, err))
-            return
-        self.post_message(CatalogLoaded(data, None))
+        self.load_catalog()
 
     @on(CatalogLoaded)
     def on_catalog_loaded(self, message: CatalogLoaded) -> None:
@@ -168,7 +159,7 @@ class ModelsScreen(Screen):
             self.last_result = f"{message.model_id} installed. Enter: chat with it"
             self.notify(f"{message.model_id} installed")
         status.update(self.last_result)
-        self._load()
+        self.load_catalog()
 
     def action_cancel_download(self) -> None:
         if self.cancel_event is not None:
@@ -198,7 +189,7 @@ class ModelsScreen(Screen):
             return
         self.last_result = f"{model_id} removed"
         self.notify(self.last_result)
-        self._load()
+        self.load_catalog()
 
     @on(DataTable.RowHighlighted)
     def on_row_highlighted(self) -> None:
