@@ -175,6 +175,17 @@ class ModelConfig:
                 best, best_len = fmt, len(prefix)
         return best
 
+    @property
+    def quantization_label(self) -> str:
+        """What to show users: ``q4f16_1``, or the weight formats of an imported GGUF, most used first."""
+        if not self.tensor_formats:
+            return self.quantization
+        counts: dict[str, int] = {}
+        for name in self.tensor_formats.values():
+            counts[name] = counts.get(name, 0) + 1
+        ranked = sorted(counts, key=lambda n: (-counts[n], n))
+        return "+".join(ranked)
+
     def code_key(self) -> dict[str, Any]:
         """Everything about the model that changes the compiled code (for the library cache key)."""
         return {

@@ -290,7 +290,7 @@ def load_engine(
     )
     info = EngineInfo(
         model_id=model_id, model_path=str(model_dir), backend=spec.backend, device=str(spec),
-        quantization=cfg.quantization, context_window=ctx, weight_bytes=weight_bytes,
+        quantization=cfg.quantization_label, context_window=ctx, weight_bytes=weight_bytes,
     )
     return TVMEngine(info, cfg, runtime, tokenizer, formatter)
 

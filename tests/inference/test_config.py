@@ -107,6 +107,14 @@ def test_tensor_formats_longest_prefix_wins():
         ModelConfig.from_dict(dict(LLAMA3_8B, tensor_formats={"lm_head": "nope"}))
 
 
+def test_quantization_label_names_imported_formats():
+    assert ModelConfig.from_dict(dict(LLAMA3_8B)).quantization_label == LLAMA3_8B["quantization"]
+    formats = {"model.embed_tokens": "ggml_q8_0", "model.layers.0.mlp.down_proj": "ggml_q4_1",
+               "model.layers.0.self_attn.o_proj": "ggml_q4_1"}
+    cfg = ModelConfig.from_dict(dict(LLAMA3_8B, quantization="q0f32", tensor_formats=formats))
+    assert cfg.quantization_label == "ggml_q4_1+ggml_q8_0"
+
+
 def test_code_key_changes_with_what_changes_code():
     a = ModelConfig.from_dict(LLAMA3_8B)
     b = ModelConfig.from_dict(dict(LLAMA3_8B, quantization="q4f32_1"))
