@@ -29,7 +29,7 @@ from app.inference.api import (
     SessionStats,
 )
 from app.inference.config import ModelConfig
-from app.inference.conversation import split_system, with_system
+from app.inference.conversation import ConversationState, with_system
 from app.inference.generation import GenerationResult, generate
 from app.inference.runtime import ModelRuntime
 
@@ -60,7 +60,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-class TVMEngine:
+class TVMEngine(ConversationState):
     """A compiled model, its weights and one conversation (implements ``app.inference.api.Engine``)."""
 
     def __init__(self, info: EngineInfo, config: ModelConfig, runtime: ModelRuntime, tokenizer: object,
@@ -83,24 +83,10 @@ class TVMEngine:
         self.stop_strings = list(getattr(formatter, "stop_strings", []) or [])
 
     # -- conversation state -------------------------------------------------------------------
-    @property
-    def history(self) -> list[Message]:
-        """The conversation (without the system prompt)."""
-        return list(self._history)
-
-    @property
-    def system_prompt(self) -> str | None:
-        return self._system
-
     def set_system_prompt(self, text: str | None) -> None:
         """Set or clear the system prompt; the conversation stays, its KV state is rebuilt."""
-        self._system = text or None
+        super().set_system_prompt(text)
         self._clear_kv()
-
-    def load_history(self, messages: list[Message]) -> None:
-        system, self._history = split_system(messages)
-        if system is not None:
-            self._system = system
 
     def reset(self) -> None:
         self._history = []

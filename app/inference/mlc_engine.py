@@ -39,7 +39,7 @@ from app.inference.api import (
     SessionStats,
     TextDelta,
 )
-from app.inference.conversation import split_system
+from app.inference.conversation import ConversationState
 from app.inference.sampling import validate
 
 MLC_INSTALL_FIX = (
@@ -125,7 +125,7 @@ class _Reply:
         return "".join(self.text_parts)
 
 
-class MLCLLMEngine:
+class MLCLLMEngine(ConversationState):
     """``app.inference.api.Engine`` on top of ``mlc_llm.MLCEngine`` (mode "interactive")."""
 
     def __init__(
@@ -174,24 +174,6 @@ class MLCLLMEngine:
         self._closed = False
 
     # -- conversation state -------------------------------------------------------------------
-    @property
-    def history(self) -> list[Message]:
-        """The conversation (without the system prompt)."""
-        return list(self._history)
-
-    @property
-    def system_prompt(self) -> str | None:
-        return self._system
-
-    def set_system_prompt(self, text: str | None) -> None:
-        """Set (or clear) the system prompt; the conversation is kept (MLC re-prefills per request)."""
-        self._system = text or None
-
-    def load_history(self, messages: list[Message]) -> None:
-        system, self._history = split_system(messages)
-        if system is not None:
-            self._system = system
-
     def reset(self) -> None:
         """Forget the conversation (MLC keeps no per-conversation state; its prefix cache is shared)."""
         self._history = []
