@@ -70,27 +70,21 @@ def _host() -> dict[str, Any]:
 def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
     """The target (dict form, as TVM 0.27 wants) for ``device``; ``arch`` overrides detection
     (``sm_90``, ``gfx1100``) for cross-compiling."""
-    import tvm
 
     backend = device.backend
     if backend == "cpu":
         return _host()
     if backend == "cuda":
+        arch = arch or gpu_arch(device)
         if arch is None:
-            dev = tvm.cuda(device.index)
-            if not dev.exist:
-                raise LlmchatError("No CUDA device found to compile for.",
-                                   "pass the architecture, e.g. sm_90")
-            arch = "sm_" + str(dev.compute_version).replace(".", "")
+            raise LlmchatError("No CUDA device found to compile for.", "pass the architecture, e.g. sm_90")
         return {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152,
                 "max_threads_per_block": 1024, "thread_warp_size": 32, "host": _host()}
     if backend == "rocm":
+        arch = arch or gpu_arch(device)
         if arch is None:
-            dev = tvm.rocm(device.index)
-            if not dev.exist:
-                raise LlmchatError("No ROCm device found to compile for.",
-                                   "pass the gfx architecture, e.g. gfx1100")
-            arch = "gfx" + str(dev.compute_version).replace(".", "")
+            raise LlmchatError("No ROCm device found to compile for.",
+                               "pass the gfx architecture, e.g. gfx1100")
         wave = 32 if arch.startswith(("gfx10", "gfx11", "gfx12")) else 64
         return {"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc",
                 "max_shared_memory_per_block": 65536, "max_threads_per_block": 1024,
@@ -157,6 +151,20 @@ def _cpu_fingerprint() -> str:
     return f"{platform.machine()}|{model}|{digest}"
 
 
+def gpu_arch(device: DeviceSpec) -> str | None:
+    """``sm_90`` / ``gfx1100`` of a present CUDA or ROCm device (None otherwise); the same name a
+    cross-compile's ``--arch`` gives, so both find the same cached library."""
+    import tvm
+
+    prefix = {"cuda": "sm_", "rocm": "gfx"}.get(device.backend)
+    if prefix is None:
+        return None
+    dev = tvm.device(device.backend, device.index)
+    if not dev.exist:
+        return None
+    return prefix + str(dev.compute_version).replace(".", "")
+
+
 def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
     """What distinguishes code for ``device``: CPU model and ISA, or the GPU architecture.
 
@@ -165,16 +173,9 @@ def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
 
     if device.backend == "cpu":
         return _cpu_fingerprint()
+    arch = arch or gpu_arch(device)
     if arch:
         return arch
-    if device.backend == "cuda":
-        dev = tvm.cuda(device.index)
-        if dev.exist:
-            return "sm_" + str(dev.compute_version).replace(".", "")
-    if device.backend == "rocm":
-        dev = tvm.rocm(device.index)
-        if dev.exist:
-            return f"rocm-{dev.compute_version}"
     if device.backend in ("vulkan", "metal"):
         dev = tvm.device(device.backend, device.index)
         if dev.exist:
