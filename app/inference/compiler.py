@@ -122,7 +122,7 @@ def _source_digest() -> str:
     h = hashlib.sha256()
     files = [root / "config.py", root / "compiler.py"]
     for sub in _SOURCE_DIRS:
-        files += sorted((root / sub).glob("*.py"))
+        files += sorted((root / sub).glob("*.py")) + sorted((root / sub).glob("*.cu"))
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())

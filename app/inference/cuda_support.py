@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import LlmchatError
+from app.inference.pipelines.cuda_kernels import add_device_helpers
 
 #: First line of a CUDA module payload that carries a prebuilt fatbin instead of source.
 FATBIN_MARKER = "//llmchat-fatbin:v1"
@@ -122,6 +123,7 @@ def cuda_build_hooks(target: Any, nvcc: str | None = None,
     def _postproc(code: str, _target: Any = None) -> str:
         if previous is not None:
             code = previous(code, _target)
+        code = add_device_helpers(code)
         info["sources"].append(code)
         if nvcc is None:
             return code

@@ -24,6 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from app.inference.pipelines.cuda_attention import split_decode_attention_pass
+from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
+
 #: Bytes every thread loads from the weight matrix per step (one 128-bit load).
 LOAD_BYTES = 16
 
@@ -375,7 +378,21 @@ def use_llmchat_gemv(target: Any) -> bool:
     choice = os.environ.get("LLMCHAT_GPU_GEMV", "").strip().lower()
     if choice in ("llmchat", "tvm"):
         return choice == "llmchat"
-    return target.kind.name == "cuda"
+    return target.kind.name == "cuda"  # also behind the CUDA kernel, for the shapes it declines
+
+
+def use_cuda_kernel_gemv(target: Any) -> bool:
+    """Whether q4f16_1 decode GEMVs use llmchat's CUDA kernel (:mod:`.cuda_gemv`): on CUDA unless
+    ``LLMCHAT_GPU_GEMV`` names another rule (``llmchat`` for :class:`DecodeGEMV`, ``tvm``)."""
+    choice = os.environ.get("LLMCHAT_GPU_GEMV", "").strip().lower()
+    return target.kind.name == "cuda" and choice in ("", "cuda-kernel")
+
+
+def use_cuda_attention(target: Any) -> bool:
+    """Whether decode attention uses llmchat's split-sequence CUDA kernel (:mod:`.cuda_attention`):
+    on CUDA unless ``LLMCHAT_CUDA_ATTENTION=tvm``."""
+    choice = os.environ.get("LLMCHAT_CUDA_ATTENTION", "").strip().lower()
+    return target.kind.name == "cuda" and choice != "tvm"
 
 
 def schedule_rules(target: Any) -> list[Any]:
@@ -383,6 +400,8 @@ def schedule_rules(target: Any) -> list[Any]:
     from tvm.s_tir import dlight as dl
 
     first = [DecodeGEMV()] if use_llmchat_gemv(target) else []
+    if use_cuda_kernel_gemv(target):
+        first = [CudaQ4Gemv(), *first]
     return [
         *first,
         dl.gpu.Matmul(),
@@ -455,6 +474,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             fast_decode_pass(),
+            *([split_decode_attention_pass()] if use_cuda_attention(target) else []),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),

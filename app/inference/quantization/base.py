@@ -112,6 +112,9 @@ def _nn():
     return nn
 
 
+#: block annotation naming the weight format of a single-row quantized matmul
+FORMAT_ANNOTATION = "llmchat_format"
+
 #: name of the TE stage that materialises the dequantized weight (several activation rows)
 DEQUANTIZE_STAGE = "dequantize"
 
@@ -155,7 +158,9 @@ def dequant_matmul_te(
                 # which segfaults on these shapes (see pipelines/gpu.py)
                 return te.sum(w[idx[-1], k] * x(*idx[:-1], k).astype("float32"), axis=k)
 
-        acc = te.compute([*lead, out_features], body, name="dequant_matmul")
+        # the format's name travels with the reduction block: target rules match on it
+        acc = te.compute([*lead, out_features], body, name="dequant_matmul",
+                         attrs={FORMAT_ANNOTATION: fmt.name} if is_single_row(lead) else None)
         if bias is None and out_dtype == "float32":
             return acc
 

@@ -1,0 +1,307 @@
+// llmchat's hand-written CUDA kernels for the decode step (see cuda_gemv.py, cuda_attention.py).
+//
+// 1. Batch-1 dequantizing GEMV for MLC's q4f16_1 layout.
+//
+// out[n] = epilogue(sum_k x[k] * (nibble(W[n, k]) - 7) * scale[n, k / 32])
+//
+// A warp computes R output rows; lane l handles the groups l, l + 32, ... of 32 values, so each
+// step a warp reads 512 contiguous bytes of every row (one 16-byte load per lane and row). The
+// lane's 32 activations are loaded once per step and reused for all R rows. Dequantization uses
+// half2 bit tricks: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + n_a, 1024 + n_b); one HSUB2
+// gives (n - 7) exactly and one HFMA2 multiplies two values at once. Each half2 accumulator sums
+// only four products (no fp16 overflow or drift); group sums are scaled and accumulated in fp32.
+// Weights are streamed past L1 (ld.global.nc.L1::no_allocate) so the activations stay cached.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace llmchat {
+
+__device__ __forceinline__ uint4 ld_stream_v4(const uint32_t* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// (a & mask) | bits in one LOP3
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(bits));
+  return r;
+}
+
+__device__ __forceinline__ half2 as_half2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
+
+// 8 activations (x0..x7 as four half2 words) -> pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7)
+__device__ __forceinline__ void pair_up(uint4 v, half2 p[4]) {
+  p[0] = as_half2(__byte_perm(v.x, v.z, 0x5410));
+  p[1] = as_half2(__byte_perm(v.x, v.z, 0x7632));
+  p[2] = as_half2(__byte_perm(v.y, v.w, 0x5410));
+  p[3] = as_half2(__byte_perm(v.y, v.w, 0x7632));
+}
+
+// sum of the 8 products of one packed word with its paired activations, as float
+__device__ __forceinline__ float dot8(uint32_t w, const half2 p[4]) {
+  const uint32_t mask = 0x000F000Fu, magic = 0x64006400u;
+  const half2 offset = as_half2(0x64076407u);  // 1024 + 7 in both halves
+  half2 acc = __hmul2(__hsub2(as_half2(and_or(w, mask, magic)), offset), p[0]);
+  acc = __hfma2(__hsub2(as_half2(and_or(w >> 4, mask, magic)), offset), p[1], acc);
+  acc = __hfma2(__hsub2(as_half2(and_or(w >> 8, mask, magic)), offset), p[2], acc);
+  acc = __hfma2(__hsub2(as_half2(and_or(w >> 12, mask, magic)), offset), p[3], acc);
+  float2 f = __half22float2(acc);
+  return f.x + f.y;
+}
+
+// MODE: 0 = float32 output; 1 = float16 output; 2 = float16 output plus a float16 residual
+// (out = residual + half(sum)). BIAS: add a float16 bias before the cast (out = half(sum + b)).
+// SPLIT warps of a block share R rows, each taking every SPLIT-th step of the row (more loads in
+// flight for layers with few rows and long ones); their sums meet in shared memory.
+template <int K, int N, int R, int SPLIT, int MODE, bool BIAS, typename OutT>
+__device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uint32_t* __restrict__ w,
+                                           const half* __restrict__ scale,
+                                           const half* __restrict__ bias,
+                                           const half* __restrict__ residual,
+                                           OutT* __restrict__ out) {
+  static_assert(K % 32 == 0, "K must be a multiple of the group size");
+  constexpr int GROUPS = K / 32;
+  constexpr int WORDS = K / 8;
+  const int lane = threadIdx.x;
+  const int part = threadIdx.y % SPLIT;
+  const int row0 = (blockIdx.x * (blockDim.y / SPLIT) + threadIdx.y / SPLIT) * R;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll
+  for (int g = lane + 32 * part; g < GROUPS; g += 32 * SPLIT) {
+    const uint4* xv = reinterpret_cast<const uint4*>(x + g * 32);
+    half2 p[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pair_up(__ldg(xv + j), p[j]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint4 q = ld_stream_v4(w + (size_t)(row0 + r) * WORDS + g * 4);
+      const float s = __half2float(scale[(size_t)(row0 + r) * GROUPS + g]);
+      acc[r] = fmaf(s, (dot8(q.x, p[0]) + dot8(q.y, p[1])) + (dot8(q.z, p[2]) + dot8(q.w, p[3])), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+  }
+  if constexpr (SPLIT > 1) {
+    __shared__ float partial[32][R];  // [warp][row]; at most 32 warps per block
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) partial[threadIdx.y][r] = acc[r];
+    }
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = 0.f;
+#pragma unroll
+      for (int i = 0; i < SPLIT; ++i) v += partial[threadIdx.y + i][r];
+      acc[r] = v;
+    }
+  }
+  if (lane < R) {
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < R; ++r) v = (lane == r) ? acc[r] : v;
+    const int n = row0 + lane;
+    if constexpr (MODE == 0) {
+      out[n] = v;
+    } else {
+      if constexpr (BIAS) v += __half2float(bias[n]);
+      half h = __float2half_rn(v);
+      if constexpr (MODE == 2) h = __hadd(residual[n], h);
+      out[n] = h;
+    }
+  }
+}
+
+}  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// Decode attention over the paged KV cache (TVM's layout: pages[page, 2 (K, V), kv head, slot, dim]),
+// split along the sequence: grid (NC chunks, kv heads, batch). Every block handles the GROUP query
+// heads of one kv head over one chunk of the keys (online softmax in the log2 domain, as TVM's
+// kernel: scores are scaled by sm_scale * log2(e)); the last block of a (sequence, kv head) to
+// finish merges the chunks' partial states from a static scratch area and writes output and lse.
+// ------------------------------------------------------------------------------------------------
+namespace llmchat {
+
+constexpr int ATTN_SCRATCH_ROWS = 8192;           // (sequence, query head, chunk) partial states
+constexpr int ATTN_SCRATCH_FLOATS = 8192 * 128;   // their output vectors
+__device__ float attn_partial_o[ATTN_SCRATCH_FLOATS];
+__device__ float2 attn_partial_md[ATTN_SCRATCH_ROWS];
+__device__ unsigned int attn_chunks_done[ATTN_SCRATCH_ROWS];
+
+__device__ __forceinline__ void merge_state(float& m, float& d, float* o, float m2, float d2, const float* o2) {
+  const float mm = fmaxf(m, m2);
+  const float a = exp2f(m - mm), b = exp2f(m2 - mm);
+  d = d * a + d2 * b;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = o[j] * a + o2[j] * b;
+  m = mm;
+}
+
+template <int H_QO, int H_KV, int D, int PAGE, int NC>
+__device__ __forceinline__ void decode_attention(const half* __restrict__ q, const half* __restrict__ pages,
+                                                 const int* __restrict__ indptr,
+                                                 const int* __restrict__ values,
+                                                 const int* __restrict__ last_len, half* __restrict__ out,
+                                                 float* __restrict__ lse, float sm_scale, int batch,
+                                                 int rotary_mode) {
+  constexpr int GROUP = H_QO / H_KV;
+  constexpr int TPK = D / 8;          // threads per key (8 dims each)
+  constexpr int KPW = 32 / TPK;       // keys per warp and step
+  constexpr int WARPS = 4;
+  static_assert(D % 8 == 0 && TPK <= 32 && (TPK & (TPK - 1)) == 0, "head_dim must be 8 * 2^k <= 256");
+  const float scale = sm_scale * 1.4426950408889634f;  // log2(e)
+  const int c = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x, warp = threadIdx.y;
+  const int sub = lane % TPK, slot = lane / TPK;
+  if (rotary_mode != 0) __trap();  // RoPE is applied before the cache (RopeMode.NORMAL) only
+  // a batch too large for the scratch area is not split: block 0 takes the whole sequence
+  const bool split = NC > 1 && batch * H_QO * NC <= ATTN_SCRATCH_ROWS &&
+                     (size_t)batch * H_QO * NC * D <= (size_t)ATTN_SCRATCH_FLOATS &&
+                     batch * H_KV <= ATTN_SCRATCH_ROWS;
+  if (!split && c > 0) return;
+  const int pb = indptr[b], pe = indptr[b + 1];
+  const int len = (pe != pb) ? (pe - pb - 1) * PAGE + last_len[b] : 0;
+  int chunk = split ? (len + NC - 1) / NC : len;
+  chunk = chunk < 16 ? 16 : chunk;
+  const int start = c * chunk;
+  const int end = min(len, start + chunk);
+
+  float qv[GROUP][8], m[GROUP], d[GROUP], o[GROUP][8];
+#pragma unroll
+  for (int g = 0; g < GROUP; ++g) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(q + ((size_t)b * H_QO + kvh * GROUP + g) * D + sub * 8);
+    const half2* h = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      qv[g][2 * j] = f.x * scale;
+      qv[g][2 * j + 1] = f.y * scale;
+    }
+    m[g] = -5e4f;
+    d[g] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[g][j] = 0.f;
+  }
+  for (int base = start + warp * KPW; base < end; base += WARPS * KPW) {
+    const int k = base + slot;
+    const bool valid = k < end;
+    float kf[8], vf[8];
+    if (valid) {
+      const int page = values[pb + k / PAGE];
+      const half* kp = pages + (((size_t)page * 2 * H_KV + kvh) * PAGE + k % PAGE) * D + sub * 8;
+      const uint4 kr = *reinterpret_cast<const uint4*>(kp);
+      const uint4 vr = *reinterpret_cast<const uint4*>(kp + (size_t)H_KV * PAGE * D);
+      const half2* kh = reinterpret_cast<const half2*>(&kr);
+      const half2* vh = reinterpret_cast<const half2*>(&vr);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 a = __half22float2(kh[j]), v = __half22float2(vh[j]);
+        kf[2 * j] = a.x; kf[2 * j + 1] = a.y; vf[2 * j] = v.x; vf[2 * j + 1] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) kf[j] = vf[j] = 0.f;
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = fmaf(qv[g][j], kf[j], s);
+#pragma unroll
+      for (int off = TPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (!valid) continue;
+      const float mm = fmaxf(m[g], s);
+      const float a = exp2f(m[g] - mm), p = exp2f(s - mm);
+      d[g] = d[g] * a + p;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[g][j] = fmaf(p, vf[j], o[g][j] * a);
+      m[g] = mm;
+    }
+  }
+  // combine the key slots of a warp, then the warps
+#pragma unroll
+  for (int g = 0; g < GROUP; ++g) {
+#pragma unroll
+    for (int off = TPK; off < 32; off <<= 1) {
+      float o2[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o2[j] = __shfl_xor_sync(0xffffffffu, o[g][j], off);
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], off);
+      const float d2 = __shfl_xor_sync(0xffffffffu, d[g], off);
+      merge_state(m[g], d[g], o[g], m2, d2, o2);
+    }
+  }
+  __shared__ float sm_o[WARPS][GROUP][D];
+  __shared__ float sm_md[WARPS][GROUP][2];
+  if (slot == 0) {
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm_o[warp][g][sub * 8 + j] = o[g][j];
+      if (sub == 0) { sm_md[warp][g][0] = m[g]; sm_md[warp][g][1] = d[g]; }
+    }
+  }
+  __syncthreads();
+  const int tid = warp * 32 + lane;
+  for (int idx = tid; idx < GROUP * D; idx += WARPS * 32) {
+    const int g = idx / D, dim = idx % D;
+    float mm = sm_md[0][g][0];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) mm = fmaxf(mm, sm_md[w][g][0]);
+    float dd = 0.f, oo = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float a = exp2f(sm_md[w][g][0] - mm);
+      dd += sm_md[w][g][1] * a;
+      oo += sm_o[w][g][dim] * a;
+    }
+    const int head = kvh * GROUP + g;
+    if (!split) {
+      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
+      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? mm + log2f(dd) : -5e4f;
+    } else {
+      const size_t row = ((size_t)b * H_QO + head) * NC + c;
+      attn_partial_o[row * D + dim] = oo;
+      if (dim == 0) attn_partial_md[row] = make_float2(mm, dd);
+    }
+  }
+  if (split) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&attn_chunks_done[b * H_KV + kvh], 1u) == NC - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = tid; idx < GROUP * D; idx += WARPS * 32) {
+      const int g = idx / D, dim = idx % D;
+      const int head = kvh * GROUP + g;
+      const size_t row0 = ((size_t)b * H_QO + head) * NC;
+      float mm = -5e4f;
+      for (int i = 0; i < NC; ++i) mm = fmaxf(mm, __ldcg(&attn_partial_md[row0 + i].x));
+      float dd = 0.f, oo = 0.f;
+      for (int i = 0; i < NC; ++i) {
+        const float2 md = __ldcg(&attn_partial_md[row0 + i]);
+        const float a = exp2f(md.x - mm);
+        dd += md.y * a;
+        oo += __ldcg(&attn_partial_o[(row0 + i) * D + dim]) * a;
+      }
+      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
+      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? mm + log2f(dd) : -5e4f;
+    }
+    if (tid == 0) attn_chunks_done[b * H_KV + kvh] = 0u;
+  }
+}
+
+}  // namespace llmchat
