@@ -87,6 +87,30 @@ def _teacher_forced_logits(engine: Any, steps: int, tokens: list[int] | None) ->
     return outs, used
 
 
+def _check_device_argmax(engine: Any, steps: int) -> dict[str, Any] | None:
+    """Greedy tokens from the library's argmax against numpy's argmax of the same logits."""
+    import numpy as np
+
+    rt = engine.runtime
+    if not rt.has_device_argmax:
+        return None
+    rt.clear()
+    token = int(np.argmax(rt.prefill([1])))
+    device_tokens = []
+    for _ in range(steps):
+        token = rt.decode_greedy(token)
+        device_tokens.append(token)
+    rt.clear()
+    token = int(np.argmax(rt.prefill([1])))
+    host_tokens = []
+    for _ in range(steps):
+        token = int(np.argmax(rt.decode(token)))
+        host_tokens.append(token)
+    rt.clear()
+    equal = sum(a == b for a, b in zip(device_tokens, host_tokens, strict=True))
+    return {"steps": steps, "tokens_equal": equal}
+
+
 def _bench_engine(engine: Any, gen: int, prompt: int, repeats: int) -> dict[str, Any]:
     import numpy as np
 
@@ -155,6 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.copy_bw:
                 res["roofline_pct"] = round(100 * res["decode_tok_s"] * res["weight_bytes"]
                                             / (args.copy_bw * 1e12), 1)
+            res["device_argmax"] = _check_device_argmax(engine, args.check_steps)
             if preset in plain:
                 logits, toks = _teacher_forced_logits(engine, args.check_steps, None)
                 engine.close()

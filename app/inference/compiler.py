@@ -318,10 +318,27 @@ def _build_hooks(target: Any) -> contextlib.AbstractContextManager[Any]:
     return cuda_build_hooks(target)
 
 
+def _without_device_argmax(mod: Any) -> Any:
+    """``mod`` without the exported ``argmax`` and its kernel: TVM's stock pipeline cannot
+    schedule that reduction for GPUs, and the runtime does without it (host argmax)."""
+    import tvm
+    from tvm import relax
+
+    names = [gv.name_hint for gv in mod.functions]
+    if "argmax" not in names:
+        return mod
+    kept = {gv: f for gv, f in mod.functions.items() if gv.name_hint != "argmax"}
+    entries = [gv.name_hint for gv, f in kept.items() if isinstance(f, relax.Function)]
+    pruned = tvm.IRModule(kept, attrs=mod.attrs)
+    return relax.transform.DeadCodeElimination(entries)(pruned)
+
+
 def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: ProgressCallback | None) -> None:
     """tvm.compile + export_library to ``out_path`` (written to a temp file, then renamed)."""
     import tvm
 
+    if isinstance(pipeline, str) and pipeline == "default":
+        mod = _without_device_argmax(mod)
     with _build_hooks(target), tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
         executable = tvm.compile(mod, target, relax_pipeline=pipeline)
         if progress:

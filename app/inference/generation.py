@@ -56,6 +56,9 @@ def generate(
     max_tokens = max(1, int(params.max_tokens))
     context_window = runtime.context_window
 
+    # greedy decoding with a device-side argmax: only the token id crosses to the host per step
+    device_greedy = sampler.is_plain_greedy and getattr(runtime, "has_device_argmax", False)
+    next_token: int | None = None
     t_start = time.perf_counter()
     logits = runtime.prefill(list(new_ids))
     kv_ids.extend(new_ids)
@@ -64,7 +67,7 @@ def generate(
     finish = "stop"
     stopped_by_string = False
     while True:
-        token = sampler.sample(logits, generated)
+        token = sampler.sample(logits, generated) if next_token is None else next_token
         generated.append(token)
         if len(generated) == 1:
             stats.time_to_first_token_s = time.perf_counter() - t_start
@@ -89,7 +92,10 @@ def generate(
         if runtime.sequence_length + 1 > context_window:
             finish = "context"
             break
-        logits = runtime.decode(token)
+        if device_greedy:
+            next_token = runtime.decode_greedy(token)
+        else:
+            logits = runtime.decode(token)
         kv_ids.append(token)
     stats.decode_s = time.perf_counter() - t_prefilled
     if stream is not None and not stopped_by_string:

@@ -45,6 +45,14 @@ def _load_module(lib_path: str, device: Any) -> Any:
     return tvm.runtime.load_module(lib_path)
 
 
+def _optional_function(vm: Any, name: str) -> Any | None:
+    """``vm[name]``, or None when the library does not export it."""
+    try:
+        return vm[name]
+    except Exception:  # TVM raises its own error type for a missing function
+        return None
+
+
 class ModelRuntime:
     """A loaded model library with its weights and one KV-cache sequence."""
 
@@ -81,6 +89,7 @@ class ModelRuntime:
             self._f_embed = self.vm["embed"]
             self._f_prefill = self.vm["prefill"]
             self._f_decode = self.vm["decode"]
+            self._f_argmax = _optional_function(self.vm, "argmax")
             self.kv = self.vm["create_paged_kv_cache"](
                 ShapeTuple([1]), ShapeTuple([self.context_window]), ShapeTuple([self.prefill_chunk]),
                 ShapeTuple([PAGE_SIZE]), ShapeTuple([0]),
@@ -177,6 +186,28 @@ class ModelRuntime:
         self._length += 1
         return logits.numpy().reshape(-1)
 
+    @property
+    def has_device_argmax(self) -> bool:
+        """Whether :meth:`decode_greedy` picks the token on the device (CUDA libraries)."""
+        return self._f_argmax is not None
+
+    def decode_greedy(self, token: int) -> int:
+        """Append one token; the id of its largest logit (the first on ties). Only the id is
+        copied to the host when the library exports ``argmax``; otherwise numpy's argmax."""
+        if self._f_argmax is None:
+            return int(np.argmax(self.decode(token)))
+        if self._length + 1 > self.context_window:
+            raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
+                               "start a new conversation")
+        self._ids1[0] = token
+        self._ids1_dev.copyfrom(self._ids1)
+        emb = self._f_reshape(self._f_embed(self._ids1_dev, self.params), self._decode_shape)
+        self._f_begin(self.kv, self._seq, self._one)
+        logits, self.kv = self._f_decode(emb, self.kv, self.params)
+        self._f_end(self.kv)
+        self._length += 1
+        return int(self._f_argmax(logits).numpy()[0])
+
     # -- memory ----------------------------------------------------------------------------
     def memory_in_use_bytes(self) -> int:
         """Weights + the KV cache pages (what this runtime allocated on the device)."""
@@ -187,4 +218,4 @@ class ModelRuntime:
         self.params = []
         self.kv = None
         self.vm = None
-        self._f_embed = self._f_prefill = self._f_decode = None
+        self._f_embed = self._f_prefill = self._f_decode = self._f_argmax = None

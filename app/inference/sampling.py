@@ -171,6 +171,11 @@ class Sampler:
             self.observe(int(token_id))
 
     @property
+    def is_plain_greedy(self) -> bool:
+        """Temperature 0 and no penalty: the next token is the argmax of the raw logits."""
+        return self.params.temperature == 0.0 and not self._penalties_on
+
+    @property
     def _penalties_on(self) -> bool:
         p = self.params
         return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0

@@ -23,6 +23,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 
 from app.inference.config import ModelConfig
+from app.inference.device_ops import argmax_te, has_device_argmax
 from app.inference.quantization import get_format
 
 
@@ -170,6 +171,11 @@ class LlamaForCausalLM(nn.Module):
     def batch_decode(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache) -> tuple[Tensor, PagedKVCache]:
         return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache
 
+    def argmax(self, logits: Tensor) -> Tensor:
+        """Index of the largest of ``logits [1, 1, vocab]`` (first one on ties), as int32 ``[1]``:
+        greedy decoding on the device, so only the token id crosses to the host."""
+        return op.tensor_expr_op(argmax_te, name_hint="argmax", args=[logits])
+
     def create_paged_kv_cache(
         self, max_batch_size: Any, max_total_seq_len: Any, prefill_chunk_size: Any, page_size: Any,
         support_sliding_window: Any,
@@ -210,6 +216,9 @@ class LlamaForCausalLM(nn.Module):
             "prefill": {"input_embed": nn.spec.Tensor([1, "seq_len", hidden], dt), "paged_kv_cache": kv,
                         "$": packed},
             "decode": {"input_embed": nn.spec.Tensor([1, 1, hidden], dt), "paged_kv_cache": kv, "$": packed},
+            **({"argmax": {"logits": nn.spec.Tensor([1, 1, self.cfg.vocab_size], "float32"),
+                           "$": {"param_mode": "none", "effect_mode": "none"}}}
+               if has_device_argmax(self.target) else {}),
             "create_paged_kv_cache": {
                 "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
                 "page_size": int, "support_sliding_window": int,

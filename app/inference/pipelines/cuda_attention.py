@@ -3,7 +3,7 @@
 TVM 0.27's ``batch_decode_paged_kv`` kernel runs one thread block per KV head: 32 blocks for
 Llama-2-7B and 2 for Qwen2.5 on a GPU with 132 multiprocessors, and its time grows with the
 context. :func:`split_decode_attention_pass` keeps that PrimFunc's signature and puts in front of
-its body by a launch of llmchat's kernel on (chunks x KV heads x sequences) blocks. The kernel
+its body by a launch of llmchat's kernel on (chunks x head groups x sequences) blocks. The kernel
 expects the rotary embedding applied before the cache (llmchat's models use ``RopeMode.NORMAL``;
 anything else stops with a CUDA error instead of a wrong answer); a batch too large for its
 static scratch area runs unsplit.
@@ -29,10 +29,16 @@ def _static(expr: Any) -> int | None:
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
-def num_chunks(num_kv_heads: int) -> int:
-    """Chunks per sequence and KV head: a power of two near TARGET_BLOCKS / heads, 1..32."""
+def heads_per_block(group: int) -> int:
+    """Query heads one block handles (of the ``group`` sharing a kv head): 2 when the group
+    divides evenly, else 1 (registers: every thread keeps each head's query and output)."""
+    return 2 if group % 2 == 0 else 1
+
+
+def num_chunks(head_blocks: int) -> int:
+    """Chunks per sequence and head block: a power of two near TARGET_BLOCKS / head_blocks, 1..32."""
     chunks = 1
-    while chunks < 32 and chunks * num_kv_heads < TARGET_BLOCKS:
+    while chunks < 32 and chunks * head_blocks < TARGET_BLOCKS:
         chunks *= 2
     return chunks
 
@@ -55,19 +61,17 @@ def split_decode_attention(func: Any) -> Any | None:
     h_kv, page = _static(pages.shape[2]), _static(pages.shape[3])
     if None in (h_qo, d, h_kv, page) or h_qo % h_kv or d % 8 or d // 8 not in (1, 2, 4, 8, 16, 32):
         return None
-    group = h_qo // h_kv
-    if group > 8:  # registers: 8 query vectors per thread at most
-        return None
-    chunks = num_chunks(h_kv)
+    per_block = heads_per_block(h_qo // h_kv)
+    chunks = num_chunks(h_qo // per_block)
     batch = q.shape[0]
 
     def at(buf: Any) -> Any:
         return tirx.address_of(tirx.BufferLoad(buf, [tirx.IntImm("int32", 0)] * len(buf.shape)))
 
-    name = f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}>"
+    name = f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}>"
     call = tirx.call_extern("int32", name, at(q), at(pages), at(indptr), at(values), at(length_info),
                             at(output), at(lse), sm_scale, batch, rotary_mode)
-    kernel = launch(call, {"blockIdx.x": chunks, "blockIdx.y": h_kv, "blockIdx.z": batch},
+    kernel = launch(call, {"blockIdx.x": chunks, "blockIdx.y": h_qo // per_block, "blockIdx.z": batch},
                     {"threadIdx.x": 32, "threadIdx.y": 4})
     return func.with_body(kernel)
 

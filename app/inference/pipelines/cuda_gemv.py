@@ -166,8 +166,8 @@ def build_kernel_func(func: Any, m: _Match, layout: GemvLayout) -> Any:
 
     mode = 0 if m.residual is None and str(m.out.dtype) == "float32" else (2 if m.residual is not None else 1)
     out_type = "float" if mode == 0 else "half"
-    name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, {mode}, "
-            f"{'true' if m.bias is not None else 'false'}, {out_type}>")
+    name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
+            f"{mode}, {'true' if m.bias is not None else 'false'}, {out_type}>")
     dummy = m.x.data
     call = tirx.call_extern("int32", name, m.x.data, m.weight.data, m.scale.data,
                             m.bias.data if m.bias is not None else dummy,

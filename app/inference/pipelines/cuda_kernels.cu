@@ -126,9 +126,9 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
 
 // ------------------------------------------------------------------------------------------------
 // Decode attention over the paged KV cache (TVM's layout: pages[page, 2 (K, V), kv head, slot, dim]),
-// split along the sequence: grid (NC chunks, kv heads, batch). Every block handles the GROUP query
-// heads of one kv head over one chunk of the keys (online softmax in the log2 domain, as TVM's
-// kernel: scores are scaled by sm_scale * log2(e)); the last block of a (sequence, kv head) to
+// split along the sequence: grid (NC chunks, query heads / GH, batch). Every block handles GH query
+// heads (sharing one kv head) over one chunk of the keys (online softmax in the log2 domain, as TVM's
+// kernel: scores are scaled by sm_scale * log2(e)); the last block of a (sequence, head block) to
 // finish merges the chunks' partial states from a static scratch area and writes output and lse.
 // ------------------------------------------------------------------------------------------------
 namespace llmchat {
@@ -148,27 +148,31 @@ __device__ __forceinline__ void merge_state(float& m, float& d, float* o, float 
   m = mm;
 }
 
-template <int H_QO, int H_KV, int D, int PAGE, int NC>
+template <int H_QO, int H_KV, int D, int PAGE, int NC, int GH>
 __device__ __forceinline__ void decode_attention(const half* __restrict__ q, const half* __restrict__ pages,
                                                  const int* __restrict__ indptr,
                                                  const int* __restrict__ values,
                                                  const int* __restrict__ last_len, half* __restrict__ out,
                                                  float* __restrict__ lse, float sm_scale, int batch,
                                                  int rotary_mode) {
-  constexpr int GROUP = H_QO / H_KV;
+  constexpr int GROUP = H_QO / H_KV;  // query heads per kv head
+  constexpr int BLOCKS_PER_SEQ = H_QO / GH;
+  static_assert(GROUP % GH == 0, "a block's query heads share one kv head");
   constexpr int TPK = D / 8;          // threads per key (8 dims each)
   constexpr int KPW = 32 / TPK;       // keys per warp and step
   constexpr int WARPS = 4;
   static_assert(D % 8 == 0 && TPK <= 32 && (TPK & (TPK - 1)) == 0, "head_dim must be 8 * 2^k <= 256");
+  static_assert(NC >= 1 && NC <= 32, "the merge gives each chunk one lane of a warp");
   const float scale = sm_scale * 1.4426950408889634f;  // log2(e)
-  const int c = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int c = blockIdx.x, hb = blockIdx.y, b = blockIdx.z;
+  const int head0 = hb * GH, kvh = head0 / GROUP;
   const int lane = threadIdx.x, warp = threadIdx.y;
   const int sub = lane % TPK, slot = lane / TPK;
   if (rotary_mode != 0) __trap();  // RoPE is applied before the cache (RopeMode.NORMAL) only
   // a batch too large for the scratch area is not split: block 0 takes the whole sequence
   const bool split = NC > 1 && batch * H_QO * NC <= ATTN_SCRATCH_ROWS &&
                      (size_t)batch * H_QO * NC * D <= (size_t)ATTN_SCRATCH_FLOATS &&
-                     batch * H_KV <= ATTN_SCRATCH_ROWS;
+                     batch * BLOCKS_PER_SEQ <= ATTN_SCRATCH_ROWS;
   if (!split && c > 0) return;
   const int pb = indptr[b], pe = indptr[b + 1];
   const int len = (pe != pb) ? (pe - pb - 1) * PAGE + last_len[b] : 0;
@@ -177,10 +181,10 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   const int start = c * chunk;
   const int end = min(len, start + chunk);
 
-  float qv[GROUP][8], m[GROUP], d[GROUP], o[GROUP][8];
+  float qv[GH][8], m[GH], d[GH], o[GH][8];
 #pragma unroll
-  for (int g = 0; g < GROUP; ++g) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(q + ((size_t)b * H_QO + kvh * GROUP + g) * D + sub * 8);
+  for (int g = 0; g < GH; ++g) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(q + ((size_t)b * H_QO + head0 + g) * D + sub * 8);
     const half2* h = reinterpret_cast<const half2*>(&raw);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -193,45 +197,58 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[g][j] = 0.f;
   }
-  for (int base = start + warp * KPW; base < end; base += WARPS * KPW) {
-    const int k = base + slot;
-    const bool valid = k < end;
-    float kf[8], vf[8];
-    if (valid) {
-      const int page = values[pb + k / PAGE];
-      const half* kp = pages + (((size_t)page * 2 * H_KV + kvh) * PAGE + k % PAGE) * D + sub * 8;
-      const uint4 kr = *reinterpret_cast<const uint4*>(kp);
-      const uint4 vr = *reinterpret_cast<const uint4*>(kp + (size_t)H_KV * PAGE * D);
-      const half2* kh = reinterpret_cast<const half2*>(&kr);
-      const half2* vh = reinterpret_cast<const half2*>(&vr);
+  constexpr int UK = GH <= 2 ? 4 : 1;  // steps per batch: their page lookups and K/V loads are all in flight together
+  for (int base0 = start + warp * KPW; base0 < end; base0 += UK * WARPS * KPW) {
+    int page[UK];
+#pragma unroll
+    for (int u = 0; u < UK; ++u) {
+      const int k = base0 + u * WARPS * KPW + slot;
+      page[u] = k < end ? values[pb + k / PAGE] : 0;
+    }
+    uint4 kr[UK], vr[UK];
+#pragma unroll
+    for (int u = 0; u < UK; ++u) {
+      const int k = base0 + u * WARPS * KPW + slot;
+      if (k < end) {
+        const half* kp = pages + (((size_t)page[u] * 2 * H_KV + kvh) * PAGE + k % PAGE) * D + sub * 8;
+        kr[u] = *reinterpret_cast<const uint4*>(kp);
+        vr[u] = *reinterpret_cast<const uint4*>(kp + (size_t)H_KV * PAGE * D);
+      } else {
+        kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UK; ++u) {
+      if (base0 + u * WARPS * KPW >= end) break;  // the same for every lane of the warp
+      const bool valid = base0 + u * WARPS * KPW + slot < end;
+      float kf[8], vf[8];
+      const half2* kh = reinterpret_cast<const half2*>(&kr[u]);
+      const half2* vh = reinterpret_cast<const half2*>(&vr[u]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 a = __half22float2(kh[j]), v = __half22float2(vh[j]);
         kf[2 * j] = a.x; kf[2 * j + 1] = a.y; vf[2 * j] = v.x; vf[2 * j + 1] = v.y;
       }
-    } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) kf[j] = vf[j] = 0.f;
-    }
+      for (int g = 0; g < GH; ++g) {
+        float s = 0.f;
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
-      float s = 0.f;
+        for (int j = 0; j < 8; ++j) s = fmaf(qv[g][j], kf[j], s);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s = fmaf(qv[g][j], kf[j], s);
+        for (int off = TPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (!valid) continue;
+        const float mm = fmaxf(m[g], s);
+        const float a = exp2f(m[g] - mm), p = exp2f(s - mm);
+        d[g] = d[g] * a + p;
 #pragma unroll
-      for (int off = TPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (!valid) continue;
-      const float mm = fmaxf(m[g], s);
-      const float a = exp2f(m[g] - mm), p = exp2f(s - mm);
-      d[g] = d[g] * a + p;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) o[g][j] = fmaf(p, vf[j], o[g][j] * a);
-      m[g] = mm;
+        for (int j = 0; j < 8; ++j) o[g][j] = fmaf(p, vf[j], o[g][j] * a);
+        m[g] = mm;
+      }
     }
   }
   // combine the key slots of a warp, then the warps
 #pragma unroll
-  for (int g = 0; g < GROUP; ++g) {
+  for (int g = 0; g < GH; ++g) {
 #pragma unroll
     for (int off = TPK; off < 32; off <<= 1) {
       float o2[8];
@@ -242,11 +259,11 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
       merge_state(m[g], d[g], o[g], m2, d2, o2);
     }
   }
-  __shared__ float sm_o[WARPS][GROUP][D];
-  __shared__ float sm_md[WARPS][GROUP][2];
+  __shared__ float sm_o[WARPS][GH][D];
+  __shared__ float sm_md[WARPS][GH][2];
   if (slot == 0) {
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
+    for (int g = 0; g < GH; ++g) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) sm_o[warp][g][sub * 8 + j] = o[g][j];
       if (sub == 0) { sm_md[warp][g][0] = m[g]; sm_md[warp][g][1] = d[g]; }
@@ -254,7 +271,7 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   }
   __syncthreads();
   const int tid = warp * 32 + lane;
-  for (int idx = tid; idx < GROUP * D; idx += WARPS * 32) {
+  for (int idx = tid; idx < GH * D; idx += WARPS * 32) {
     const int g = idx / D, dim = idx % D;
     float mm = sm_md[0][g][0];
 #pragma unroll
@@ -266,7 +283,7 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
       dd += sm_md[w][g][1] * a;
       oo += sm_o[w][g][dim] * a;
     }
-    const int head = kvh * GROUP + g;
+    const int head = head0 + g;
     if (!split) {
       out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
       if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? mm + log2f(dd) : -5e4f;
@@ -280,27 +297,95 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
     __shared__ bool last;
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&attn_chunks_done[b * H_KV + kvh], 1u) == NC - 1;
+    if (tid == 0) last = atomicAdd(&attn_chunks_done[b * BLOCKS_PER_SEQ + hb], 1u) == NC - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int idx = tid; idx < GROUP * D; idx += WARPS * 32) {
-      const int g = idx / D, dim = idx % D;
-      const int head = kvh * GROUP + g;
-      const size_t row0 = ((size_t)b * H_QO + head) * NC;
-      float mm = -5e4f;
-      for (int i = 0; i < NC; ++i) mm = fmaxf(mm, __ldcg(&attn_partial_md[row0 + i].x));
-      float dd = 0.f, oo = 0.f;
-      for (int i = 0; i < NC; ++i) {
-        const float2 md = __ldcg(&attn_partial_md[row0 + i]);
-        const float a = exp2f(md.x - mm);
-        dd += md.y * a;
-        oo += __ldcg(&attn_partial_o[(row0 + i) * D + dim]) * a;
+    // per head: the chunks' weights exp2(m_i - M) and the total denominator, then the outputs
+    __shared__ float weight[GH][NC];
+    __shared__ float total[GH];
+    __shared__ float top[GH];
+    if (warp == 0) {
+      for (int g = 0; g < GH; ++g) {
+        const size_t row0 = ((size_t)b * H_QO + head0 + g) * NC;
+        float mi = -5e4f, di = 0.f;
+        if (lane < NC) {
+          const float2 md = __ldcg(&attn_partial_md[row0 + lane]);
+          mi = md.x;
+          di = md.y;
+        }
+        float mm = mi;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
+        const float a = lane < NC ? exp2f(mi - mm) : 0.f;
+        float dd = di * a;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) dd += __shfl_xor_sync(0xffffffffu, dd, off);
+        if (lane < NC) weight[g][lane] = a;
+        if (lane == 0) { total[g] = dd; top[g] = mm; }
       }
-      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
-      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? mm + log2f(dd) : -5e4f;
     }
-    if (tid == 0) attn_chunks_done[b * H_KV + kvh] = 0u;
+    __syncthreads();
+    for (int idx = tid; idx < GH * D; idx += WARPS * 32) {
+      const int g = idx / D, dim = idx % D;
+      const int head = head0 + g;
+      const size_t row0 = ((size_t)b * H_QO + head) * NC;
+      float oo = 0.f;
+#pragma unroll 8
+      for (int i = 0; i < NC; ++i) oo = fmaf(__ldcg(&attn_partial_o[(row0 + i) * D + dim]), weight[g][i], oo);
+      const float dd = total[g];
+      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
+      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? top[g] + log2f(dd) : -5e4f;
+    }
+    if (tid == 0) attn_chunks_done[b * BLOCKS_PER_SEQ + hb] = 0u;
+  }
+}
+
+}  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// 3. Greedy decoding on the device: the index of the largest logit (the lowest index on ties; NaN
+//    never wins), one block of 1024 threads.
+// ------------------------------------------------------------------------------------------------
+namespace llmchat {
+
+__device__ __forceinline__ void keep_better(float& best, int& idx, float v, int i) {
+  if (v > best || (v == best && i < idx)) {
+    best = v;
+    idx = i;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void argmax_f32(const float* __restrict__ x, int* __restrict__ out) {
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) keep_better(best, idx, x[i], i);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+    keep_better(best, idx, ob, oi);
+  }
+  __shared__ float warp_best[32];
+  __shared__ int warp_idx[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_idx[warp] = idx;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    best = lane < warps ? warp_best[lane] : -INFINITY;
+    idx = lane < warps ? warp_idx[lane] : 0x7fffffff;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+      keep_better(best, idx, ob, oi);
+    }
+    if (lane == 0) out[0] = idx == 0x7fffffff ? 0 : idx;
   }
 }
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_attention import split_decode_attention_pass
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 
@@ -402,6 +403,8 @@ def schedule_rules(target: Any) -> list[Any]:
     first = [DecodeGEMV()] if use_llmchat_gemv(target) else []
     if use_cuda_kernel_gemv(target):
         first = [CudaQ4Gemv(), *first]
+    if target.kind.name == "cuda":
+        first = [CudaArgmax(), *first]
     return [
         *first,
         dl.gpu.Matmul(),

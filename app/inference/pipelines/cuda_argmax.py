@@ -1,0 +1,51 @@
+"""dlight-style rule: the exported ``argmax`` (``device_ops.argmax_te``) on CUDA runs
+``llmchat::argmax_f32`` (``cuda_kernels.cu``): one block of 1024 threads over the vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.inference.device_ops import OP_ANNOTATION
+from app.inference.pipelines.cuda_kernels import launch
+
+THREADS = 1024
+
+
+def _argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
+    """(logits, output, vocab) when ``func`` is the annotated argmax over ``[1, 1, V]`` float32."""
+    from tvm import s_tir, tirx
+
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    except Exception:  # no root block: not ours
+        return None
+    if len(blocks) != 1 or str(blocks[0].annotations.get(OP_ANNOTATION, "")) != "argmax":
+        return None
+    if len(func.params) != 2:
+        return None
+    logits, out = func.params
+    shape = [int(d.value) if isinstance(d, tirx.IntImm) else d for d in logits.shape]
+    if (str(logits.dtype) != "float32" or len(shape) != 3 or shape[:2] != [1, 1]
+            or not isinstance(shape[2], int) or str(out.dtype) != "int32"):
+        return None
+    return logits, out, shape[2]
+
+
+class CudaArgmax:
+    """Replace the annotated argmax PrimFunc's body by a launch of ``llmchat::argmax_f32``."""
+
+    def is_target_available(self, target: Any) -> bool:
+        return target.kind.name == "cuda"
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        from tvm import s_tir, tirx
+
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        found = _argmax_buffers(func)
+        if found is None:
+            return None
+        logits, out, vocab = found
+        call = tirx.call_extern("int32", f"llmchat::argmax_f32<{vocab}>", logits.data, out.data)
+        return s_tir.Schedule(func.with_body(launch(call, {"blockIdx.x": 1}, {"threadIdx.x": THREADS})))
