@@ -232,3 +232,32 @@ def test_default_context_window_fits_gpu_memory():
     assert fit_context_window(8192, big, 3_800_000_000, kv) == 8192
     cpu = types.SimpleNamespace(dlpack_device_type=lambda: 1, total_global_memory=1)
     assert fit_context_window(8192, cpu, 3_800_000_000, kv) == 8192
+
+
+def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, tmp_path, monkeypatch):
+    """Libraries for CUDA export ``argmax`` and greedy decoding then copies only the token id.
+    Built here for the CPU (the export switched on, its own cache directory): the reply is the
+    same as through the host's argmax, and decode_greedy did the decoding."""
+    import app.inference.models.llama as llama_module
+
+    monkeypatch.setattr(llama_module, "has_device_argmax", lambda _target: True)
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    device_engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu")
+    try:
+        runtime = device_engine.runtime
+        assert runtime.has_device_argmax and not tiny_engine.runtime.has_device_argmax
+        calls = []
+        greedy = runtime.decode_greedy
+        monkeypatch.setattr(runtime, "decode_greedy", lambda token: calls.append(token) or greedy(token))
+        params = SamplingParams(temperature=0.0, max_tokens=16)
+        tiny_engine.reset()
+        expected, _, _ = _run(tiny_engine.chat("Tell me about llamas.", params))
+        got, stats, _ = _run(device_engine.chat("Tell me about llamas.", params))
+        assert got == expected and len(calls) == stats.generated_tokens - 1 > 0
+        # sampling with a temperature still goes through the host's sampler
+        calls.clear()
+        _run(device_engine.chat("And alpacas?", SamplingParams(temperature=0.8, max_tokens=4, seed=1)))
+        assert calls == []
+    finally:
+        device_engine.close()
+        tiny_engine.reset()

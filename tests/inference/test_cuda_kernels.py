@@ -1,0 +1,160 @@
+"""llmchat's CUDA decode kernels: which PrimFuncs they replace, the launches they get, and that
+nvcc compiles them inside a real model library (the kernels themselves run on the H200 only:
+``benchmarks/gpu_decode.py run`` checks their logits and tokens against TVM's own pipeline)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from app.inference import cuda_support  # noqa: E402
+from app.inference.device_ops import argmax_te, has_device_argmax  # noqa: E402
+from app.inference.pipelines import cuda_attention, cuda_gemv, cuda_kernels, gpu  # noqa: E402
+from app.inference.pipelines.cuda_argmax import CudaArgmax  # noqa: E402
+from app.inference.quantization import get_format  # noqa: E402
+from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
+
+CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
+               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
+
+
+def _gemv(in_f: int, out_f: int, epilogue: str = "f16", fmt_name: str = "q4f16_1", rows: int = 1):
+    """The fused decode PrimFunc the engine produces for one linear layer (+ epilogue)."""
+    from tvm import te
+
+    fmt = get_format(fmt_name)
+    specs = fmt.param_specs(out_f, in_f)
+    x = te.placeholder((1, rows, in_f), fmt.model_dtype, name="x")
+    params = [te.placeholder(shape, dtype, name=name) for name, (shape, dtype) in specs.items()]
+    args = [x, *params]
+    if epilogue == "bias":
+        args.append(te.placeholder((out_f,), "float16", name="bias"))
+    out_dtype = "float32" if epilogue == "f32" else fmt.model_dtype
+    out = dequant_matmul_te(fmt, list(specs), in_f, out_f, out_dtype)(*args)
+    if epilogue == "res":
+        res = te.placeholder((1, rows, out_f), "float16", name="res")
+        args.append(res)
+        out = te.compute(out.shape, lambda a, b, c: res[a, b, c] + out[a, b, c], name="T_add")
+    return te.create_prim_func([*args, out])
+
+
+@pytest.mark.parametrize("epilogue", ["f32", "f16", "bias", "res"])
+def test_gemv_rule_matches_every_decode_epilogue(epilogue):
+    target = tvm.target.Target(CUDA_TARGET)
+    func = _gemv(4096, 4096, epilogue)
+    match = cuda_gemv.match_q4f16_gemv(func)
+    assert match is not None and (match.in_features, match.out_features) == (4096, 4096)
+    assert (match.bias is not None) == (epilogue == "bias")
+    assert (match.residual is not None) == (epilogue == "res")
+    sch = cuda_gemv.CudaQ4Gemv().apply(func, target, False)
+    script = sch.mod["main"].script()
+    mode = {"f32": 0, "f16": 1, "bias": 1, "res": 2}[epilogue]
+    assert f"llmchat::q4f16_gemv<4096, 4096, 4, 4, {mode}, " in script
+    assert 'T.launch_thread("blockIdx.x", 1024)' in script  # 4096 rows / (4 rows x 4 warps / split 4)
+
+
+def test_gemv_rule_leaves_other_formats_and_prefill_alone():
+    target = tvm.target.Target(CUDA_TARGET)
+    rule = cuda_gemv.CudaQ4Gemv()
+    assert rule.apply(_gemv(4096, 4096, "f32", fmt_name="q4f32_1"), target, False) is None
+    assert rule.apply(_gemv(4096, 4096, "f16", rows=8), target, False) is None  # prefill: no annotation
+    assert rule.apply(_gemv(4096, 4096, "f16", fmt_name="q0f16"), target, False) is None
+    rocm = tvm.target.Target({"kind": "rocm", "mcpu": "gfx1100", "mtriple": "amdgcn-amd-amdhsa-hcc",
+                              "host": {"kind": "llvm"}})
+    assert rule.apply(_gemv(4096, 4096), rocm, False) is None
+
+
+def test_gemv_layout_splits_short_wide_layers_only():
+    big = cuda_gemv.choose_layout(out_features=22016, in_features=4096)  # Llama-2-7B gate_up
+    assert (big.rows_per_warp, big.warps_per_block, big.split) == (4, 4, 1)
+    down = cuda_gemv.choose_layout(out_features=4096, in_features=11008)  # few rows, long ones
+    assert down.split == 4 and 4096 % (down.rows_per_warp * down.warps_per_block // down.split) == 0
+    small = cuda_gemv.choose_layout(out_features=896, in_features=896)  # one step per lane only
+    assert small.split == 1
+    assert cuda_gemv.choose_layout(out_features=12, in_features=64).rows_per_warp == 1
+    assert cuda_gemv.choose_layout(out_features=7, in_features=64) is None
+    for n, k in [(12288, 4096), (4096, 4096), (2560, 2048), (1152, 896), (151936, 896)]:
+        layout = cuda_gemv.choose_layout(n, k)
+        assert layout.blocks(n) * layout.rows_per_warp * layout.warps_per_block // layout.split == n
+
+
+def test_device_helpers_are_added_only_where_called():
+    assert cuda_kernels.add_device_helpers("__global__ void f() {}") == "__global__ void f() {}"
+    with_call = cuda_kernels.add_device_helpers("void g() { llmchat::argmax_f32<8>(0, 0); }")
+    assert with_call.startswith(cuda_kernels.kernel_source())
+
+
+def _decode_attention(num_heads: int, num_kv_heads: int, head_dim: int):
+    from tvm.relax.frontend.nn.llm.kv_cache import _attention_decode
+
+    target = tvm.target.Target(CUDA_TARGET)
+    return _attention_decode(num_kv_heads, num_heads, head_dim, "float16", False, {}, target)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "per_block", "chunks"),
+                         [(32, 32, 128, 1, 8), (16, 2, 128, 2, 32), (14, 2, 64, 1, 32)])
+def test_decode_attention_is_split_along_the_sequence(heads, kv_heads, dim, per_block, chunks):
+    func = cuda_attention.split_decode_attention(_decode_attention(heads, kv_heads, dim))
+    script = func.script()
+    assert f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, {chunks}, {per_block}>" in script
+    assert f'T.launch_thread("blockIdx.y", {heads // per_block})' in script
+    assert "pages_elem_offset" in script  # the cache's views are passed with their offsets
+
+
+def test_argmax_te_picks_the_first_maximum_on_cpu():
+    """The exported argmax's TE (what every target compiles before CUDA swaps in its kernel)."""
+    from tvm import te
+
+    x = te.placeholder((1, 1, 1000), "float32", name="x")
+    func = te.create_prim_func([x, argmax_te(x)]).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    rng = np.random.default_rng(0)
+    for logits in (rng.standard_normal(1000), np.r_[np.zeros(500), 3.0, np.zeros(498), 3.0]):
+        out = tvm.runtime.tensor(np.zeros(1, np.int32))
+        lib["main"](tvm.runtime.tensor(logits.astype(np.float32).reshape(1, 1, -1)), out)
+        assert int(out.numpy()[0]) == int(np.argmax(logits))
+    cuda = tvm.target.Target(CUDA_TARGET)
+    sch = CudaArgmax().apply(func, cuda, False)
+    assert "llmchat::argmax_f32<1000>" in sch.mod["main"].script()
+    assert has_device_argmax(cuda) and not has_device_argmax(tvm.target.Target("llvm"))
+
+
+def test_cuda_rules_come_first_on_cuda_only(monkeypatch):
+    cuda = tvm.target.Target(CUDA_TARGET)
+    monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
+    monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
+    kinds = [type(r) for r in gpu.schedule_rules(cuda)]
+    assert kinds[:3] == [CudaArgmax, cuda_gemv.CudaQ4Gemv, gpu.DecodeGEMV]
+    assert gpu.use_cuda_attention(cuda)
+    monkeypatch.setenv("LLMCHAT_GPU_GEMV", "llmchat")
+    assert cuda_gemv.CudaQ4Gemv not in [type(r) for r in gpu.schedule_rules(cuda)]
+    monkeypatch.setenv("LLMCHAT_CUDA_ATTENTION", "tvm")
+    assert not gpu.use_cuda_attention(cuda)
+
+
+@pytest.mark.skipif(cuda_support.find_nvcc() is None, reason="nvcc not installed")
+def test_kernels_compile_inside_a_model_library(tmp_path):
+    """A Llama-shaped model (head_dim 64, hidden 256) built for sm_90: every decode GEMV, the
+    decode attention and the argmax are llmchat's kernels, and nvcc accepts the module."""
+    from app.inference.compiler import export_model
+    from app.inference.config import ModelConfig
+
+    cfg = ModelConfig.from_dict({
+        "model_type": "llama", "quantization": "q4f16_1", "context_window_size": 256,
+        "prefill_chunk_size": 64, "model_config": {
+            "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": False}})
+    target = tvm.target.Target(CUDA_TARGET)
+    mod, _ = export_model(cfg, target)
+    with cuda_support.cuda_build_hooks(target) as info, tvm.transform.PassContext(opt_level=3):
+        tvm.compile(mod, target, relax_pipeline=gpu.gpu_pipeline(target))
+    assert info["compiled"] == 1  # one fatbin
+    source = info["sources"][0]
+    calls = [line for line in source.splitlines() if "llmchat::q4f16_gemv<" in line and "(" in line
+             and "template" not in line]
+    assert len(calls) == 5  # qkv, o (+residual), gate_up, down (+residual), lm_head
+    assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2>(" in source
+    assert "llmchat::argmax_f32<320>(" in source
