@@ -39,7 +39,8 @@ stamp "copy bandwidth ${BW} TB/s"
 
 # 2. llmchat: decode (1-token prompt + 512 tokens) and prefill (512 tokens), GPU otherwise idle
 timeout 300 python3 benchmarks/gpu_decode.py run --cache "$CACHE" --presets "$PRESETS" \
-  --plain llama2-7b --copy-bw "${BW:-0}" --forbid-nvcc --out "$OUTDIR/llmchat.json" \
+  --plain "${PLAIN:-llama2-7b}" --check-steps "${CHECK_STEPS:-8}" --copy-bw "${BW:-0}" --forbid-nvcc \
+  --out "$OUTDIR/llmchat.json" \
   > "$OUTDIR/llmchat.log" 2>&1
 stamp "llmchat done (rc=$?)"; grep RESULT "$OUTDIR/llmchat.log" | cut -c1-400
 
