@@ -72,6 +72,24 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+#: prompt of the correctness check's second part (two 64-token tiles of the prefill kernel and a
+#: partial third): its logits, then a few decode steps on top of the KV it wrote
+CHECK_PROMPT = 150
+
+
+def _prompt_logits(engine: Any, steps: int) -> list[Any]:
+    import numpy as np
+
+    rt = engine.runtime
+    rt.clear()
+    ids = np.random.default_rng(7).integers(0, engine.config.vocab_size, size=CHECK_PROMPT).tolist()
+    outs = [rt.prefill(ids)]
+    for i in range(steps):
+        outs.append(rt.decode(int(ids[i])))
+    rt.clear()
+    return outs
+
+
 def _teacher_forced_logits(engine: Any, steps: int, tokens: list[int] | None) -> tuple[list[Any], list[int]]:
     import numpy as np
 
@@ -182,11 +200,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             res["device_argmax"] = _check_device_argmax(engine, args.check_steps)
             if preset in plain:
                 logits, toks = _teacher_forced_logits(engine, args.check_steps, None)
+                prompt_logits = _prompt_logits(engine, 4)
                 engine.close()
                 del engine
                 os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
                 ref = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
                 ref_logits, _ = _teacher_forced_logits(ref, args.check_steps, toks)
+                ref_prompt = _prompt_logits(ref, 4)
+                prompt_pairs = list(zip(prompt_logits, ref_prompt, strict=True))
+                res["check_prompt_vs_plain_pipeline"] = {
+                    "prompt_tokens": CHECK_PROMPT, "steps": len(prompt_pairs),
+                    "max_rel_err": max(float(np.abs(a - b).max() / (np.abs(b).max() + 1e-9))
+                                       for a, b in prompt_pairs),
+                    "argmax_equal": sum(int(np.argmax(a) == np.argmax(b)) for a, b in prompt_pairs),
+                }
                 pairs = list(zip(logits, ref_logits, strict=True))
                 errs = [float(np.abs(a - b).max() / (np.abs(b).max() + 1e-9)) for a, b in pairs]
                 res["check_vs_plain_pipeline"] = {

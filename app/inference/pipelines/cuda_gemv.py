@@ -106,6 +106,35 @@ class _Match:
     out_features: int
 
 
+def match_epilogue(blocks: list[Any], main: Any, out: Any, n: int) -> tuple[Any, Any] | None:
+    """(bias, residual) of the blocks after a quantized matmul ``main``: none (float32 output),
+    a cast to float16 (with a float16 bias before it), then optionally a float16 residual add.
+    None for anything else."""
+    bias = residual = None
+    if not blocks:
+        return (None, None) if str(out.dtype) == "float32" else None
+    if [b.name_hint for b in blocks] not in (["dequant_matmul_out"], ["dequant_matmul_out", "T_add"]):
+        return None
+    if str(out.dtype) != "float16":
+        return None
+    extra = [r.source for r in blocks[0].reads if not r.source.same_as(main.writes[0].source)]
+    if len(extra) > 1:
+        return None
+    if extra:
+        bias = extra[0]
+        if str(bias.dtype) != "float16" or _static_shape(bias) != [n]:
+            return None
+    if len(blocks) == 2:
+        others = [r.source for r in blocks[1].reads if not r.source.same_as(blocks[0].writes[0].source)]
+        if len(others) != 1 or str(others[0].dtype) != "float16":
+            return None
+        residual = others[0]
+        last = residual.shape[-1]
+        if int(getattr(last, "value", last)) != n:
+            return None
+    return bias, residual
+
+
 def match_q4f16_gemv(func: Any) -> _Match | None:
     """The roles of ``func``'s buffers when it is a batch-1 q4f16_1 GEMV with a known epilogue."""
     blocks = _blocks(func)
@@ -131,29 +160,10 @@ def match_q4f16_gemv(func: Any) -> _Match | None:
             or ws != [n, k // 8] or str(scale.dtype) != "float16" or ss != [n, k // 32]
             or k % 32 or os_[-1] != n or any(d != 1 for d in os_[:-1])):
         return None
-    bias = residual = None
-    if len(blocks) == 1:
-        if str(out.dtype) != "float32":
-            return None
-    else:
-        if str(out.dtype) != "float16":
-            return None
-        cast_reads = [r.source for r in blocks[1].reads]
-        extra = [b for b in cast_reads if not b.same_as(main.writes[0].source)]
-        if len(extra) > 1:
-            return None
-        if extra:
-            bias = extra[0]
-            if str(bias.dtype) != "float16" or _static_shape(bias) != [n]:
-                return None
-        if len(blocks) == 3:
-            add_reads = [r.source for r in blocks[2].reads]
-            others = [b for b in add_reads if not b.same_as(blocks[1].writes[0].source)]
-            if len(others) != 1 or str(others[0].dtype) != "float16":
-                return None
-            residual = others[0]
-            if (_static_shape(residual) or [0])[-1] != n:
-                return None
+    epilogue = match_epilogue(blocks[1:], main, out, n)
+    if epilogue is None:
+        return None
+    bias, residual = epilogue
     known = [b for b in (x, weight, scale, bias, residual, out) if b is not None]
     if len(params) != len(known) or any(not any(p.same_as(b) for b in known) for p in params):
         return None

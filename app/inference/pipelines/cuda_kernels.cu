@@ -390,3 +390,106 @@ __device__ __forceinline__ void argmax_f32(const float* __restrict__ x, int* __r
 }
 
 }  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// 4. Prefill: q4f16_1 dequantizing GEMM on tensor cores (WMMA, fp16 x fp16 -> fp32).
+//    out[m, n] = epilogue(sum_k x[m, k] * half((nibble - 7) * scale)) for M prompt tokens.
+//    Block tile 64 tokens x 64 output features, 32 values of k (one q4 group) per step, 4 warps
+//    of 32 x 32; the weight tile is decoded into shared memory once per block and step.
+// ------------------------------------------------------------------------------------------------
+#include <mma.h>
+
+namespace llmchat {
+
+template <int K, int N, int MODE, bool BIAS, typename OutT>
+__device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uint32_t* __restrict__ w,
+                                           const half* __restrict__ scale,
+                                           const half* __restrict__ bias,
+                                           const half* __restrict__ residual,
+                                           OutT* __restrict__ out, int M) {
+  using namespace nvcuda;
+  static_assert(K % 32 == 0 && N % 64 == 0, "tiles: K by 32, N by 64");
+  constexpr int BM = 64, BN = 64, BK = 32, PAD = 8, LD = BK + PAD;  // LD: 40 halves = 80 bytes
+  constexpr int WORDS = K / 8, GROUPS = K / 32;
+  __shared__ __align__(128) half xs[BM][LD];
+  __shared__ __align__(128) half ws[BN][LD];
+  __shared__ __align__(128) float cs[BM][BN + 4];
+  const int tid = threadIdx.x;  // 128 threads
+  const int warp = tid / 32;
+  const int wm = warp / 2, wn = warp % 2;  // 2 x 2 warps, 32 x 32 each
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+
+  for (int g = 0; g < GROUPS; ++g) {
+    // activations: 64 rows x 32 halves = 256 chunks of 16 bytes, 2 per thread
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int chunk = tid + c * 128;
+      const int r = chunk / 4, part = chunk % 4;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (m0 + r < M) v = *reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * K + g * 32 + part * 8);
+      *reinterpret_cast<uint4*>(&xs[r][part * 8]) = v;
+    }
+    // weights: 64 rows x 4 words; thread t decodes words 2 * (t % 2) and 2 * (t % 2) + 1 of row t / 2
+    {
+      const int r = tid / 2, half_row = tid % 2;
+      const uint2 q = *reinterpret_cast<const uint2*>(w + (size_t)(n0 + r) * WORDS + g * 4 + half_row * 2);
+      const half2 s2 = __half2half2(scale[(size_t)(n0 + r) * GROUPS + g]);
+      const half2 offset = as_half2(0x64076407u);
+      const uint32_t words[2] = {q.x, q.y};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int base = (half_row * 2 + i) * 8;  // first of the word's 8 values
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // values j and j + 4 of the word
+          const half2 v = __hmul2(__hsub2(as_half2(and_or(words[i] >> (4 * j), 0x000F000Fu, 0x64006400u)),
+                                          offset), s2);
+          ws[r][base + j] = __low2half(v);
+          ws[r][base + j + 4] = __high2half(v);
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> bf[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &xs[wm * 32 + i * 16][kk], LD);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(bf[j], &ws[wn * 32 + j * 16][kk], LD);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], bf[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], BN + 4, wmma::mem_row_major);
+  __syncthreads();
+  for (int idx = tid; idx < BM * BN; idx += 128) {
+    const int r = idx / BN, c = idx % BN;
+    if (m0 + r >= M) continue;
+    const size_t o = (size_t)(m0 + r) * N + n0 + c;
+    float v = cs[r][c];
+    if constexpr (MODE == 0) {
+      out[o] = v;
+    } else {
+      if constexpr (BIAS) v += __half2float(bias[n0 + c]);
+      half h = __float2half_rn(v);
+      if constexpr (MODE == 2) h = __hadd(residual[o], h);
+      out[o] = h;
+    }
+  }
+}
+
+}  // namespace llmchat

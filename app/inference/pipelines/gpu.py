@@ -26,6 +26,7 @@ from typing import Any
 
 from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_attention import split_decode_attention_pass
+from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 
 #: Bytes every thread loads from the weight matrix per step (one 128-bit load).
@@ -389,6 +390,13 @@ def use_cuda_kernel_gemv(target: Any) -> bool:
     return target.kind.name == "cuda" and choice in ("", "cuda-kernel")
 
 
+def use_cuda_gemm(target: Any) -> bool:
+    """Whether prompt-sized q4f16_1 matmuls use llmchat's tensor-core kernel (:mod:`.cuda_gemm`):
+    on CUDA unless ``LLMCHAT_CUDA_GEMM=tvm``."""
+    choice = os.environ.get("LLMCHAT_CUDA_GEMM", "").strip().lower()
+    return target.kind.name == "cuda" and choice != "tvm"
+
+
 def use_cuda_attention(target: Any) -> bool:
     """Whether decode attention uses llmchat's split-sequence CUDA kernel (:mod:`.cuda_attention`):
     on CUDA unless ``LLMCHAT_CUDA_ATTENTION=tvm``."""
@@ -403,6 +411,8 @@ def schedule_rules(target: Any) -> list[Any]:
     first = [DecodeGEMV()] if use_llmchat_gemv(target) else []
     if use_cuda_kernel_gemv(target):
         first = [CudaQ4Gemv(), *first]
+    if use_cuda_gemm(target):
+        first = [CudaQ4Gemm(), *first]
     if target.kind.name == "cuda":
         first = [CudaArgmax(), *first]
     return [

@@ -150,7 +150,7 @@ def dequant_matmul_te(
                 return te.sum(x(*idx[:-1], k).astype("float32") * fmt.dequant(params, idx[-1], k), axis=k)
         else:
             w = te.compute((out_features, in_features), lambda n, kk: fmt.dequant(params, n, kk),
-                           name=DEQUANTIZE_STAGE)
+                           name=DEQUANTIZE_STAGE, attrs={FORMAT_ANNOTATION: fmt.name})
 
             def body(*idx):
                 # the float32 weight is the first operand: TVM 0.27's dlight Matmul takes the first

@@ -1,0 +1,116 @@
+"""Prefill's quantized matmuls on tensor cores: ``llmchat::q4f16_gemm`` (``cuda_kernels.cu``).
+
+dlight rule :class:`CudaQ4Gemm` takes the multi-row PrimFunc ``dequant_matmul_te`` builds for a
+prompt (a ``dequantize`` stage annotated ``q4f16_1``, the fp32 reduction over it, and the same
+epilogues as decode: fp32 output, fp16 cast with optional bias, fp16 residual add) and replaces
+its body by a launch over (N / 64) x ceil(M / 64) blocks of 128 threads, M the prompt length
+(a shape variable). TVM 0.27's own tensor-core matmul schedule segfaults on these shapes, which
+is why prefill ran on FP32 cores before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.inference.pipelines.cuda_gemv import _blocks, _static_shape, match_epilogue
+from app.inference.pipelines.cuda_kernels import launch
+from app.inference.quantization.base import DEQUANTIZE_STAGE, FORMAT_ANNOTATION
+
+KERNEL = "llmchat::q4f16_gemm"
+TILE_M = 64
+TILE_N = 64
+
+
+@dataclass(frozen=True)
+class GemmMatch:
+    """Buffer roles of a prefill q4f16_1 matmul."""
+
+    x: Any
+    weight: Any
+    scale: Any
+    bias: Any | None
+    residual: Any | None
+    out: Any
+    in_features: int
+    out_features: int
+
+
+def _int(expr: Any) -> int | None:
+    """A static dimension as int, None when symbolic."""
+    if isinstance(expr, int):
+        return expr
+    value = getattr(expr, "value", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def match_q4f16_gemm(func: Any) -> GemmMatch | None:
+    """The roles of ``func``'s buffers when it is a prompt-sized q4f16_1 matmul llmchat's kernel
+    handles (``in_features`` a multiple of 32, ``out_features`` of 64); None otherwise."""
+    blocks = _blocks(func)
+    if len(blocks) < 2 or [b.name_hint for b in blocks[:2]] != [DEQUANTIZE_STAGE, "dequant_matmul"]:
+        return None
+    stage, main = blocks[0], blocks[1]
+    if str(stage.annotations.get(FORMAT_ANNOTATION, "")) != "q4f16_1":
+        return None
+    params = list(func.params)
+    stage_reads = [r.source for r in stage.reads]
+    if len(stage_reads) != 2:
+        return None
+    weight, scale = stage_reads
+    main_reads = [r.source for r in main.reads if not r.source.same_as(stage.writes[0].source)]
+    if len(main_reads) != 1:
+        return None
+    x = main_reads[0]
+    out = params[-1]
+    ws, ss = _static_shape(weight), _static_shape(scale)
+    if ws is None or ss is None or len(x.shape) != 3 or len(out.shape) != 3:
+        return None
+    k, n = _int(x.shape[-1]), ws[0]
+    if (k is None or str(x.dtype) != "float16" or str(weight.dtype) != "uint32" or ws != [n, k // 8]
+            or str(scale.dtype) != "float16" or ss != [n, k // 32] or k % 32 or n % TILE_N
+            or _int(x.shape[0]) != 1 or _int(out.shape[0]) != 1 or _int(out.shape[-1]) != n
+            or not x.shape[1].same_as(out.shape[1])):
+        return None
+    epilogue = match_epilogue(blocks[2:], main, out, n)
+    if epilogue is None:
+        return None
+    bias, residual = epilogue
+    known = [b for b in (x, weight, scale, bias, residual, out) if b is not None]
+    if len(params) != len(known) or any(not any(p.same_as(b) for b in known) for p in params):
+        return None
+    return GemmMatch(x, weight, scale, bias, residual, out, k, n)
+
+
+def build_gemm_func(func: Any, m: GemmMatch) -> Any:
+    """``func`` with its body replaced by a launch of ``llmchat::q4f16_gemm``."""
+    from tvm import tirx
+
+    mode = 0 if m.residual is None and str(m.out.dtype) == "float32" else (2 if m.residual is not None else 1)
+    name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {mode}, "
+            f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}>")
+    rows = tirx.Cast("int32", m.x.shape[1])
+    dummy = m.x.data
+    call = tirx.call_extern("int32", name, m.x.data, m.weight.data, m.scale.data,
+                            m.bias.data if m.bias is not None else dummy,
+                            m.residual.data if m.residual is not None else dummy, m.out.data, rows)
+    grid = {"blockIdx.x": m.out_features // TILE_N,
+            "blockIdx.y": tirx.floordiv(rows + (TILE_M - 1), TILE_M)}
+    return func.with_body(launch(call, grid, {"threadIdx.x": 128}))
+
+
+class CudaQ4Gemm:
+    """dlight rule: prompt-sized ``q4f16_1`` matmuls on CUDA -> :func:`build_gemm_func`."""
+
+    def is_target_available(self, target: Any) -> bool:
+        return target.kind.name == "cuda"
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        from tvm import s_tir, tirx
+
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        m = match_q4f16_gemm(func)
+        if m is None:
+            return None
+        return s_tir.Schedule(build_gemm_func(func, m))
