@@ -11,7 +11,7 @@ tvm = pytest.importorskip("tvm")
 
 from app.inference import cuda_support  # noqa: E402
 from app.inference.device_ops import argmax_te, has_device_argmax  # noqa: E402
-from app.inference.pipelines import cuda_attention, cuda_gemv, cuda_kernels, gpu  # noqa: E402
+from app.inference.pipelines import cuda_attention, cuda_gemm, cuda_gemv, cuda_kernels, gpu  # noqa: E402
 from app.inference.pipelines.cuda_argmax import CudaArgmax  # noqa: E402
 from app.inference.quantization import get_format  # noqa: E402
 from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
@@ -20,8 +20,9 @@ CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 4
                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
 
 
-def _gemv(in_f: int, out_f: int, epilogue: str = "f16", fmt_name: str = "q4f16_1", rows: int = 1):
-    """The fused decode PrimFunc the engine produces for one linear layer (+ epilogue)."""
+def _gemv(in_f: int, out_f: int, epilogue: str = "f16", fmt_name: str = "q4f16_1", rows: object = 1):
+    """The fused PrimFunc the engine produces for one linear layer (+ epilogue); ``rows`` 1 is
+    decode, anything else (a shape variable: the prompt length) prefill."""
     from tvm import te
 
     fmt = get_format(fmt_name)
@@ -53,6 +54,28 @@ def test_gemv_rule_matches_every_decode_epilogue(epilogue):
     mode = {"f32": 0, "f16": 1, "bias": 1, "res": 2}[epilogue]
     assert f"llmchat::q4f16_gemv<4096, 4096, 4, 4, {mode}, " in script
     assert 'T.launch_thread("blockIdx.x", 1024)' in script  # 4096 rows / (4 rows x 4 warps / split 4)
+
+
+@pytest.mark.parametrize("epilogue", ["f16", "bias", "res"])
+def test_gemm_rule_takes_prompt_matmuls(epilogue):
+    from tvm import te
+
+    target = tvm.target.Target(CUDA_TARGET)
+    seq_len = te.var("seq_len", "int64")
+    func = _gemv(2048, 2560, epilogue, rows=seq_len)
+    match = cuda_gemm.match_q4f16_gemm(func)
+    assert match is not None and (match.in_features, match.out_features) == (2048, 2560)
+    assert cuda_gemv.match_q4f16_gemv(func) is None  # decode's rule leaves it alone
+    script = cuda_gemm.CudaQ4Gemm().apply(func, target, False).mod["main"].script()
+    mode = {"f16": 1, "bias": 1, "res": 2}[epilogue]
+    bias = "true" if epilogue == "bias" else "false"
+    assert f"llmchat::q4f16_gemm<2048, 2560, {mode}, {bias}, half>" in script
+    assert 'T.launch_thread("blockIdx.x", 40)' in script  # 2560 / 64 output columns per block
+    assert "seq_len" in script  # the grid's second dimension follows the prompt length
+    # decode-shaped, unquantized or odd-sized matmuls are not its business
+    assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2560, epilogue)) is None
+    assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2560, "f16", fmt_name="q0f16", rows=seq_len)) is None
+    assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2592, "f16", rows=seq_len)) is None
 
 
 def test_gemv_rule_leaves_other_formats_and_prefill_alone():
@@ -126,7 +149,7 @@ def test_cuda_rules_come_first_on_cuda_only(monkeypatch):
     monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
     monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
     kinds = [type(r) for r in gpu.schedule_rules(cuda)]
-    assert kinds[:3] == [CudaArgmax, cuda_gemv.CudaQ4Gemv, gpu.DecodeGEMV]
+    assert kinds[:4] == [CudaArgmax, cuda_gemm.CudaQ4Gemm, cuda_gemv.CudaQ4Gemv, gpu.DecodeGEMV]
     assert gpu.use_cuda_attention(cuda)
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "llmchat")
     assert cuda_gemv.CudaQ4Gemv not in [type(r) for r in gpu.schedule_rules(cuda)]
@@ -156,5 +179,8 @@ def test_kernels_compile_inside_a_model_library(tmp_path):
     calls = [line for line in source.splitlines() if "llmchat::q4f16_gemv<" in line and "(" in line
              and "template" not in line]
     assert len(calls) == 5  # qkv, o (+residual), gate_up, down (+residual), lm_head
+    prompt_calls = [line for line in source.splitlines() if "llmchat::q4f16_gemm<" in line
+                    and "template" not in line and "(" in line]
+    assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
     assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2>(" in source
     assert "llmchat::argmax_f32<320>(" in source
