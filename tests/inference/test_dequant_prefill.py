@@ -122,14 +122,14 @@ def test_prefill_and_decode_match_numpy(cpu_target, fmt_name, bias):
         assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), (fn, rows)
 
 
-def test_gpu_prefill_kernel_gets_a_tiled_matmul_schedule():
-    """With the weight in its own stage, dlight's Matmul rule tiles the prefill kernel through
-    shared memory (the dequantization moves into the tile loads); decode keeps the GEMV."""
+def _gpu_kernels(monkeypatch, cuda_gemm: str) -> tuple[str, str]:
+    """(prefill, decode) matmul kernels of the tiny module after the GPU schedule rules."""
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
     from app.inference.pipelines import gpu
 
+    monkeypatch.setenv("LLMCHAT_CUDA_GEMM", cuda_gemm)
     target = tvm.target.Target(CUDA_TARGET)
     _fmt, _dtype, mod, _named = _module("q4f16_1")
     with gpu._simt_matmul_only(), target, tvm.transform.PassContext(opt_level=3):
@@ -138,11 +138,23 @@ def test_gpu_prefill_kernel_gets_a_tiled_matmul_schedule():
             relax.transform.FuseOps(), relax.transform.FuseTIR(), gpu.fast_decode_pass(),
             dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
         ])(mod)
-    prefill = _kernel_of(mod, "prefill").script()
-    decode = _kernel_of(mod, "decode").script()
+    return _kernel_of(mod, "prefill").script(), _kernel_of(mod, "decode").script()
+
+
+def test_gpu_prefill_kernel_gets_a_tiled_matmul_schedule(monkeypatch):
+    """With llmchat's tensor-core kernel switched off (``LLMCHAT_CUDA_GEMM=tvm``), the weight in
+    its own stage lets dlight's Matmul rule tile the prefill kernel through shared memory (the
+    dequantization moves into the tile loads); decode keeps the GEMV."""
+    prefill, decode = _gpu_kernels(monkeypatch, "tvm")
     # a 2-D grid over (rows, columns) tiles, the dequantized weight tile staged in shared memory
     assert "blockIdx.y" in prefill and "dequantize_reindex_shared" in prefill
     assert "dequantize" not in decode and "blockIdx.y" not in decode
+
+
+def test_gpu_prefill_kernel_is_llmchats_tensor_core_gemm_by_default(monkeypatch):
+    prefill, decode = _gpu_kernels(monkeypatch, "")
+    assert "llmchat::q4f16_gemm<" in prefill and "blockIdx.y" in prefill  # (columns, row tiles)
+    assert "llmchat::q4f16_gemm<" not in decode
 
 
 _STOCK_MATMUL_SCRIPT = """
