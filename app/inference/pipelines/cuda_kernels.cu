@@ -394,8 +394,10 @@ __device__ __forceinline__ void argmax_f32(const float* __restrict__ x, int* __r
 // ------------------------------------------------------------------------------------------------
 // 4. Prefill: q4f16_1 dequantizing GEMM on tensor cores (WMMA, fp16 x fp16 -> fp32).
 //    out[m, n] = epilogue(sum_k x[m, k] * half((nibble - 7) * scale)) for M prompt tokens.
-//    Block tile 64 tokens x 64 output features, 32 values of k (one q4 group) per step, 4 warps
-//    of 32 x 32; the weight tile is decoded into shared memory once per block and step.
+//    Block tile 64 tokens x 64 output features, 4 warps of 32 x 32. Each step covers BK values of
+//    k (4 q4 groups when K allows, else 1): the weight tile is decoded into shared memory once per
+//    block and step, and the next step's global loads are issued into registers before this
+//    step's MMAs so that their latency overlaps the math.
 // ------------------------------------------------------------------------------------------------
 #include <mma.h>
 
@@ -409,15 +411,66 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
                                            OutT* __restrict__ out, int M) {
   using namespace nvcuda;
   static_assert(K % 32 == 0 && N % 64 == 0, "tiles: K by 32, N by 64");
-  constexpr int BM = 64, BN = 64, BK = 32, PAD = 8, LD = BK + PAD;  // LD: 40 halves = 80 bytes
-  constexpr int WORDS = K / 8, GROUPS = K / 32;
-  __shared__ __align__(128) half xs[BM][LD];
-  __shared__ __align__(128) half ws[BN][LD];
-  __shared__ __align__(128) float cs[BM][BN + 4];
+  constexpr int SG = (K % 64 == 0) ? 2 : 1;  // q4 groups per step
+  constexpr int BM = 64, BN = 64, BK = 32 * SG, LD = BK + 8;
+  constexpr int WORDS = K / 8, GROUPS = K / 32, STEPS = K / BK;
+  constexpr int XC = BM * BK / 8 / 128;  // 16-byte activation chunks per thread and step
+  constexpr int WW = 2 * SG;             // weight words per thread and step (half a row's)
+  constexpr int TILE_BYTES = 2 * BM * LD * 2, C_BYTES = BM * (BN + 4) * 4;
+  __shared__ __align__(128) unsigned char smem[TILE_BYTES > C_BYTES ? TILE_BYTES : C_BYTES];
+  half(*xs)[LD] = reinterpret_cast<half(*)[LD]>(smem);
+  half(*ws)[LD] = reinterpret_cast<half(*)[LD]>(smem + BM * LD * 2);
+  float(*cs)[BN + 4] = reinterpret_cast<float(*)[BN + 4]>(smem);  // reused after the k loop
   const int tid = threadIdx.x;  // 128 threads
   const int warp = tid / 32;
   const int wm = warp / 2, wn = warp % 2;  // 2 x 2 warps, 32 x 32 each
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int wr = tid / 2, whalf = tid % 2;  // weight row of this thread, and which half of it
+
+  uint4 xr[XC];
+  uint32_t wq[WW];
+  half wsc[(WW + 3) / 4];
+  auto load = [&](int step) {
+#pragma unroll
+    for (int c = 0; c < XC; ++c) {
+      const int chunk = tid + c * 128;
+      const int r = chunk / (BK / 8), part = chunk % (BK / 8);
+      xr[c] = make_uint4(0u, 0u, 0u, 0u);
+      if (m0 + r < M) xr[c] = *reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * K + step * BK + part * 8);
+    }
+    const uint32_t* row = w + (size_t)(n0 + wr) * WORDS + step * BK / 8 + whalf * WW;
+#pragma unroll
+    for (int i = 0; i < WW; i += 2) {
+      const uint2 q = *reinterpret_cast<const uint2*>(row + i);
+      wq[i] = q.x;
+      wq[i + 1] = q.y;
+    }
+#pragma unroll
+    for (int i = 0; i < (WW + 3) / 4; ++i) {
+      wsc[i] = scale[(size_t)(n0 + wr) * GROUPS + (step * BK + (whalf * WW + i * 4) * 8) / 32];
+    }
+  };
+  auto stage = [&]() {
+#pragma unroll
+    for (int c = 0; c < XC; ++c) {
+      const int chunk = tid + c * 128;
+      const int r = chunk / (BK / 8), part = chunk % (BK / 8);
+      *reinterpret_cast<uint4*>(&xs[r][part * 8]) = xr[c];
+    }
+    const half2 offset = as_half2(0x64076407u);
+#pragma unroll
+    for (int i = 0; i < WW; ++i) {
+      const half2 s2 = __half2half2(wsc[i / 4]);
+      const int base = (whalf * WW + i) * 8;  // first of the word's 8 values within the step
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // values j and j + 4 of the word
+        const half2 v = __hmul2(__hsub2(as_half2(and_or(wq[i] >> (4 * j), 0x000F000Fu, 0x64006400u)),
+                                        offset), s2);
+        ws[wr][base + j] = __low2half(v);
+        ws[wr][base + j + 4] = __high2half(v);
+      }
+    }
+  };
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
 #pragma unroll
@@ -425,36 +478,11 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 
-  for (int g = 0; g < GROUPS; ++g) {
-    // activations: 64 rows x 32 halves = 256 chunks of 16 bytes, 2 per thread
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int chunk = tid + c * 128;
-      const int r = chunk / 4, part = chunk % 4;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (m0 + r < M) v = *reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * K + g * 32 + part * 8);
-      *reinterpret_cast<uint4*>(&xs[r][part * 8]) = v;
-    }
-    // weights: 64 rows x 4 words; thread t decodes words 2 * (t % 2) and 2 * (t % 2) + 1 of row t / 2
-    {
-      const int r = tid / 2, half_row = tid % 2;
-      const uint2 q = *reinterpret_cast<const uint2*>(w + (size_t)(n0 + r) * WORDS + g * 4 + half_row * 2);
-      const half2 s2 = __half2half2(scale[(size_t)(n0 + r) * GROUPS + g]);
-      const half2 offset = as_half2(0x64076407u);
-      const uint32_t words[2] = {q.x, q.y};
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int base = (half_row * 2 + i) * 8;  // first of the word's 8 values
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {  // values j and j + 4 of the word
-          const half2 v = __hmul2(__hsub2(as_half2(and_or(words[i] >> (4 * j), 0x000F000Fu, 0x64006400u)),
-                                          offset), s2);
-          ws[r][base + j] = __low2half(v);
-          ws[r][base + j + 4] = __high2half(v);
-        }
-      }
-    }
+  load(0);
+  for (int step = 0; step < STEPS; ++step) {
+    stage();
     __syncthreads();
+    if (step + 1 < STEPS) load(step + 1);  // in flight during the MMAs below
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
