@@ -172,8 +172,8 @@ class ModelRuntime:
             self._length += n
         return logits.numpy().reshape(-1)
 
-    def decode(self, token: int) -> np.ndarray:
-        """Append one token; its logits, float32 [vocab]."""
+    def _decode_step(self, token: int) -> Any:
+        """Append one token; its logits as a device tensor ``[1, 1, vocab]``."""
         if self._length + 1 > self.context_window:
             raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
                                "start a new conversation")
@@ -184,7 +184,11 @@ class ModelRuntime:
         logits, self.kv = self._f_decode(emb, self.kv, self.params)
         self._f_end(self.kv)
         self._length += 1
-        return logits.numpy().reshape(-1)
+        return logits
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; its logits, float32 [vocab]."""
+        return self._decode_step(token).numpy().reshape(-1)
 
     @property
     def has_device_argmax(self) -> bool:
@@ -194,18 +198,9 @@ class ModelRuntime:
     def decode_greedy(self, token: int) -> int:
         """Append one token; the id of its largest logit (the first on ties). Only the id is
         copied to the host when the library exports ``argmax``; otherwise numpy's argmax."""
+        logits = self._decode_step(token)
         if self._f_argmax is None:
-            return int(np.argmax(self.decode(token)))
-        if self._length + 1 > self.context_window:
-            raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
-                               "start a new conversation")
-        self._ids1[0] = token
-        self._ids1_dev.copyfrom(self._ids1)
-        emb = self._f_reshape(self._f_embed(self._ids1_dev, self.params), self._decode_shape)
-        self._f_begin(self.kv, self._seq, self._one)
-        logits, self.kv = self._f_decode(emb, self.kv, self.params)
-        self._f_end(self.kv)
-        self._length += 1
+            return int(np.argmax(logits.numpy().reshape(-1)))
         return int(self._f_argmax(logits).numpy()[0])
 
     # -- memory ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.inference.device_ops import OP_ANNOTATION
-from app.inference.pipelines.cuda_kernels import launch
+from app.inference.pipelines.cuda_kernels import KernelRule, launch
 
 THREADS = 1024
 
@@ -32,20 +32,15 @@ def _argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
     return logits, out, shape[2]
 
 
-class CudaArgmax:
+class CudaArgmax(KernelRule):
     """Replace the annotated argmax PrimFunc's body by a launch of ``llmchat::argmax_f32``."""
 
-    def is_target_available(self, target: Any) -> bool:
-        return target.kind.name == "cuda"
+    def replace(self, func: Any) -> Any | None:
+        from tvm import tirx
 
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-        from tvm import s_tir, tirx
-
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
         found = _argmax_buffers(func)
         if found is None:
             return None
         logits, out, vocab = found
         call = tirx.call_extern("int32", f"llmchat::argmax_f32<{vocab}>", logits.data, out.data)
-        return s_tir.Schedule(func.with_body(launch(call, {"blockIdx.x": 1}, {"threadIdx.x": THREADS})))
+        return func.with_body(launch(call, {"blockIdx.x": 1}, {"threadIdx.x": THREADS}))

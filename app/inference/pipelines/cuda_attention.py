@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.inference.pipelines.cuda_kernels import launch
+from app.inference.pipelines.cuda_kernels import launch, prim_func_pass
 
 #: the PrimFunc TVM's paged KV cache uses for decode attention (no sliding window)
 DECODE_ATTENTION = "batch_decode_paged_kv"
@@ -78,25 +78,10 @@ def split_decode_attention(func: Any) -> Any | None:
 
 def split_decode_attention_pass() -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
-    import tvm
-    from tvm import tirx
 
-    @tvm.transform.module_pass(opt_level=0, name="llmchat_split_decode_attention")
-    def _pass(mod: Any, _ctx: Any) -> Any:
-        updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
-                continue
-            if str(func.attrs.get("global_symbol", "")) != DECODE_ATTENTION:
-                continue
-            new = split_decode_attention(func)
-            if new is not None:
-                updates[gv] = new
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
+    def rewrite(func: Any) -> Any | None:
+        if func.attrs is None or str(func.attrs.get("global_symbol", "")) != DECODE_ATTENTION:
+            return None
+        return split_decode_attention(func)
 
-    return _pass
+    return prim_func_pass("llmchat_split_decode_attention", rewrite)

@@ -10,30 +10,15 @@ is why prefill ran on FP32 cores before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from app.inference.pipelines.cuda_gemv import _blocks, _static_shape, match_epilogue
-from app.inference.pipelines.cuda_kernels import launch
+from app.inference.pipelines.cuda_gemv import Q4MatmulMatch, _blocks, _static_shape, match_q4_operands
+from app.inference.pipelines.cuda_kernels import KernelRule, epilogue_mode, launch, matmul_call
 from app.inference.quantization.base import DEQUANTIZE_STAGE, FORMAT_ANNOTATION
 
 KERNEL = "llmchat::q4f16_gemm"
 TILE_M = 64
 TILE_N = 64
-
-
-@dataclass(frozen=True)
-class GemmMatch:
-    """Buffer roles of a prefill q4f16_1 matmul."""
-
-    x: Any
-    weight: Any
-    scale: Any
-    bias: Any | None
-    residual: Any | None
-    out: Any
-    in_features: int
-    out_features: int
 
 
 def _int(expr: Any) -> int | None:
@@ -44,7 +29,7 @@ def _int(expr: Any) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def match_q4f16_gemm(func: Any) -> GemmMatch | None:
+def match_q4f16_gemm(func: Any) -> Q4MatmulMatch | None:
     """The roles of ``func``'s buffers when it is a prompt-sized q4f16_1 matmul llmchat's kernel
     handles (``in_features`` a multiple of 32, ``out_features`` of 64); None otherwise."""
     blocks = _blocks(func)
@@ -67,50 +52,30 @@ def match_q4f16_gemm(func: Any) -> GemmMatch | None:
     if ws is None or ss is None or len(x.shape) != 3 or len(out.shape) != 3:
         return None
     k, n = _int(x.shape[-1]), ws[0]
-    if (k is None or str(x.dtype) != "float16" or str(weight.dtype) != "uint32" or ws != [n, k // 8]
-            or str(scale.dtype) != "float16" or ss != [n, k // 32] or k % 32 or n % TILE_N
-            or _int(x.shape[0]) != 1 or _int(out.shape[0]) != 1 or _int(out.shape[-1]) != n
-            or not x.shape[1].same_as(out.shape[1])):
+    if (k is None or n % TILE_N or _int(x.shape[0]) != 1 or _int(out.shape[0]) != 1
+            or _int(out.shape[-1]) != n or not x.shape[1].same_as(out.shape[1])):
         return None
-    epilogue = match_epilogue(blocks[2:], main, out, n)
-    if epilogue is None:
-        return None
-    bias, residual = epilogue
-    known = [b for b in (x, weight, scale, bias, residual, out) if b is not None]
-    if len(params) != len(known) or any(not any(p.same_as(b) for b in known) for p in params):
-        return None
-    return GemmMatch(x, weight, scale, bias, residual, out, k, n)
+    roles = match_q4_operands(func, main, blocks[2:], x, weight, scale, out, k, n)
+    return None if roles is None else Q4MatmulMatch(x, weight, scale, *roles, out, k, n)
 
 
-def build_gemm_func(func: Any, m: GemmMatch) -> Any:
+def build_gemm_func(func: Any, m: Q4MatmulMatch) -> Any:
     """``func`` with its body replaced by a launch of ``llmchat::q4f16_gemm``."""
     from tvm import tirx
 
-    mode = 0 if m.residual is None and str(m.out.dtype) == "float32" else (2 if m.residual is not None else 1)
+    mode = epilogue_mode(m.out, m.residual)
     name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {mode}, "
             f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}>")
     rows = tirx.Cast("int32", m.x.shape[1])
-    dummy = m.x.data
-    call = tirx.call_extern("int32", name, m.x.data, m.weight.data, m.scale.data,
-                            m.bias.data if m.bias is not None else dummy,
-                            m.residual.data if m.residual is not None else dummy, m.out.data, rows)
+    call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, m.out, rows)
     grid = {"blockIdx.x": m.out_features // TILE_N,
             "blockIdx.y": tirx.floordiv(rows + (TILE_M - 1), TILE_M)}
     return func.with_body(launch(call, grid, {"threadIdx.x": 128}))
 
 
-class CudaQ4Gemm:
+class CudaQ4Gemm(KernelRule):
     """dlight rule: prompt-sized ``q4f16_1`` matmuls on CUDA -> :func:`build_gemm_func`."""
 
-    def is_target_available(self, target: Any) -> bool:
-        return target.kind.name == "cuda"
-
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-        from tvm import s_tir, tirx
-
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
+    def replace(self, func: Any) -> Any | None:
         m = match_q4f16_gemm(func)
-        if m is None:
-            return None
-        return s_tir.Schedule(build_gemm_func(func, m))
+        return None if m is None else build_gemm_func(func, m)

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from app.inference.pipelines.cuda_kernels import launch
+from app.inference.pipelines.cuda_kernels import KernelRule, epilogue_mode, launch, matmul_call
 from app.inference.quantization.base import FORMAT_ANNOTATION
 
 KERNEL = "llmchat::q4f16_gemv"
@@ -95,7 +95,9 @@ def _blocks(func: Any) -> list[Any]:
 
 
 @dataclass(frozen=True)
-class _Match:
+class Q4MatmulMatch:
+    """Buffer roles of a q4f16_1 matmul (decode GEMV or prompt GEMM) with its epilogue."""
+
     x: Any
     weight: Any
     scale: Any
@@ -135,7 +137,7 @@ def match_epilogue(blocks: list[Any], main: Any, out: Any, n: int) -> tuple[Any,
     return bias, residual
 
 
-def match_q4f16_gemv(func: Any) -> _Match | None:
+def match_q4f16_gemv(func: Any) -> Q4MatmulMatch | None:
     """The roles of ``func``'s buffers when it is a batch-1 q4f16_1 GEMV with a known epilogue."""
     blocks = _blocks(func)
     names = [b.name_hint for b in blocks]
@@ -145,62 +147,54 @@ def match_q4f16_gemv(func: Any) -> _Match | None:
     main = blocks[0]
     if str(main.annotations.get(FORMAT_ANNOTATION, "")) != "q4f16_1":
         return None
-    params = list(func.params)
     reads = [r.source for r in main.reads]
     if len(reads) != 3:
         return None
     x, weight, scale = reads
-    out = params[-1]
+    out = func.params[-1]
     shapes = [_static_shape(b) for b in (x, weight, scale, out)]
     if any(s is None for s in shapes):
         return None
-    xs, ws, ss, os_ = shapes
+    xs, ws, _ss, os_ = shapes
     k, n = xs[-1], ws[0]
-    if (any(d != 1 for d in xs[:-1]) or str(x.dtype) != "float16" or str(weight.dtype) != "uint32"
-            or ws != [n, k // 8] or str(scale.dtype) != "float16" or ss != [n, k // 32]
-            or k % 32 or os_[-1] != n or any(d != 1 for d in os_[:-1])):
+    if any(d != 1 for d in xs[:-1]) or os_[-1] != n or any(d != 1 for d in os_[:-1]):
         return None
-    epilogue = match_epilogue(blocks[1:], main, out, n)
-    if epilogue is None:
+    roles = match_q4_operands(func, main, blocks[1:], x, weight, scale, out, k, n)
+    return None if roles is None else Q4MatmulMatch(x, weight, scale, *roles, out, k, n)
+
+
+def match_q4_operands(func: Any, main: Any, epilogue: list[Any], x: Any, weight: Any, scale: Any,
+                      out: Any, k: int, n: int) -> tuple[Any, Any] | None:
+    """(bias, residual) when ``weight``/``scale`` hold an ``[n, k]`` q4f16_1 matrix applied to the
+    float16 rows ``x``, the blocks after the matmul are a known epilogue, and ``func`` takes
+    exactly these buffers; None otherwise."""
+    if (str(x.dtype) != "float16" or str(weight.dtype) != "uint32" or _static_shape(weight) != [n, k // 8]
+            or str(scale.dtype) != "float16" or _static_shape(scale) != [n, k // 32] or k % 32):
         return None
-    bias, residual = epilogue
-    known = [b for b in (x, weight, scale, bias, residual, out) if b is not None]
+    roles = match_epilogue(epilogue, main, out, n)
+    if roles is None:
+        return None
+    known = [b for b in (x, weight, scale, *roles, out) if b is not None]
+    params = list(func.params)
     if len(params) != len(known) or any(not any(p.same_as(b) for b in known) for p in params):
         return None
-    return _Match(x, weight, scale, bias, residual, out, k, n)
+    return roles
 
 
-def build_kernel_func(func: Any, m: _Match, layout: GemvLayout) -> Any:
+def build_kernel_func(func: Any, m: Q4MatmulMatch, layout: GemvLayout) -> Any:
     """``func`` with its body replaced by a launch of ``llmchat::q4f16_gemv``."""
-    from tvm import tirx
-
-    mode = 0 if m.residual is None and str(m.out.dtype) == "float32" else (2 if m.residual is not None else 1)
-    out_type = "float" if mode == 0 else "half"
+    mode = epilogue_mode(m.out, m.residual)
     name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
-            f"{mode}, {'true' if m.bias is not None else 'false'}, {out_type}>")
-    dummy = m.x.data
-    call = tirx.call_extern("int32", name, m.x.data, m.weight.data, m.scale.data,
-                            m.bias.data if m.bias is not None else dummy,
-                            m.residual.data if m.residual is not None else dummy, m.out.data)
+            f"{mode}, {'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}>")
+    call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, m.out)
     grid = {"blockIdx.x": layout.blocks(m.out_features)}
     return func.with_body(launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": layout.warps_per_block}))
 
 
-class CudaQ4Gemv:
+class CudaQ4Gemv(KernelRule):
     """dlight rule: batch-1 ``q4f16_1`` GEMVs on CUDA -> :func:`build_kernel_func`."""
 
-    def is_target_available(self, target: Any) -> bool:
-        return target.kind.name == "cuda"
-
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-        from tvm import s_tir, tirx
-
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
+    def replace(self, func: Any) -> Any | None:
         m = match_q4f16_gemv(func)
-        if m is None:
-            return None
-        layout = choose_layout(m.out_features, m.in_features)
-        if layout is None:
-            return None
-        return s_tir.Schedule(build_kernel_func(func, m, layout))
+        layout = None if m is None else choose_layout(m.out_features, m.in_features)
+        return None if layout is None else build_kernel_func(func, m, layout)

@@ -40,3 +40,69 @@ def launch(call: Any, grid: dict[str, Any], block: dict[str, int]) -> Any:
         iv = tirx.IterVar(tvm.ir.Range(0, ext), var, tirx.IterVar.ThreadIndex, tag)
         body = tirx.AttrStmt(iv, "thread_extent", ext, body)
     return body
+
+
+def epilogue_mode(out: Any, residual: Any | None) -> int:
+    """The kernels' MODE: 0 float32 output, 1 float16 output, 2 float16 output + residual."""
+    if residual is not None:
+        return 2
+    return 0 if str(out.dtype) == "float32" else 1
+
+
+def matmul_call(name: str, x: Any, weight: Any, scale: Any, bias: Any | None, residual: Any | None,
+                out: Any, *extra: Any) -> Any:
+    """``call_extern`` of a matmul kernel: (x, weight, scale, bias, residual, out, *extra); a
+    missing bias or residual is passed as x (the kernel's template flags never read it)."""
+    from tvm import tirx
+
+    def ptr(buf: Any | None) -> Any:
+        return (buf if buf is not None else x).data
+
+    return tirx.call_extern("int32", name, ptr(x), ptr(weight), ptr(scale), ptr(bias), ptr(residual),
+                            ptr(out), *extra)
+
+
+class KernelRule:
+    """Base of the dlight-style rules that swap a PrimFunc's body for a launch of one of
+    llmchat's CUDA kernels: subclasses implement :meth:`replace` (the new PrimFunc or None)."""
+
+    def is_target_available(self, target: Any) -> bool:
+        return target.kind.name == "cuda"
+
+    def replace(self, func: Any) -> Any | None:
+        raise NotImplementedError
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        from tvm import s_tir, tirx
+
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        new = self.replace(func)
+        return None if new is None else s_tir.Schedule(new)
+
+
+def prim_func_pass(name: str, rewrite: Any, only_unscheduled: bool = False) -> Any:
+    """A module pass applying ``rewrite(func) -> PrimFunc | None`` to every PrimFunc (None, or
+    the same function, leaves it as it is)."""
+    import tvm
+    from tvm import tirx
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if only_unscheduled and func.attrs and func.attrs.get("tirx.is_scheduled"):
+                continue
+            new = rewrite(func)
+            if new is not None and not new.same_as(func):
+                updates[gv] = new
+        if not updates:
+            return mod
+        mod = mod.clone()
+        for gv, func in updates.items():
+            mod.update_func(gv, func)
+        return mod
+
+    return _pass

@@ -28,6 +28,7 @@ from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_attention import split_decode_attention_pass
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
+from app.inference.pipelines.cuda_kernels import prim_func_pass
 
 #: Bytes every thread loads from the weight matrix per step (one 128-bit load).
 LOAD_BYTES = 16
@@ -428,25 +429,7 @@ def schedule_rules(target: Any) -> list[Any]:
 
 def fast_decode_pass() -> Any:
     """Module pass: :func:`fast_small_uint_to_float` on every PrimFunc (exact; removes I2F)."""
-    import tvm
-    from tvm import tirx
-
-    @tvm.transform.module_pass(opt_level=0, name="llmchat_fast_uint4_decode")
-    def _pass(mod: Any, _ctx: Any) -> Any:
-        updates = {}
-        for gv, func in mod.functions.items():
-            if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
-                new = fast_small_uint_to_float(func)
-                if not new.same_as(func):
-                    updates[gv] = new
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
-
-    return _pass
+    return prim_func_pass("llmchat_fast_uint4_decode", fast_small_uint_to_float, only_unscheduled=True)
 
 
 def uses_cuda_graph(target: Any) -> bool:
