@@ -196,6 +196,7 @@ def cache_key(cfg: ModelConfig, backend: str, fingerprint: str) -> str:
             "engine": ENGINE_VERSION,
             "source": _source_digest(),
             "plain_pipeline": _plain_pipeline(),
+            "switches": _kernel_switches(),
         },
         sort_keys=True,
         default=str,
@@ -218,6 +219,17 @@ def export_model(cfg: ModelConfig, target: Any) -> tuple[Any, list[tuple[str, An
 def param_list(named_params: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     """JSON-able ``[{"name", "shape", "dtype"}]`` from ``export_tvm``'s named params."""
     return [{"name": n, "shape": [int(x) for x in p.shape], "dtype": str(p.dtype)} for n, p in named_params]
+
+
+#: environment switches that change the generated kernels (pipelines/gpu.py reads them)
+KERNEL_SWITCHES = ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION")
+
+
+def _kernel_switches() -> dict[str, str]:
+    """The kernel switches that are set, normalised: part of the cache key, so that setting one
+    rebuilds the library instead of reusing one built without it."""
+    values = {name: os.environ.get(name, "").strip().lower() for name in KERNEL_SWITCHES}
+    return {name: value for name, value in values.items() if value}
 
 
 def _plain_pipeline() -> bool:

@@ -52,6 +52,12 @@ def test_cache_key_covers_what_changes_code(tiny_model_dir, monkeypatch):
     assert key != compiler.cache_key(other, "cpu", "x86_64|cpu")
     assert key != compiler.cache_key(cfg, "cuda", "sm_90")
     assert compiler.cache_key(cfg, "cuda", "sm_90") != compiler.cache_key(cfg, "cuda", "sm_89")
+    cuda_key = compiler.cache_key(cfg, "cuda", "sm_90")
+    monkeypatch.setenv("LLMCHAT_CUDA_GEMM", "tvm")  # a kernel switch: another library
+    assert compiler.cache_key(cfg, "cuda", "sm_90") != cuda_key
+    monkeypatch.delenv("LLMCHAT_CUDA_GEMM")
+    monkeypatch.setenv("LLMCHAT_SOMETHING_ELSE", "1")
+    assert compiler.cache_key(cfg, "cuda", "sm_90") == cuda_key
     monkeypatch.setattr(compiler, "ENGINE_VERSION", "test-bump")
     assert key != compiler.cache_key(cfg, "cpu", "x86_64|cpu")
 
