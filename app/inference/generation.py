@@ -57,7 +57,7 @@ def generate(
     context_window = runtime.context_window
 
     # greedy decoding with a device-side argmax: only the token id crosses to the host per step
-    device_greedy = sampler.is_plain_greedy and getattr(runtime, "has_device_argmax", False)
+    device_greedy = sampler.is_plain_greedy and runtime.has_device_argmax
     next_token: int | None = None
     t_start = time.perf_counter()
     logits = runtime.prefill(list(new_ids))

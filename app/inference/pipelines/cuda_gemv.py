@@ -14,7 +14,6 @@ GEMVs with fp32 dequantization were limited by instruction throughput and shared
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +36,6 @@ class GemvLayout:
         return out_features // (self.rows_per_warp * self.warps_per_block // self.split)
 
 
-def _env_layout() -> GemvLayout | None:
-    value = os.environ.get("LLMCHAT_CUDA_GEMV_LAYOUT", "").strip()
-    if not value:
-        return None
-    return GemvLayout(*(int(v) for v in value.split(",")))
-
-
 #: below this many warps (H200: 132 SMs x 16) the rows are too few to keep DRAM busy: split-K
 MIN_WARPS = 2048
 
@@ -53,10 +45,6 @@ def choose_layout(out_features: int, in_features: int) -> GemvLayout | None:
     H200 for every Llama-2-7B and Qwen2.5 shape), 4 warps per block. When that gives fewer than
     :data:`MIN_WARPS` warps, 2 or 4 warps share each set of rows (split-K) as long as every warp
     keeps at least one step of 32 groups. None when no layout tiles ``out_features``."""
-    forced = _env_layout()
-    if forced is not None:
-        ok = out_features % (forced.rows_per_warp * forced.warps_per_block // forced.split) == 0
-        return forced if ok else None
     groups = in_features // 32
     for rows in (4, 2, 1):
         split = 1

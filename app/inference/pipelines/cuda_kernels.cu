@@ -197,7 +197,10 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[g][j] = 0.f;
   }
-  constexpr int UK = GH <= 2 ? 4 : 1;  // steps per batch: their page lookups and K/V loads are all in flight together
+  // steps per batch: their page lookups and K/V loads are all in flight together (registers: fine
+  // for GH <= 2 query heads per block)
+  constexpr int UK = 4;
+  static_assert(GH <= 2, "more query heads per block need fewer steps per batch");
   for (int base0 = start + warp * KPW; base0 < end; base0 += UK * WARPS * KPW) {
     int page[UK];
 #pragma unroll
