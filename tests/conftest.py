@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,20 @@ def tiny_engine(tiny_model_dir: Callable[..., Path], _session_dirs: Path) -> Ite
     engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu")
     yield engine
     engine.close()
+
+
+#: the stand-in for MLC-LLM's package (its real wheels are only on MLC's own index)
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+
+
+@pytest.fixture
+def mlc_stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``import mlc_llm`` gives the stand-in of ``tests/stand_ins`` for this test."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(STAND_INS))
+    monkeypatch.delitem(sys.modules, "mlc_llm", raising=False)
+    module = importlib.import_module("mlc_llm")
+    assert module.STAND_IN
+    yield module
+    sys.modules.pop("mlc_llm", None)

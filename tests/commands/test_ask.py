@@ -58,21 +58,11 @@ def test_ask_bad_sampling_value(tiny_model_dir, capsys):
     assert "top_p" in capsys.readouterr().err
 
 
-def test_ask_with_mlc_engine_stand_in(tiny_model_dir, capsys, monkeypatch):
+def test_ask_with_mlc_engine_stand_in(tiny_model_dir, capsys, mlc_stand_in):
     """--engine mlc drives MLC-LLM's MLCEngine; here the STAND-IN module of tests/stand_ins (the real
     package is only on MLC's own wheel index and cannot be installed where the tests run)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "stand_ins"))
-    monkeypatch.delitem(sys.modules, "mlc_llm", raising=False)
-    assert importlib.import_module("mlc_llm").STAND_IN
-    try:
-        code = main(["ask", "--engine", "mlc", "--model", str(tiny_model_dir("llama", "q4f32_1")),
-                     "--device", "cpu", "--max-tokens", "3", "hello there"])
-    finally:
-        sys.modules.pop("mlc_llm", None)
+    code = main(["ask", "--engine", "mlc", "--model", str(tiny_model_dir("llama", "q4f32_1")),
+                 "--device", "cpu", "--max-tokens", "3", "hello there"])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("You said: hello")
 

@@ -5,7 +5,6 @@ The stand-in exists because MLC's wheels are not on PyPI; see its module docstri
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import threading
@@ -16,18 +15,6 @@ import pytest
 from app.errors import LlmchatError
 from app.inference.api import ContextTrimmed, Message, ReplyStats, SamplingParams, TextDelta
 from app.inference.mlc_engine import MLCLLMEngine, mlc_llm_available
-
-STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
-
-
-@pytest.fixture
-def stand_in(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.syspath_prepend(str(STAND_INS))
-    monkeypatch.delitem(sys.modules, "mlc_llm", raising=False)
-    module = importlib.import_module("mlc_llm")
-    assert module.STAND_IN
-    yield module
-    sys.modules.pop("mlc_llm", None)
 
 
 @pytest.fixture
@@ -70,7 +57,7 @@ def test_placeholder_package_is_not_available(monkeypatch: pytest.MonkeyPatch, t
     sys.modules.pop("mlc_llm", None)
 
 
-def test_streams_chat_and_reports_stats(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_streams_chat_and_reports_stats(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     assert mlc_llm_available()
     engine = MLCLLMEngine(model_dir, device="vulkan", model_id="tiny")
     assert engine.info.backend == "mlc-llm:vulkan"
@@ -100,7 +87,9 @@ def test_streams_chat_and_reports_stats(stand_in, model_dir: Path) -> None:  # t
     assert engine.history == [Message("user", "hello there"), Message("assistant", text)]
 
 
-def test_tok_per_s_come_from_usage_extra(stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_tok_per_s_come_from_usage_extra(
+    mlc_stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     fixed = {
         "prefill_tokens": 10,
@@ -109,14 +98,14 @@ def test_tok_per_s_come_from_usage_extra(stand_in, model_dir: Path, monkeypatch:
         "decode_tokens_per_s": 40.0,
         "ttft_s": 0.05,
     }
-    original = stand_in.MLCEngine._usage
+    original = mlc_stand_in.MLCEngine._usage
 
     def usage(self, request, generated, start, first):  # type: ignore[no-untyped-def]
         result = original(self, request, generated, start, first)
         result.extra.update(fixed)
         return result
 
-    monkeypatch.setattr(stand_in.MLCEngine, "_usage", usage)
+    monkeypatch.setattr(mlc_stand_in.MLCEngine, "_usage", usage)
     _, _, stats = _run(engine.chat("one two", SamplingParams(max_tokens=5)))
     assert stats.generated_tokens == 5
     assert stats.finish_reason == "length"
@@ -127,7 +116,7 @@ def test_tok_per_s_come_from_usage_extra(stand_in, model_dir: Path, monkeypatch:
     assert stats.format() == "prefill: 250.0 tok/s, decode: 40.0 tok/s"
 
 
-def test_history_and_system_prompt_are_sent_each_turn(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_history_and_system_prompt_are_sent_each_turn(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     engine.set_system_prompt("Be brief.")
     _run(engine.chat("first"))
@@ -146,7 +135,7 @@ def test_history_and_system_prompt_are_sent_each_turn(stand_in, model_dir: Path)
         "user", "assistant", "user"]
 
 
-def test_load_history(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_load_history(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     engine.load_history([Message("system", "S"), Message("user", "a"), Message("assistant", "b")])
     assert engine.system_prompt == "S"
@@ -156,9 +145,9 @@ def test_load_history(stand_in, model_dir: Path) -> None:  # type: ignore[no-unt
 
 
 def test_cancel_from_another_thread_stops_within_a_chunk(
-    stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    mlc_stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(stand_in, "CHUNK_DELAY_S", 0.02)
+    monkeypatch.setattr(mlc_stand_in, "CHUNK_DELAY_S", 0.02)
     engine = MLCLLMEngine(model_dir)
     params = SamplingParams(max_tokens=30)
     received: list[str] = []
@@ -187,7 +176,7 @@ def test_cancel_from_another_thread_stops_within_a_chunk(
     assert text.startswith("You said: again") and stats.finish_reason == "stop"
 
 
-def test_cancel_chat_keeps_partial_reply_in_history(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_chat_keeps_partial_reply_in_history(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     events = engine.chat("tell me more")
     first = next(events)
@@ -199,7 +188,7 @@ def test_cancel_chat_keeps_partial_reply_in_history(stand_in, model_dir: Path) -
     assert engine.history[-1] == Message("assistant", first.text)
 
 
-def test_generate_raw_prompt_ids_with_ignore_eos(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_generate_raw_prompt_ids_with_ignore_eos(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     _text, _, stats = _run(
         engine.generate([5, 6], SamplingParams(temperature=0, max_tokens=8), ignore_eos=True)
@@ -213,13 +202,13 @@ def test_generate_raw_prompt_ids_with_ignore_eos(stand_in, model_dir: Path) -> N
     assert not any(isinstance(e, TextDelta) for e in events)
 
 
-def test_multibyte_text_passes_through(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_multibyte_text_passes_through(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     text, _, _ = _run(engine.chat("__unicode__"))
     assert text.startswith("Привет, мир! 日本語 🤖🚀")
 
 
-def test_context_overflow_drops_oldest_turns(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_context_overflow_drops_oldest_turns(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)  # context window: 40 stand-in tokens
     engine.set_system_prompt("sys")
     for i in range(3):
@@ -235,7 +224,7 @@ def test_context_overflow_drops_oldest_turns(stand_in, model_dir: Path) -> None:
     assert engine.history[0].role == "user"
 
 
-def test_prompt_longer_than_context_is_a_clear_error(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_prompt_longer_than_context_is_a_clear_error(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     with pytest.raises(LlmchatError, match="context window"):
         list(engine.chat("word " * 100))
@@ -243,7 +232,7 @@ def test_prompt_longer_than_context_is_a_clear_error(stand_in, model_dir: Path) 
         list(engine.generate(list(range(100)), SamplingParams()))
 
 
-def test_errors_become_llmchat_errors(stand_in, model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_errors_become_llmchat_errors(mlc_stand_in, model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(LlmchatError, match="could not load") as err:
         MLCLLMEngine(tmp_path / "missing")
     assert err.value.fix
@@ -259,7 +248,7 @@ def test_errors_become_llmchat_errors(stand_in, model_dir: Path, tmp_path: Path)
     assert text.startswith("You said: fine")
 
 
-def test_close_terminates_once(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_close_terminates_once(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     inner = engine._engine
     engine.close()
@@ -269,7 +258,7 @@ def test_close_terminates_once(stand_in, model_dir: Path) -> None:  # type: igno
         list(engine.chat("x"))
 
 
-def test_concurrent_chat_is_refused(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_chat_is_refused(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     first = engine.chat("one")
     next(first)
@@ -278,7 +267,7 @@ def test_concurrent_chat_is_refused(stand_in, model_dir: Path) -> None:  # type:
     list(first)
 
 
-def test_consumer_stopping_early_closes_the_request(stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_consumer_stopping_early_closes_the_request(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
     events = engine.chat("stop reading me")
     first = next(events)
@@ -291,7 +280,7 @@ def test_consumer_stopping_early_closes_the_request(stand_in, model_dir: Path) -
 
 
 def test_error_in_create_becomes_llmchat_error(
-    stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    mlc_stand_in, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     engine = MLCLLMEngine(model_dir)
 

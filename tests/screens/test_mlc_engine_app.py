@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
-
-import pytest
 
 from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine
 from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine
 from tests.screens.conftest import probe_fixture
 from tests.screens.test_chat import open_chat, type_and_send, wait_until
-
-STAND_INS = Path(__file__).resolve().parent.parent / "stand_ins"
-
-
-@pytest.fixture
-def mlc_stand_in(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(STAND_INS))
-    monkeypatch.delitem(sys.modules, "mlc_llm", raising=False)
-    module = importlib.import_module("mlc_llm")
-    assert module.STAND_IN
-    yield module
-    sys.modules.pop("mlc_llm", None)
 
 
 async def test_chat_streams_through_mlc_engine(mlc_stand_in, tmp_path: Path) -> None:
