@@ -524,3 +524,184 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
 }
 
 }  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// 5. Prompt attention over the chunk's own keys (TVM's ragged layout: q [rows, H_QO, D], k and v
+//    [rows, H_KV, D], sequences delimited by q_indptr / kv_indptr), FlashAttention-2 style on
+//    tensor cores (mma.sync m16n8k16, fp16 inputs, fp32 accumulators): a block takes 64 query rows
+//    of one head (a warp 16 of them, its queries kept in registers as A fragments), streams the
+//    visible keys through shared memory 64 at a time, keeps the softmax state (log2 domain, as
+//    TVM's kernel) and the output in registers. Grid: (query tiles of all sequences, H_QO).
+// ------------------------------------------------------------------------------------------------
+namespace llmchat {
+
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t pack_halves(half lo, half hi) {
+  half2 h = __halves2half2(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <int H_QO, int H_KV, int D>
+__device__ __forceinline__ void prefill_attention(const half* __restrict__ q, const int* __restrict__ q_indptr,
+                                                  const half* __restrict__ k, const half* __restrict__ v,
+                                                  const int* __restrict__ kv_indptr, half* __restrict__ out,
+                                                  float* __restrict__ lse, int batch, int causal,
+                                                  int rotary_mode, float sm_scale) {
+  constexpr int BQ = 64, BK = 64, GROUP = H_QO / H_KV, LD = D + 8;  // rows padded: no bank conflicts
+  constexpr int VEC = D / 8;                                          // 16-byte pieces per row
+  static_assert(D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
+  __shared__ __align__(16) half ks[BK][LD];
+  __shared__ __align__(16) half vs[BK][LD];
+  if (rotary_mode != 0) __trap();  // RoPE is applied before attention (RopeMode.NORMAL) only
+  const int h = blockIdx.y, kvh = h / GROUP;
+  const int warp = threadIdx.y, lane = threadIdx.x, tid = warp * 32 + lane;
+  // this block's (sequence, query tile)
+  int t = blockIdx.x, b = 0, q_start = 0, q_len = 0;
+  for (; b < batch; ++b) {
+    q_start = q_indptr[b];
+    q_len = q_indptr[b + 1] - q_start;
+    const int tiles = (q_len + BQ - 1) / BQ;
+    if (t < tiles) break;
+    t -= tiles;
+  }
+  if (b >= batch) return;
+  const int kv_start = kv_indptr[b], kv_len = kv_indptr[b + 1] - kv_start;
+  const int row0 = t * BQ;
+  const int g = lane >> 2, tq = lane & 3;
+  const int r_lo = row0 + warp * 16 + g, r_hi = r_lo + 8;  // the two query rows of this thread
+  // queries -> registers (A fragments), staged through ks
+  for (int i = tid; i < BQ * VEC; i += 128) {
+    const int r = i / VEC, c = (i % VEC) * 8, qr = row0 + r;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (qr < q_len) val = *reinterpret_cast<const uint4*>(q + ((size_t)(q_start + qr) * H_QO + h) * D + c);
+    *reinterpret_cast<uint4*>(&ks[r][c]) = val;
+  }
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int r = warp * 16 + g, c = kk * 16 + 2 * tq;
+    qa[kk][0] = *reinterpret_cast<const uint32_t*>(&ks[r][c]);
+    qa[kk][1] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c]);
+    qa[kk][2] = *reinterpret_cast<const uint32_t*>(&ks[r][c + 8]);
+    qa[kk][3] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c + 8]);
+  }
+  __syncthreads();
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;  // l: this thread's part
+  const float scale = sm_scale * 1.4426950408889634f;
+  const int last_row = min(row0 + BQ, q_len) - 1;
+  const int shift = kv_len - q_len;  // causal: row r sees keys < shift + r + 1
+  const int k_end = causal ? min(kv_len, shift + last_row + 1) : kv_len;
+  for (int k0 = 0; k0 < k_end; k0 += BK) {
+    for (int i = tid; i < BK * VEC; i += 128) {
+      const int r = i / VEC, c = (i % VEC) * 8, kr = k0 + r;
+      uint4 kv4 = make_uint4(0u, 0u, 0u, 0u), vv4 = kv4;
+      if (kr < kv_len) {
+        const size_t off = ((size_t)(kv_start + kr) * H_KV + kvh) * D + c;
+        kv4 = *reinterpret_cast<const uint4*>(k + off);
+        vv4 = *reinterpret_cast<const uint4*>(v + off);
+      }
+      *reinterpret_cast<uint4*>(&ks[r][c]) = kv4;
+      *reinterpret_cast<uint4*>(&vs[r][c]) = vv4;
+    }
+    __syncthreads();
+    float s[BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const half* kp = &ks[n * 8 + g][kk * 16 + 2 * tq];
+        mma_16816(s[n], qa[kk], *reinterpret_cast<const uint32_t*>(kp),
+                  *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+    }
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = k0 + n * 8 + 2 * tq + (e & 1), row = e < 2 ? r_lo : r_hi;
+        const bool visible = col < kv_len && (!causal || col < shift + row + 1);
+        s[n][e] = visible ? s[n][e] * scale : -INFINITY;
+      }
+      mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+    const float base_lo = new_lo == -INFINITY ? 0.f : new_lo;  // a row with nothing visible yet
+    const float base_hi = new_hi == -INFINITY ? 0.f : new_hi;
+    const float a_lo = exp2f(m_lo - base_lo), a_hi = exp2f(m_hi - base_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    l_lo *= a_lo;
+    l_hi *= a_hi;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= a_lo; o[n][1] *= a_lo;
+      o[n][2] *= a_hi; o[n][3] *= a_hi;
+    }
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+      s[n][0] = exp2f(s[n][0] - base_lo); s[n][1] = exp2f(s[n][1] - base_lo);
+      s[n][2] = exp2f(s[n][2] - base_hi); s[n][3] = exp2f(s[n][3] - base_hi);
+      l_lo += s[n][0] + s[n][1];
+      l_hi += s[n][2] + s[n][3];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int kr = kk * 16 + 2 * tq;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + g;
+        mma_16816(o[n], pa, pack_halves(vs[kr][c], vs[kr + 1][c]), pack_halves(vs[kr + 8][c], vs[kr + 9][c]));
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+#pragma unroll
+  for (int half_ = 0; half_ < 2; ++half_) {
+    const int row = half_ ? r_hi : r_lo;
+    if (row >= q_len) continue;
+    const float inv = half_ ? inv_hi : inv_lo;
+    half* op = out + ((size_t)(q_start + row) * H_QO + h) * D + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<half2*>(op + n * 8) = __floats2half2_rn(o[n][2 * half_] * inv, o[n][2 * half_ + 1] * inv);
+    if (tq == 0) {
+      const float l = half_ ? l_hi : l_lo, m = half_ ? m_hi : m_lo;
+      lse[(size_t)(q_start + row) * H_QO + h] = l > 0.f ? m + log2f(l) : -5e4f;
+    }
+  }
+}
+
+}  // namespace llmchat

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.inference.pipelines.cuda_argmax import CudaArgmax
-from app.inference.pipelines.cuda_attention import split_decode_attention_pass
+from app.inference.pipelines.cuda_attention import prefill_attention_pass, split_decode_attention_pass
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
@@ -399,7 +399,7 @@ def use_cuda_gemm(target: Any) -> bool:
 
 
 def use_cuda_attention(target: Any) -> bool:
-    """Whether decode attention uses llmchat's split-sequence CUDA kernel (:mod:`.cuda_attention`):
+    """Whether decode and prompt attention use llmchat's CUDA kernels (:mod:`.cuda_attention`):
     on CUDA unless ``LLMCHAT_CUDA_ATTENTION=tvm``."""
     choice = os.environ.get("LLMCHAT_CUDA_ATTENTION", "").strip().lower()
     return target.kind.name == "cuda" and choice != "tvm"
@@ -470,7 +470,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             fast_decode_pass(),
-            *([split_decode_attention_pass()] if use_cuda_attention(target) else []),
+            *([split_decode_attention_pass(), prefill_attention_pass()] if use_cuda_attention(target) else []),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
