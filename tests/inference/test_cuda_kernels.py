@@ -69,13 +69,24 @@ def test_gemm_rule_takes_prompt_matmuls(epilogue):
     script = cuda_gemm.CudaQ4Gemm().apply(func, target, False).mod["main"].script()
     mode = {"f16": 1, "bias": 1, "res": 2}[epilogue]
     bias = "true" if epilogue == "bias" else "false"
-    assert f"llmchat::q4f16_gemm<2048, 2560, {mode}, {bias}, half>" in script
+    assert f"llmchat::q4f16_gemm<2048, 2560, 64, {mode}, {bias}, half>" in script  # narrow: 64 rows
     assert 'T.launch_thread("blockIdx.x", 40)' in script  # 2560 / 64 output columns per block
     assert "seq_len" in script  # the grid's second dimension follows the prompt length
     # decode-shaped, unquantized or odd-sized matmuls are not its business
     assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2560, epilogue)) is None
     assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2560, "f16", fmt_name="q0f16", rows=seq_len)) is None
     assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2592, "f16", rows=seq_len)) is None
+
+
+def test_gemm_takes_128_prompt_rows_per_block_on_wide_layers():
+    from tvm import te
+
+    seq_len = te.var("seq_len", "int64")
+    func = _gemv(2048, 4096, "f16", rows=seq_len)
+    script = cuda_gemm.CudaQ4Gemm().apply(func, tvm.target.Target(CUDA_TARGET), False).mod["main"].script()
+    assert "llmchat::q4f16_gemm<2048, 4096, 128, 1, false, half>" in script
+    assert "+ 127) // 128" in script or "+ T.int64(127)) // T.int64(128)" in script  # row tiles of 128
+    assert [cuda_gemm.tile_rows(n) for n in (896, 2560, 3072, 22016)] == [64, 64, 128, 128]
 
 
 def test_gemv_rule_leaves_other_formats_and_prefill_alone():
@@ -124,6 +135,25 @@ def test_decode_attention_is_split_along_the_sequence(heads, kv_heads, dim, per_
     assert f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, {chunks}, {per_block}>" in script
     assert f'T.launch_thread("blockIdx.y", {heads // per_block})' in script
     assert "pages_elem_offset" in script  # the cache's views are passed with their offsets
+
+
+def _prefill_attention(num_heads: int, num_kv_heads: int, head_dim: int):
+    from tvm.relax.frontend.nn.llm.kv_cache import _attention_prefill_ragged
+
+    target = tvm.target.Target(CUDA_TARGET)
+    return _attention_prefill_ragged(num_kv_heads, num_heads, head_dim, head_dim, "float16", {}, target)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(32, 32, 128), (14, 2, 64)])
+def test_prompt_attention_runs_on_tensor_cores(heads, kv_heads, dim):
+    func = cuda_attention.prefill_attention(_prefill_attention(heads, kv_heads, dim))
+    script = func.script()
+    assert f"llmchat::prefill_attention<{heads}, {kv_heads}, {dim}>" in script
+    assert f'T.launch_thread("blockIdx.y", {heads})' in script
+    assert "T.address_of(q_indptr[0])" in script  # a view: lowered with its element offset
+    assert "(qo_len + 63) // 64 + (batch_size + 1 - 1)" in script  # 64-row tiles, a spare per sequence
+    # a PrimFunc that is not TVM's prompt attention is left alone
+    assert cuda_attention.prefill_attention(_decode_attention(heads, kv_heads, dim)) is None
 
 
 def test_argmax_te_picks_the_first_maximum_on_cpu():
@@ -183,4 +213,6 @@ def test_kernels_compile_inside_a_model_library(tmp_path):
                     and "template" not in line and "(" in line]
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
     assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2>(" in source
+    assert "llmchat::prefill_attention<4, 2, 64>(" in source
+    assert "(&(q_indptr_ptr[q_indptr_elem_offset]))" in source  # the index view's offset reaches it
     assert "llmchat::argmax_f32<320>(" in source

@@ -397,16 +397,18 @@ __device__ __forceinline__ void argmax_f32(const float* __restrict__ x, int* __r
 // ------------------------------------------------------------------------------------------------
 // 4. Prefill: q4f16_1 dequantizing GEMM on tensor cores (WMMA, fp16 x fp16 -> fp32).
 //    out[m, n] = epilogue(sum_k x[m, k] * half((nibble - 7) * scale)) for M prompt tokens.
-//    Block tile 64 tokens x 64 output features, 4 warps of 32 x 32. Each step covers BK values of
-//    k (4 q4 groups when K allows, else 1): the weight tile is decoded into shared memory once per
-//    block and step, and the next step's global loads are issued into registers before this
-//    step's MMAs so that their latency overlaps the math.
+//    Block tile BM (128 or 64) tokens x 64 output features, 4 warps of BM/2 x 32 (each weight
+//    value decoded once serves BM tokens; 64 for layers with few output features, where 128 would
+//    leave most multiprocessors idle). Each step covers BK values of k (2 q4 groups when K allows, else 1):
+//    the weight tile is decoded into shared memory once per block and step (8 values per 16-byte
+//    store), and the next step's global loads are issued into registers before this step's MMAs
+//    so that their latency overlaps the math.
 // ------------------------------------------------------------------------------------------------
 #include <mma.h>
 
 namespace llmchat {
 
-template <int K, int N, int MODE, bool BIAS, typename OutT>
+template <int K, int N, int BM, int MODE, bool BIAS, typename OutT>
 __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uint32_t* __restrict__ w,
                                            const half* __restrict__ scale,
                                            const half* __restrict__ bias,
@@ -414,25 +416,27 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
                                            OutT* __restrict__ out, int M) {
   using namespace nvcuda;
   static_assert(K % 32 == 0 && N % 64 == 0, "tiles: K by 32, N by 64");
+  static_assert(BM == 64 || BM == 128, "block rows: 64 or 128");
   constexpr int SG = (K % 64 == 0) ? 2 : 1;  // q4 groups per step
-  constexpr int BM = 64, BN = 64, BK = 32 * SG, LD = BK + 8;
+  constexpr int FM = BM / 32;                // 16-row fragments per warp
+  constexpr int BN = 64, BK = 32 * SG, LD = BK + 8;
   constexpr int WORDS = K / 8, GROUPS = K / 32, STEPS = K / BK;
   constexpr int XC = BM * BK / 8 / 128;  // 16-byte activation chunks per thread and step
   constexpr int WW = 2 * SG;             // weight words per thread and step (half a row's)
-  constexpr int TILE_BYTES = 2 * BM * LD * 2, C_BYTES = BM * (BN + 4) * 4;
+  constexpr int TILE_BYTES = (BM + BN) * LD * 2, C_BYTES = BM * (BN + 4) * 4;
   __shared__ __align__(128) unsigned char smem[TILE_BYTES > C_BYTES ? TILE_BYTES : C_BYTES];
   half(*xs)[LD] = reinterpret_cast<half(*)[LD]>(smem);
   half(*ws)[LD] = reinterpret_cast<half(*)[LD]>(smem + BM * LD * 2);
   float(*cs)[BN + 4] = reinterpret_cast<float(*)[BN + 4]>(smem);  // reused after the k loop
   const int tid = threadIdx.x;  // 128 threads
   const int warp = tid / 32;
-  const int wm = warp / 2, wn = warp % 2;  // 2 x 2 warps, 32 x 32 each
+  const int wm = warp / 2, wn = warp % 2;  // 2 x 2 warps, BM/2 x 32 each
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
   const int wr = tid / 2, whalf = tid % 2;  // weight row of this thread, and which half of it
 
   uint4 xr[XC];
   uint32_t wq[WW];
-  half wsc[(WW + 3) / 4];
+  half wsc;  // the scale of this thread's group (its words never straddle two)
   auto load = [&](int step) {
 #pragma unroll
     for (int c = 0; c < XC; ++c) {
@@ -442,16 +446,14 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
       if (m0 + r < M) xr[c] = *reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * K + step * BK + part * 8);
     }
     const uint32_t* row = w + (size_t)(n0 + wr) * WORDS + step * BK / 8 + whalf * WW;
-#pragma unroll
-    for (int i = 0; i < WW; i += 2) {
-      const uint2 q = *reinterpret_cast<const uint2*>(row + i);
-      wq[i] = q.x;
-      wq[i + 1] = q.y;
+    if constexpr (WW == 4) {
+      const uint4 q = *reinterpret_cast<const uint4*>(row);
+      wq[0] = q.x; wq[1] = q.y; wq[2] = q.z; wq[3] = q.w;
+    } else {
+      const uint2 q = *reinterpret_cast<const uint2*>(row);
+      wq[0] = q.x; wq[1] = q.y;
     }
-#pragma unroll
-    for (int i = 0; i < (WW + 3) / 4; ++i) {
-      wsc[i] = scale[(size_t)(n0 + wr) * GROUPS + (step * BK + (whalf * WW + i * 4) * 8) / 32];
-    }
+    wsc = scale[(size_t)(n0 + wr) * GROUPS + (step * BK + whalf * WW * 8) / 32];
   };
   auto stage = [&]() {
 #pragma unroll
@@ -461,23 +463,24 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
       *reinterpret_cast<uint4*>(&xs[r][part * 8]) = xr[c];
     }
     const half2 offset = as_half2(0x64076407u);
+    const half2 s2 = __half2half2(wsc);
 #pragma unroll
     for (int i = 0; i < WW; ++i) {
-      const half2 s2 = __half2half2(wsc[i / 4]);
-      const int base = (whalf * WW + i) * 8;  // first of the word's 8 values within the step
+      uint32_t v[4];  // (value j, value j + 4) of the word, decoded and scaled
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // values j and j + 4 of the word
-        const half2 v = __hmul2(__hsub2(as_half2(and_or(wq[i] >> (4 * j), 0x000F000Fu, 0x64006400u)),
-                                        offset), s2);
-        ws[wr][base + j] = __low2half(v);
-        ws[wr][base + j + 4] = __high2half(v);
+      for (int j = 0; j < 4; ++j) {
+        half2 h = __hmul2(__hsub2(as_half2(and_or(wq[i] >> (4 * j), 0x000F000Fu, 0x64006400u)), offset), s2);
+        v[j] = *reinterpret_cast<uint32_t*>(&h);
       }
+      const uint4 vals = make_uint4(__byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
+                                    __byte_perm(v[0], v[1], 0x7632), __byte_perm(v[2], v[3], 0x7632));
+      *reinterpret_cast<uint4*>(&ws[wr][(whalf * WW + i) * 8]) = vals;
     }
   };
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < FM; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 
@@ -488,24 +491,24 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
     if (step + 1 < STEPS) load(step + 1);  // in flight during the MMAs below
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[FM];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> bf[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &xs[wm * 32 + i * 16][kk], LD);
+      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &xs[wm * (BM / 2) + i * 16][kk], LD);
 #pragma unroll
       for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(bf[j], &ws[wn * 32 + j * 16][kk], LD);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < FM; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], bf[j], acc[i][j]);
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < FM; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], BN + 4, wmma::mem_row_major);
+      wmma::store_matrix_sync(&cs[wm * (BM / 2) + i * 16][wn * 32 + j * 16], acc[i][j], BN + 4, wmma::mem_row_major);
   __syncthreads();
   for (int idx = tid; idx < BM * BN; idx += 128) {
     const int r = idx / BN, c = idx % BN;
