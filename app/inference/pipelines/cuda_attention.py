@@ -125,8 +125,9 @@ def prefill_attention(func: Any) -> Any | None:
         return None
     rows, batch = q.shape[0], q_indptr.shape[0] - 1
     name = f"llmchat::prefill_attention<{h_qo}, {h_kv}, {d}>"
-    call = tirx.call_extern("int32", name, *(_address(b) for b in (q, q_indptr, k, v, kv_indptr, output, lse)),
-                            batch, causal, rotary_mode, sm_scale)
+    buffers = (q, q_indptr, k, v, kv_indptr, output, lse)
+    call = tirx.call_extern("int32", name, *(_address(b) for b in buffers), batch, causal, rotary_mode,
+                            sm_scale)
     # one block per 64 query rows of every sequence: at most rows / 64 + batch tiles
     tiles = tirx.floordiv(rows + (PREFILL_ROWS - 1), PREFILL_ROWS) + batch
     kernel = launch(call, {"blockIdx.x": tiles, "blockIdx.y": h_qo}, {"threadIdx.x": 32, "threadIdx.y": 4})

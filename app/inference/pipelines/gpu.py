@@ -462,6 +462,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
     def _pipeline(mod: Any, ctx: Any) -> Any:
         config = dict(ctx.config) if ctx.config is not None else {}
         config["relax.backend.use_cuda_graph"] = bool(graph)
+        attention_passes = [split_decode_attention_pass(), prefill_attention_pass()]
         passes = [
             *backend.library_dispatch_passes(target),
             relax.transform.LegalizeOps(),
@@ -470,7 +471,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             fast_decode_pass(),
-            *([split_decode_attention_pass(), prefill_attention_pass()] if use_cuda_attention(target) else []),
+            *(attention_passes if use_cuda_attention(target) else []),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
