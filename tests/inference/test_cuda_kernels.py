@@ -100,9 +100,12 @@ def test_gemv_rule_leaves_other_formats_and_prefill_alone():
     assert rule.apply(_gemv(4096, 4096), rocm, False) is None
 
 
-def test_gemv_layout_splits_short_wide_layers_only():
-    big = cuda_gemv.choose_layout(out_features=22016, in_features=4096)  # Llama-2-7B gate_up
-    assert (big.rows_per_warp, big.warps_per_block, big.split) == (4, 4, 1)
+def test_gemv_layout_splits_short_and_very_tall_layers():
+    qkv = cuda_gemv.choose_layout(out_features=12288, in_features=4096)  # Llama-2-7B qkv: one wave
+    assert (qkv.rows_per_warp, qkv.warps_per_block, qkv.split) == (4, 4, 1)
+    big = cuda_gemv.choose_layout(out_features=22016, in_features=4096)  # gate_up: over a wave
+    assert (big.rows_per_warp, big.warps_per_block, big.split) == (4, 4, 4)
+    assert cuda_gemv.choose_layout(out_features=22016, in_features=2048).split == 2  # 64 groups
     down = cuda_gemv.choose_layout(out_features=4096, in_features=11008)  # few rows, long ones
     assert down.split == 4 and 4096 % (down.rows_per_warp * down.warps_per_block // down.split) == 0
     small = cuda_gemv.choose_layout(out_features=896, in_features=896)  # one step per lane only

@@ -7,9 +7,13 @@
 // A warp computes R output rows; lane l handles the groups l, l + 32, ... of 32 values, so each
 // step a warp reads 512 contiguous bytes of every row (one 16-byte load per lane and row). The
 // lane's 32 activations are loaded once per step and reused for all R rows. Dequantization uses
-// half2 bit tricks: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + n_a, 1024 + n_b); one HSUB2
-// gives (n - 7) exactly and one HFMA2 multiplies two values at once. Each half2 accumulator sums
-// only four products (no fp16 overflow or drift); group sums are scaled and accumulated in fp32.
+// half2 bit tricks: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + n_a, 1024 + n_b) and one
+// HSUB2 gives (n - 7) exactly; the odd nibbles are masked in place (1024 + 16 n) and one HFMA2 by
+// 1/16 gives them, so a word needs one shift. The kernel is bound by instruction issue as much as
+// by DRAM on an H200 (the same loads without the math run 1.4x faster), hence the fewest
+// instructions per value: a group's 32 products are summed in one half2 (16 per half; the logits
+// are checked against TVM's fp32-accumulating pipeline on every benchmark run), then scaled and
+// accumulated in fp32.
 // Weights are streamed past L1 (ld.global.nc.L1::no_allocate) so the activations stay cached.
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -41,16 +45,18 @@ __device__ __forceinline__ void pair_up(uint4 v, half2 p[4]) {
   p[3] = as_half2(__byte_perm(v.y, v.w, 0x7632));
 }
 
-// sum of the 8 products of one packed word with its paired activations, as float
-__device__ __forceinline__ float dot8(uint32_t w, const half2 p[4]) {
-  const uint32_t mask = 0x000F000Fu, magic = 0x64006400u;
-  const half2 offset = as_half2(0x64076407u);  // 1024 + 7 in both halves
-  half2 acc = __hmul2(__hsub2(as_half2(and_or(w, mask, magic)), offset), p[0]);
-  acc = __hfma2(__hsub2(as_half2(and_or(w >> 4, mask, magic)), offset), p[1], acc);
-  acc = __hfma2(__hsub2(as_half2(and_or(w >> 8, mask, magic)), offset), p[2], acc);
-  acc = __hfma2(__hsub2(as_half2(and_or(w >> 12, mask, magic)), offset), p[3], acc);
-  float2 f = __half22float2(acc);
-  return f.x + f.y;
+// acc + the 8 products of one packed word with its paired activations (values k, k + 4 per half)
+__device__ __forceinline__ half2 dot8(uint32_t w, const half2 p[4], half2 acc) {
+  const uint32_t lo = 0x000F000Fu, hi = 0x00F000F0u, magic = 0x64006400u;
+  const half2 offset = as_half2(0x64076407u);     // 1024 + 7
+  const half2 sixteenth = as_half2(0x2C002C00u);  // 1 / 16
+  const half2 bias = as_half2(0xD470D470u);       // -(64 + 7): (1024 + 16 n) / 16 - 71 = n - 7
+  const uint32_t w8 = w >> 8;
+  acc = __hfma2(__hsub2(as_half2(and_or(w, lo, magic)), offset), p[0], acc);
+  acc = __hfma2(__hfma2(as_half2(and_or(w, hi, magic)), sixteenth, bias), p[1], acc);
+  acc = __hfma2(__hsub2(as_half2(and_or(w8, lo, magic)), offset), p[2], acc);
+  acc = __hfma2(__hfma2(as_half2(and_or(w8, hi, magic)), sixteenth, bias), p[3], acc);
+  return acc;
 }
 
 // MODE: 0 = float32 output; 1 = float16 output; 2 = float16 output plus a float16 residual
@@ -82,7 +88,10 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
     for (int r = 0; r < R; ++r) {
       const uint4 q = ld_stream_v4(w + (size_t)(row0 + r) * WORDS + g * 4);
       const float s = __half2float(scale[(size_t)(row0 + r) * GROUPS + g]);
-      acc[r] = fmaf(s, (dot8(q.x, p[0]) + dot8(q.y, p[1])) + (dot8(q.z, p[2]) + dot8(q.w, p[3])), acc[r]);
+      half2 h = __float2half2_rn(0.f);
+      h = dot8(q.w, p[3], dot8(q.z, p[2], dot8(q.y, p[1], dot8(q.x, p[0], h))));
+      const float2 f = __half22float2(h);
+      acc[r] = fmaf(s, f.x + f.y, acc[r]);
     }
   }
 #pragma unroll
