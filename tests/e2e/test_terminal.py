@@ -161,7 +161,9 @@ def test_llmchat_in_a_terminal_question_and_stats(kind, installed_tiny_model):
         startup_s = time.monotonic() - started
         terminal.type("Hello, who are you?")
         terminal.key("Enter")
-        wait_for(terminal, lambda s: "Hello, who are you?" in s and "decode:" in s, 60, "the reply's stats")
+        wait_for(terminal, lambda s: "Hello, who are you?" in s, 30, "the question in the chat")
+        # a long reply (random weights) may scroll the question away before its stats line appears
+        wait_for(terminal, lambda s: "decode:" in s, 60, "the reply's stats")
         terminal.type("/stats")
         terminal.key("Enter")
         screen = wait_for(terminal, lambda s: "memory in use" in s, 30, "the /stats output")
