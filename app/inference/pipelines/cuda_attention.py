@@ -92,15 +92,20 @@ def split_decode_attention(func: Any) -> Any | None:
     return func.with_body(kernel)
 
 
-def split_decode_attention_pass() -> Any:
-    """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
+def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> Any:
+    """Module pass: ``replace(func)`` on the PrimFunc exported as ``global_symbol``."""
 
     def rewrite(func: Any) -> Any | None:
-        if func.attrs is None or str(func.attrs.get("global_symbol", "")) != DECODE_ATTENTION:
+        if func.attrs is None or str(func.attrs.get("global_symbol", "")) != global_symbol:
             return None
-        return split_decode_attention(func)
+        return replace(func)
 
-    return prim_func_pass("llmchat_split_decode_attention", rewrite)
+    return prim_func_pass(pass_name, rewrite)
+
+
+def split_decode_attention_pass() -> Any:
+    """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
+    return _replace_kernel_pass("llmchat_split_decode_attention", DECODE_ATTENTION, split_decode_attention)
 
 
 PREFILL_PARAMS = ["q", "q_indptr", "k", "v", "kv_indptr", "q_rope_position", "k_rope_pos_offset",
@@ -136,10 +141,4 @@ def prefill_attention(func: Any) -> Any | None:
 
 def prefill_attention_pass() -> Any:
     """Module pass: :func:`prefill_attention` on TVM's prompt attention PrimFunc."""
-
-    def rewrite(func: Any) -> Any | None:
-        if func.attrs is None or str(func.attrs.get("global_symbol", "")) != PREFILL_ATTENTION:
-            return None
-        return prefill_attention(func)
-
-    return prim_func_pass("llmchat_prefill_attention", rewrite)
+    return _replace_kernel_pass("llmchat_prefill_attention", PREFILL_ATTENTION, prefill_attention)
