@@ -72,9 +72,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-#: prompt of the correctness check's second part (two 64-token tiles of the prefill kernel and a
-#: partial third): its logits, then a few decode steps on top of the KV it wrote
+#: prompt of the correctness check's second part (two 64-token tiles of the prefill kernels and a
+#: partial third): its logits, then a few decode steps on top of the KV it wrote, then a second
+#: "turn" of SECOND_TURN tokens (attention over the cached pages plus its own keys, merged) and one
+#: more decode step
 CHECK_PROMPT = 150
+SECOND_TURN = 70
 
 
 def _prompt_logits(engine: Any, steps: int) -> list[Any]:
@@ -82,10 +85,13 @@ def _prompt_logits(engine: Any, steps: int) -> list[Any]:
 
     rt = engine.runtime
     rt.clear()
-    ids = np.random.default_rng(7).integers(0, engine.config.vocab_size, size=CHECK_PROMPT).tolist()
-    outs = [rt.prefill(ids)]
+    ids = np.random.default_rng(7).integers(0, engine.config.vocab_size,
+                                            size=CHECK_PROMPT + SECOND_TURN).tolist()
+    outs = [rt.prefill(ids[:CHECK_PROMPT])]
     for i in range(steps):
         outs.append(rt.decode(int(ids[i])))
+    outs.append(rt.prefill(ids[CHECK_PROMPT:]))
+    outs.append(rt.decode(int(ids[0])))
     rt.clear()
     return outs
 
@@ -209,7 +215,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 ref_prompt = _prompt_logits(ref, 4)
                 prompt_pairs = list(zip(prompt_logits, ref_prompt, strict=True))
                 res["check_prompt_vs_plain_pipeline"] = {
-                    "prompt_tokens": CHECK_PROMPT, "steps": len(prompt_pairs),
+                    "prompt_tokens": CHECK_PROMPT, "second_turn_tokens": SECOND_TURN,
+                    "steps": len(prompt_pairs),
                     "max_rel_err": max(float(np.abs(a - b).max() / (np.abs(b).max() + 1e-9))
                                        for a, b in prompt_pairs),
                     "argmax_equal": sum(int(np.argmax(a) == np.argmax(b)) for a, b in prompt_pairs),
