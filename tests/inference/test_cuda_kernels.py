@@ -188,12 +188,37 @@ def test_cuda_rules_come_first_on_cuda_only(monkeypatch):
     assert cuda_gemv.CudaQ4Gemv not in [type(r) for r in gpu.schedule_rules(cuda)]
     monkeypatch.setenv("LLMCHAT_CUDA_ATTENTION", "tvm")
     assert not gpu.use_cuda_attention(cuda)
+    assert gpu.attention_passes(cuda) == []
+
+
+def _cuda(arch: str):
+    return tvm.target.Target({**CUDA_TARGET, "arch": arch})
+
+
+def test_kernels_are_chosen_by_the_gpu_architecture(monkeypatch):
+    for name in ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION"):
+        monkeypatch.delenv(name, raising=False)
+    assert [gpu.cuda_arch(_cuda(a)) for a in ("sm_90", "sm_90a", "sm_75")] == [90, 90, 75]
+    assert gpu.cuda_arch(tvm.target.Target({"kind": "llvm"})) is None
+    # Ampere and newer: every kernel; Turing: no prompt attention (mma.sync m16n8k16 needs sm_80);
+    # Pascal: TVM's GEMV and GEMM (no L1::no_allocate loads, no WMMA), llmchat's decode attention
+    assert len(gpu.attention_passes(_cuda("sm_80"))) == 2
+    turing = _cuda("sm_75")
+    assert gpu.use_cuda_kernel_gemv(turing) and gpu.use_cuda_gemm(turing)
+    assert len(gpu.attention_passes(turing)) == 1
+    pascal = _cuda("sm_61")
+    assert not gpu.use_cuda_kernel_gemv(pascal) and not gpu.use_cuda_gemm(pascal)
+    assert len(gpu.attention_passes(pascal)) == 1
+    kinds = [type(r) for r in gpu.schedule_rules(pascal)]
+    assert cuda_gemv.CudaQ4Gemv not in kinds and cuda_gemm.CudaQ4Gemm not in kinds
 
 
 @pytest.mark.skipif(cuda_support.find_nvcc() is None, reason="nvcc not installed")
-def test_kernels_compile_inside_a_model_library(tmp_path):
+@pytest.mark.parametrize("arch", ["sm_90", "sm_75"])
+def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     """A Llama-shaped model (head_dim 64, hidden 256) built for sm_90: every decode GEMV, the
-    decode attention and the argmax are llmchat's kernels, and nvcc accepts the module."""
+    decode attention and the argmax are llmchat's kernels, and nvcc accepts the module; for
+    sm_75 (Turing) too, with TVM's prompt attention (llmchat's needs sm_80)."""
     from app.inference.compiler import export_model
     from app.inference.config import ModelConfig
 
@@ -203,7 +228,7 @@ def test_kernels_compile_inside_a_model_library(tmp_path):
             "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
             "rms_norm_eps": 1e-5, "tie_word_embeddings": False}})
-    target = tvm.target.Target(CUDA_TARGET)
+    target = _cuda(arch)
     mod, _ = export_model(cfg, target)
     with cuda_support.cuda_build_hooks(target) as info, tvm.transform.PassContext(opt_level=3):
         tvm.compile(mod, target, relax_pipeline=gpu.gpu_pipeline(target))
@@ -216,6 +241,9 @@ def test_kernels_compile_inside_a_model_library(tmp_path):
                     and "template" not in line and "(" in line]
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
     assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2>(" in source
-    assert "llmchat::prefill_attention<4, 2, 64>(" in source
-    assert "(&(q_indptr_ptr[q_indptr_elem_offset]))" in source  # the index view's offset reaches it
+    if arch == "sm_75":
+        assert "llmchat::prefill_attention<" not in source  # TVM's prompt attention instead
+    else:
+        assert "llmchat::prefill_attention<4, 2, 64>(" in source
+        assert "(&(q_indptr_ptr[q_indptr_elem_offset]))" in source  # the view's offset reaches it
     assert "llmchat::argmax_f32<320>(" in source

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -384,25 +385,56 @@ def use_llmchat_gemv(target: Any) -> bool:
     return target.kind.name == "cuda"  # also behind the CUDA kernel, for the shapes it declines
 
 
+#: the GEMV's ``ld.global.nc.L1::no_allocate`` loads and the prompt GEMM's WMMA need Volta (sm_70)
+MIN_ARCH_GEMV_GEMM = 70
+#: the prompt attention's ``mma.sync.m16n8k16`` with fp16 inputs needs Ampere (sm_80)
+MIN_ARCH_PROMPT_ATTENTION = 80
+
+
+def cuda_arch(target: Any) -> int | None:
+    """The compute capability a CUDA ``target`` is built for (``sm_90`` / ``sm_90a`` -> 90), None
+    for other targets or when the target names none."""
+    if target.kind.name != "cuda":
+        return None
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(target.attrs.get("arch", "")))
+    return int(match.group(1)) if match else None
+
+
+def _arch_at_least(target: Any, arch: int) -> bool:
+    got = cuda_arch(target)
+    return got is not None and got >= arch
+
+
 def use_cuda_kernel_gemv(target: Any) -> bool:
-    """Whether q4f16_1 decode GEMVs use llmchat's CUDA kernel (:mod:`.cuda_gemv`): on CUDA unless
-    ``LLMCHAT_GPU_GEMV`` names another rule (``llmchat`` for :class:`DecodeGEMV`, ``tvm``)."""
+    """Whether q4f16_1 decode GEMVs use llmchat's CUDA kernel (:mod:`.cuda_gemv`): on CUDA from
+    sm_70 on, unless ``LLMCHAT_GPU_GEMV`` names another rule (``llmchat`` for
+    :class:`DecodeGEMV`, ``tvm``)."""
     choice = os.environ.get("LLMCHAT_GPU_GEMV", "").strip().lower()
-    return target.kind.name == "cuda" and choice in ("", "cuda-kernel")
+    return _arch_at_least(target, MIN_ARCH_GEMV_GEMM) and choice in ("", "cuda-kernel")
 
 
 def use_cuda_gemm(target: Any) -> bool:
     """Whether prompt-sized q4f16_1 matmuls use llmchat's tensor-core kernel (:mod:`.cuda_gemm`):
-    on CUDA unless ``LLMCHAT_CUDA_GEMM=tvm``."""
+    on CUDA from sm_70 on, unless ``LLMCHAT_CUDA_GEMM=tvm``."""
     choice = os.environ.get("LLMCHAT_CUDA_GEMM", "").strip().lower()
-    return target.kind.name == "cuda" and choice != "tvm"
+    return _arch_at_least(target, MIN_ARCH_GEMV_GEMM) and choice != "tvm"
 
 
 def use_cuda_attention(target: Any) -> bool:
     """Whether decode and prompt attention use llmchat's CUDA kernels (:mod:`.cuda_attention`):
-    on CUDA unless ``LLMCHAT_CUDA_ATTENTION=tvm``."""
+    on CUDA unless ``LLMCHAT_CUDA_ATTENTION=tvm``; the prompt kernel from sm_80 on."""
     choice = os.environ.get("LLMCHAT_CUDA_ATTENTION", "").strip().lower()
     return target.kind.name == "cuda" and choice != "tvm"
+
+
+def attention_passes(target: Any) -> list[Any]:
+    """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
+    if not use_cuda_attention(target):
+        return []
+    passes = [split_decode_attention_pass()]
+    if _arch_at_least(target, MIN_ARCH_PROMPT_ATTENTION):
+        passes.append(prefill_attention_pass())
+    return passes
 
 
 def schedule_rules(target: Any) -> list[Any]:
@@ -462,7 +494,6 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
     def _pipeline(mod: Any, ctx: Any) -> Any:
         config = dict(ctx.config) if ctx.config is not None else {}
         config["relax.backend.use_cuda_graph"] = bool(graph)
-        attention_passes = [split_decode_attention_pass(), prefill_attention_pass()]
         passes = [
             *backend.library_dispatch_passes(target),
             relax.transform.LegalizeOps(),
@@ -471,7 +502,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             fast_decode_pass(),
-            *(attention_passes if use_cuda_attention(target) else []),
+            *attention_passes(target),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
