@@ -155,8 +155,10 @@ def test_prompt_attention_runs_on_tensor_cores(heads, kv_heads, dim):
     assert f'T.launch_thread("blockIdx.y", {heads})' in script
     assert "T.address_of(q_indptr[0])" in script  # a view: lowered with its element offset
     assert "(qo_len + 63) // 64 + (batch_size + 1 - 1)" in script  # 64-row tiles, a spare per sequence
-    # a PrimFunc that is not TVM's prompt attention is left alone
+    # a PrimFunc that is not TVM's prompt attention is left alone, and so are heads too wide for
+    # the kernel's shared-memory tiles
     assert cuda_attention.prefill_attention(_decode_attention(heads, kv_heads, dim)) is None
+    assert cuda_attention.prefill_attention(_prefill_attention(heads, kv_heads, 256)) is None
 
 
 def test_argmax_te_picks_the_first_maximum_on_cpu():

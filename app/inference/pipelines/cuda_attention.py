@@ -115,7 +115,8 @@ PREFILL_PARAMS = ["q", "q_indptr", "k", "v", "kv_indptr", "q_rope_position", "k_
 def prefill_attention(func: Any) -> Any | None:
     """``func`` (TVM's ``batch_prefill_ragged_kv``) as a launch of ``llmchat::prefill_attention``,
     or None when its shapes are not the ones the kernel handles (float16, equal static head sizes
-    of keys and values, a multiple of 16 up to 256)."""
+    of keys and values, a multiple of 16 up to 128: its 64-key tiles of K and V fill 34 KB of the
+    48 KB of static shared memory at 128)."""
     from tvm import tirx
 
     if [str(p) for p in func.params] != PREFILL_PARAMS:
@@ -126,7 +127,7 @@ def prefill_attention(func: Any) -> Any | None:
         return None
     h_qo, d = _static(q.shape[1]), _static(q.shape[2])
     h_kv, d_k, d_v = _static(k.shape[1]), _static(k.shape[2]), _static(v.shape[2])
-    if None in (h_qo, d, h_kv) or d_k != d or d_v != d or h_qo % h_kv or d % 16 or d > 256:
+    if None in (h_qo, d, h_kv) or d_k != d or d_v != d or h_qo % h_kv or d % 16 or d > 128:
         return None
     rows, batch = q.shape[0], q_indptr.shape[0] - 1
     name = f"llmchat::prefill_attention<{h_qo}, {h_kv}, {d}>"

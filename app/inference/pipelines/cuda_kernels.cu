@@ -573,7 +573,7 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
                                                   int rotary_mode, float sm_scale) {
   constexpr int BQ = 64, BK = 64, GROUP = H_QO / H_KV, LD = D + 8;  // rows padded: no bank conflicts
   constexpr int VEC = D / 8;                                          // 16-byte pieces per row
-  static_assert(D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
+  static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128 (shared memory)");
   __shared__ __align__(16) half ks[BK][LD];
   __shared__ __align__(16) half vs[BK][LD];
   if (rotary_mode != 0) __trap();  // RoPE is applied before attention (RopeMode.NORMAL) only
