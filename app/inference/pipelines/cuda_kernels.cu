@@ -1,4 +1,6 @@
-// llmchat's hand-written CUDA kernels for the decode step (see cuda_gemv.py, cuda_attention.py).
+// llmchat's hand-written CUDA kernels: decode GEMV (1), decode attention (2), greedy argmax (3),
+// prompt GEMM (4) and prompt attention (5); see cuda_gemv.py, cuda_attention.py, cuda_argmax.py,
+// cuda_gemm.py for the TIR functions that launch them.
 //
 // 1. Batch-1 dequantizing GEMV for MLC's q4f16_1 layout.
 //
@@ -134,7 +136,7 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
 }  // namespace llmchat
 
 // ------------------------------------------------------------------------------------------------
-// Decode attention over the paged KV cache (TVM's layout: pages[page, 2 (K, V), kv head, slot, dim]),
+// 2. Decode attention over the paged KV cache (TVM's layout: pages[page, 2 (K, V), kv head, slot, dim]),
 // split along the sequence: grid (NC chunks, query heads / GH, batch). Every block handles GH query
 // heads (sharing one kv head) over one chunk of the keys (online softmax in the log2 domain, as TVM's
 // kernel: scores are scaled by sm_scale * log2(e)); the last block of a (sequence, head block) to

@@ -1,10 +1,10 @@
 """llmchat's CUDA kernels (``cuda_kernels.cu``) and how TIR functions launch them.
 
-A PrimFunc replaced by :mod:`.cuda_gemv` or :mod:`.cuda_attention` has a body that only sets
-the launch dimensions and calls a ``__device__`` function of ``cuda_kernels.cu`` through
-``call_extern``; :func:`add_device_helpers` puts that source in front of the CUDA module TVM
-generates (the build hook in ``cuda_support`` calls it), so the kernels are compiled with the
-module, into its fatbin.
+A PrimFunc replaced by :mod:`.cuda_gemv`, :mod:`.cuda_gemm`, :mod:`.cuda_attention` or
+:mod:`.cuda_argmax` has a body that only sets the launch dimensions and calls a ``__device__``
+function of ``cuda_kernels.cu`` through ``call_extern``; :func:`add_device_helpers` puts that
+source in front of the CUDA module TVM generates (the build hook in ``cuda_support`` calls it), so
+the kernels are compiled with the module, into its fatbin.
 """
 
 from __future__ import annotations
