@@ -31,6 +31,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from app.inference.pipelines.cpu_gemv import replace_q4_gemv
+
 _SCHEDULED_ATTR = "tirx.is_scheduled"
 # Attribute set on PrimFuncs scheduled here (tests check it; harmless for codegen).
 KERNEL_KIND_ATTR = "llmchat.cpu_kernel"
@@ -46,6 +48,7 @@ class CPUScheduleConfig:
     row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
     weight_tile_rows: int = 8  # dequantized weight rows decoded at once for several activation rows
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
+    factored_q4_gemv: bool = True  # q4f16_1 decode GEMVs: the group-factored kernel of cpu_gemv
 
 
 def default_cpu_threads() -> int:
@@ -140,6 +143,11 @@ def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> 
                 continue
             if _is_scheduled(func):
                 continue
+            if cfg.factored_q4_gemv:
+                factored = replace_q4_gemv(func)
+                if factored is not None:
+                    updates[gvar] = factored
+                    continue
             scheduled = schedule_prim_func(func, target, cfg)
             if scheduled is not None:
                 updates[gvar] = scheduled
