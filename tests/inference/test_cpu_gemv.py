@@ -52,6 +52,7 @@ def _run(func, arrays: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: 
     ("q4f16_1", "float32", "residual", "float32"),
     ("ggml_q4_1", "float32", "none", "float32"), ("ggml_q4_1", "float32", "residual", "float32"),
     ("ggml_q4_1", "float32", "bias", "float32"), ("ggml_q4_0", "float32", "residual", "float32"),
+    ("ggml_q8_0", "float32", "none", "float32"), ("ggml_q8_0", "float32", "residual", "float32"),
 ])
 def test_factored_gemv_computes_the_layer(fmt_name, x_dtype, epilogue, out_dtype):
     fmt = get_format(fmt_name)
@@ -82,9 +83,11 @@ def test_factored_gemv_takes_only_single_row_q4f16_1_layers():
     assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none", rows=3)) is None  # prefill: the generic one
     assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none", fmt_name="q4f32_1")) is None
     assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none", fmt_name="ggml_q8_0", x_dtype="float32",
-                                             out_dtype="float32")) is None
+                                             out_dtype="float32")) is not None  # int8 values
+    assert cpu_gemv.replace_q4_gemv(_te_gemv(256, N, "none", fmt_name="ggml_q4_k", x_dtype="float32",
+                                             out_dtype="float32")) is None  # K-quants: the generic one
     assert cpu_gemv.replace_q4_gemv(_te_gemv(K, 42, "none")) is None  # rows not in fours
     kernel = cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "residual"))
     assert str(kernel.attrs["llmchat.cpu_kernel"]) == cpu_gemv.KERNEL_KIND
     text = kernel.script()
-    assert "T.parallel" in text and "T.vectorized" in text
+    assert "T.parallel" in text and "T.vectorized" in text and "llvm.prefetch" in text
