@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.inference.pipelines.cpu_gemv import replace_q4_gemv
+from app.inference.pipelines.tir_facts import static_int
 
 _SCHEDULED_ATTR = "tirx.is_scheduled"
 # Attribute set on PrimFuncs scheduled here (tests check it; harmless for codegen).
@@ -183,14 +184,6 @@ def _global_symbol(func: Any) -> str | None:
     return str(func.attrs["global_symbol"])
 
 
-def _static(extent: Any) -> int | None:
-    from tvm import tirx
-
-    if isinstance(extent, int):
-        return extent
-    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
-
-
 def _vars_in(expr: Any) -> set[Any]:
     from tvm.s_tir.dlight.analysis.common_analysis import collect_vars_used_in_prim_expr
 
@@ -218,7 +211,7 @@ def _normalized_blocks(func: Any, keep_weight_block: bool = False) -> tuple[Any,
     red_reads = {str(r.source.name) for r in sch.get(reductions[0].block_rv).reads}
     weight = None
     for b in infos:
-        if b.is_injective() and len(b.iters) == 2 and all(_static(it.dom) for it in b.iters):
+        if b.is_injective() and len(b.iters) == 2 and all(static_int(it.dom) for it in b.iters):
             writes = sch.get(b.block_rv).writes
             if len(writes) == 1 and str(writes[0].source.name) in red_reads:
                 weight = b
@@ -271,7 +264,7 @@ def _matmul_schedule(func: Any, cfg: CPUScheduleConfig, keep_weight_block: bool)
             continue
         used = set().union(*idx_vars)
         cand = [i for i, it in enumerate(spatial) if it.var in used]
-        if len(cand) == 1 and _static(spatial[cand[0]].dom) is not None:
+        if len(cand) == 1 and static_int(spatial[cand[0]].dom) is not None:
             n_pos = cand[0]
     if n_pos is None:
         return None
@@ -284,8 +277,8 @@ def _matmul_schedule(func: Any, cfg: CPUScheduleConfig, keep_weight_block: bool)
     )
     if not has_vector:
         return None
-    n_extent = _static(spatial[n_pos].dom)
-    k_extent = _static(main.iters[-1].dom)
+    n_extent = static_int(spatial[n_pos].dom)
+    k_extent = static_int(main.iters[-1].dom)
     if n_extent is None or k_extent is None:
         return None
     lanes = cfg.lanes
@@ -523,8 +516,8 @@ def _replacement_decode_attention(func: Any) -> Any | None:
     """Our decode attention for the shapes of TVM's ``func``, or None when they do not fit it."""
     q, pages = func.params[0], func.params[1]
     try:
-        _b, h_qo, d = (_static(x) for x in q.shape)
-        _n, _two, h_kv, page, d2 = (_static(x) for x in pages.shape)
+        _b, h_qo, d = (static_int(x) for x in q.shape)
+        _n, _two, h_kv, page, d2 = (static_int(x) for x in pages.shape)
     except (AttributeError, TypeError, ValueError):
         return None
     dtype = str(q.dtype)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.inference.pipelines.cuda_gemv import _blocks
+from app.inference.pipelines.tir_facts import root_blocks, static_shape
 
 #: output rows computed together (they share the activation loads)
 ROWS = 4
@@ -177,18 +177,13 @@ _BLOCKS = {
 }
 
 
-def _shape(buf: Any) -> list[int] | None:
-    dims = [getattr(d, "value", d) for d in buf.shape]
-    return dims if all(isinstance(d, int) for d in dims) else None
-
-
 def replace_q4_gemv(func: Any) -> Any | None:
     """:func:`q4_gemv_kernel` in place of ``func`` when it is a single-row GEMV of
     ``dequant_matmul_te`` in one of :data:`FORMATS` (activations float16 or float32, parameters in
     the order x, weights[, bias | residual], out); None otherwise."""
     from app.inference.quantization.base import FORMAT_ANNOTATION
 
-    blocks = _blocks(func)
+    blocks = root_blocks(func)
     form = _BLOCKS.get(tuple(b.name_hint for b in blocks))
     fmt = str(blocks[0].annotations.get(FORMAT_ANNOTATION, "")) if form else ""
     if fmt not in FORMATS:
@@ -203,24 +198,24 @@ def replace_q4_gemv(func: Any) -> Any | None:
         return None
     x, weight, out = params[0], params[1], params[-1]
     per_group = params[2:n_weights]
-    xs, ws, os_ = _shape(x), _shape(weight), _shape(out)
+    xs, ws, os_ = static_shape(x), static_shape(weight), static_shape(out)
     if None in (xs, ws, os_) or xs[:-1] != [1, 1] or os_[:-1] != [1, 1]:
         return None
     k, n = xs[-1], ws[0]
     x_dtype, out_dtype, scale_dtype = str(x.dtype), str(out.dtype), str(per_group[0].dtype)
     packed = ([n, k], "int8") if fmt in BYTE_FORMATS else ([n, k // 8], "uint32")
     if (ws != packed[0] or os_[-1] != n or k % 32 or n % ROWS or str(weight.dtype) != packed[1]
-            or any(_shape(p) != [n, k // 32] or str(p.dtype) != scale_dtype for p in per_group)
+            or any(static_shape(p) != [n, k // 32] or str(p.dtype) != scale_dtype for p in per_group)
             or scale_dtype not in ("float16", "float32")
             or x_dtype not in ("float16", "float32") or out_dtype not in ("float16", "float32")):
         return None
     extra = params[n_weights:-1]
     if form == "residual":
-        if len(extra) != 1 or str(extra[0].dtype) != out_dtype or _shape(extra[0]) != [1, 1, n]:
+        if len(extra) != 1 or str(extra[0].dtype) != out_dtype or static_shape(extra[0]) != [1, 1, n]:
             return None
         epilogue = "residual"
     elif extra:  # a bias, added before the cast
-        if form != "cast" or str(extra[0].dtype) != "float16" or _shape(extra[0]) != [n]:
+        if form != "cast" or str(extra[0].dtype) != "float16" or static_shape(extra[0]) != [n]:
             return None
         epilogue = "bias"
     else:

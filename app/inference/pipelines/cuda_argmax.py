@@ -7,27 +7,22 @@ from typing import Any
 
 from app.inference.device_ops import OP_ANNOTATION
 from app.inference.pipelines.cuda_kernels import KernelRule, launch
+from app.inference.pipelines.tir_facts import root_blocks, static_shape
 
 THREADS = 1024
 
 
 def _argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
     """(logits, output, vocab) when ``func`` is the annotated argmax over ``[1, 1, V]`` float32."""
-    from tvm import s_tir, tirx
-
-    try:
-        sch = s_tir.Schedule(func)
-        blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    except Exception:  # no root block: not ours
-        return None
+    blocks = root_blocks(func)
     if len(blocks) != 1 or str(blocks[0].annotations.get(OP_ANNOTATION, "")) != "argmax":
         return None
     if len(func.params) != 2:
         return None
     logits, out = func.params
-    shape = [int(d.value) if isinstance(d, tirx.IntImm) else d for d in logits.shape]
-    if (str(logits.dtype) != "float32" or len(shape) != 3 or shape[:2] != [1, 1]
-            or not isinstance(shape[2], int) or str(out.dtype) != "int32"):
+    shape = static_shape(logits)
+    if (str(logits.dtype) != "float32" or shape is None or len(shape) != 3 or shape[:2] != [1, 1]
+            or str(out.dtype) != "int32"):
         return None
     return logits, out, shape[2]
 

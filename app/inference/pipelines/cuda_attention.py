@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.inference.pipelines.cuda_kernels import launch, prim_func_pass
+from app.inference.pipelines.tir_facts import static_int
 
 #: the PrimFunc TVM's paged KV cache uses for decode attention (no sliding window)
 DECODE_ATTENTION = "batch_decode_paged_kv"
@@ -30,14 +31,6 @@ PREFILL_ATTENTION = "batch_prefill_ragged_kv"
 PREFILL_ROWS = 64
 #: thread blocks the split aims at (a few waves on a large GPU)
 TARGET_BLOCKS = 256
-
-
-def _static(expr: Any) -> int | None:
-    from tvm import tirx
-
-    if isinstance(expr, int):
-        return expr
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
 def heads_per_block(group: int) -> int:
@@ -75,8 +68,8 @@ def split_decode_attention(func: Any) -> Any | None:
     if (str(q.dtype) != "float16" or str(pages.dtype) != "float16" or len(pages.shape) != 5
             or len(q.shape) != 3 or len(length_info.shape) != 1):
         return None
-    h_qo, d = _static(q.shape[1]), _static(q.shape[2])
-    h_kv, page = _static(pages.shape[2]), _static(pages.shape[3])
+    h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
+    h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
     if None in (h_qo, d, h_kv, page) or h_qo % h_kv or d % 8 or d // 8 not in (1, 2, 4, 8, 16, 32):
         return None
     per_block = heads_per_block(h_qo // h_kv)
@@ -125,8 +118,8 @@ def prefill_attention(func: Any) -> Any | None:
     causal, rotary_mode, _rope_scale, _rope_theta, sm_scale = func.params[9:]
     if any(str(b.dtype) != "float16" or len(b.shape) != 3 for b in (q, k, v, output)):
         return None
-    h_qo, d = _static(q.shape[1]), _static(q.shape[2])
-    h_kv, d_k, d_v = _static(k.shape[1]), _static(k.shape[2]), _static(v.shape[2])
+    h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
+    h_kv, d_k, d_v = static_int(k.shape[1]), static_int(k.shape[2]), static_int(v.shape[2])
     if None in (h_qo, d, h_kv) or d_k != d or d_v != d or h_qo % h_kv or d % 16 or d > 128:
         return None
     rows, batch = q.shape[0], q_indptr.shape[0] - 1

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.inference.pipelines.cuda_gemv import Q4MatmulMatch, _blocks, _static_shape, match_q4_operands
+from app.inference.pipelines.cuda_gemv import Q4MatmulMatch, match_q4_operands
 from app.inference.pipelines.cuda_kernels import KernelRule, epilogue_mode, launch, matmul_call
+from app.inference.pipelines.tir_facts import root_blocks, static_int, static_shape
 from app.inference.quantization.base import DEQUANTIZE_STAGE, FORMAT_ANNOTATION
 
 KERNEL = "llmchat::q4f16_gemm"
@@ -31,18 +32,10 @@ def tile_rows(out_features: int) -> int:
     return 128 if out_features >= WIDE_N else 64
 
 
-def _int(expr: Any) -> int | None:
-    """A static dimension as int, None when symbolic."""
-    if isinstance(expr, int):
-        return expr
-    value = getattr(expr, "value", None)
-    return int(value) if isinstance(value, int) else None
-
-
 def match_q4f16_gemm(func: Any) -> Q4MatmulMatch | None:
     """The roles of ``func``'s buffers when it is a prompt-sized q4f16_1 matmul llmchat's kernel
     handles (``in_features`` a multiple of 32, ``out_features`` of 64); None otherwise."""
-    blocks = _blocks(func)
+    blocks = root_blocks(func)
     if len(blocks) < 2 or [b.name_hint for b in blocks[:2]] != [DEQUANTIZE_STAGE, "dequant_matmul"]:
         return None
     stage, main = blocks[0], blocks[1]
@@ -58,12 +51,12 @@ def match_q4f16_gemm(func: Any) -> Q4MatmulMatch | None:
         return None
     x = main_reads[0]
     out = params[-1]
-    ws, ss = _static_shape(weight), _static_shape(scale)
+    ws, ss = static_shape(weight), static_shape(scale)
     if ws is None or ss is None or len(x.shape) != 3 or len(out.shape) != 3:
         return None
-    k, n = _int(x.shape[-1]), ws[0]
-    if (k is None or n % TILE_N or _int(x.shape[0]) != 1 or _int(out.shape[0]) != 1
-            or _int(out.shape[-1]) != n or not x.shape[1].same_as(out.shape[1])):
+    k, n = static_int(x.shape[-1]), ws[0]
+    if (k is None or n % TILE_N or static_int(x.shape[0]) != 1 or static_int(out.shape[0]) != 1
+            or static_int(out.shape[-1]) != n or not x.shape[1].same_as(out.shape[1])):
         return None
     roles = match_q4_operands(func, main, blocks[2:], x, weight, scale, out, k, n)
     return None if roles is None else Q4MatmulMatch(x, weight, scale, *roles, out, k, n)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.inference.pipelines.cuda_kernels import KernelRule, epilogue_mode, launch, matmul_call
+from app.inference.pipelines.tir_facts import root_blocks, static_shape
 from app.inference.quantization.base import FORMAT_ANNOTATION
 
 KERNEL = "llmchat::q4f16_gemv"
@@ -61,32 +62,6 @@ def choose_layout(out_features: int, in_features: int) -> GemvLayout | None:
     return None
 
 
-def _static_shape(buf: Any) -> list[int] | None:
-    from tvm import tirx
-
-    dims = []
-    for d in buf.shape:
-        if isinstance(d, int):
-            dims.append(d)
-        elif isinstance(d, tirx.IntImm):
-            dims.append(int(d.value))
-        else:
-            return None
-    return dims
-
-
-def _blocks(func: Any) -> list[Any]:
-    """The blocks under the root block of ``func``, in order (empty when it is not a plain
-    sequence of blocks)."""
-    from tvm import s_tir
-
-    try:
-        sch = s_tir.Schedule(func)
-        return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    except Exception:  # no root block, or an unusual structure: not ours
-        return []
-
-
 @dataclass(frozen=True)
 class Q4MatmulMatch:
     """Buffer roles of a q4f16_1 matmul (decode GEMV or prompt GEMM) with its epilogue."""
@@ -117,7 +92,7 @@ def match_epilogue(blocks: list[Any], main: Any, out: Any, n: int) -> tuple[Any,
         return None
     if extra:
         bias = extra[0]
-        if str(bias.dtype) != "float16" or _static_shape(bias) != [n]:
+        if str(bias.dtype) != "float16" or static_shape(bias) != [n]:
             return None
     if len(blocks) == 2:
         others = [r.source for r in blocks[1].reads if not r.source.same_as(blocks[0].writes[0].source)]
@@ -132,7 +107,7 @@ def match_epilogue(blocks: list[Any], main: Any, out: Any, n: int) -> tuple[Any,
 
 def match_q4f16_gemv(func: Any) -> Q4MatmulMatch | None:
     """The roles of ``func``'s buffers when it is a batch-1 q4f16_1 GEMV with a known epilogue."""
-    blocks = _blocks(func)
+    blocks = root_blocks(func)
     names = [b.name_hint for b in blocks]
     if names not in (["dequant_matmul"], ["dequant_matmul", "dequant_matmul_out"],
                      ["dequant_matmul", "dequant_matmul_out", "T_add"]):
@@ -145,7 +120,7 @@ def match_q4f16_gemv(func: Any) -> Q4MatmulMatch | None:
         return None
     x, weight, scale = reads
     out = func.params[-1]
-    shapes = [_static_shape(b) for b in (x, weight, scale, out)]
+    shapes = [static_shape(b) for b in (x, weight, scale, out)]
     if any(s is None for s in shapes):
         return None
     xs, ws, _ss, os_ = shapes
@@ -161,8 +136,8 @@ def match_q4_operands(func: Any, main: Any, epilogue: list[Any], x: Any, weight:
     """(bias, residual) when ``weight``/``scale`` hold an ``[n, k]`` q4f16_1 matrix applied to the
     float16 rows ``x``, the blocks after the matmul are a known epilogue, and ``func`` takes
     exactly these buffers; None otherwise."""
-    if (str(x.dtype) != "float16" or str(weight.dtype) != "uint32" or _static_shape(weight) != [n, k // 8]
-            or str(scale.dtype) != "float16" or _static_shape(scale) != [n, k // 32] or k % 32):
+    if (str(x.dtype) != "float16" or str(weight.dtype) != "uint32" or static_shape(weight) != [n, k // 8]
+            or str(scale.dtype) != "float16" or static_shape(scale) != [n, k // 32] or k % 32):
         return None
     roles = match_epilogue(epilogue, main, out, n)
     if roles is None:

@@ -30,6 +30,7 @@ from app.inference.pipelines.cuda_attention import prefill_attention_pass, split
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
+from app.inference.pipelines.tir_facts import static_int
 
 #: Bytes every thread loads from the weight matrix per step (one 128-bit load).
 LOAD_BYTES = 16
@@ -61,14 +62,6 @@ def choose_gemv_config(out_features: int, words_per_row: int, words_per_thread: 
     while rows > 1 and (out_features % rows != 0 or out_features // rows < min_blocks):
         rows //= 2
     return GemvConfig(rows_per_block=rows, threads_per_row=threads)
-
-
-def _static_int(expr: Any) -> int | None:
-    from tvm import tirx
-
-    if isinstance(expr, int):
-        return expr
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
 def _ty(expr: Any) -> str:
@@ -188,7 +181,7 @@ class DecodeGEMV:
         loops = sch.get_loops(block)
         if len(loops) != 4:
             return None
-        extents = [_static_int(sch.get(lp).extent) for lp in loops]
+        extents = [static_int(sch.get(lp).extent) for lp in loops]
         if any(e is None for e in extents):
             return None
         batch, spatial, red_outer, red_inner = extents
@@ -198,7 +191,7 @@ class DecodeGEMV:
         weight_index, weight = self._weight_buffer(sch, block, vectors[0])
         if weight is None:
             return None
-        words_per_row = _static_int(weight.shape[-1])
+        words_per_row = static_int(weight.shape[-1])
         if not words_per_row or red % words_per_row != 0:
             return None
         values_per_word = red // words_per_row
@@ -240,7 +233,7 @@ class DecodeGEMV:
             buf = region.source
             if i == weight_index or buf.same_as(vector) or len(buf.shape) != 2:
                 continue
-            if str(buf.dtype) == "float16" and _static_int(buf.shape[-1]) == red // 32:
+            if str(buf.dtype) == "float16" and static_int(buf.shape[-1]) == red // 32:
                 return buf
         return None
 
@@ -254,7 +247,7 @@ class DecodeGEMV:
                 continue
             size = 1
             for dim in buf.shape:
-                value = _static_int(dim)
+                value = static_int(dim)
                 if value is None:
                     return -1, None
                 size *= value
@@ -294,7 +287,7 @@ class DecodeGEMV:
                 sch.unsafe_set_dtype(vload, 0, "float32")
             sch.compute_at(vload, tx, preserve_unit_loops=True)
             vloop = sch.get_loops(vload)[-1]
-            total = _static_int(sch.get(vloop).extent) or 0
+            total = static_int(sch.get(vloop).extent) or 0
             padded = pad_shared and total % values_per_thread == 0
             vec_len = 4 if padded else 8
             while vec_len > 1 and total % (rows * threads * vec_len) != 0:

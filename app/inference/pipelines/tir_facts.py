@@ -1,0 +1,33 @@
+"""Static facts about a PrimFunc that the kernel rules of every target ask for: constant
+dimensions, static buffer shapes, the blocks under the root block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def static_int(expr: Any) -> int | None:
+    """``expr`` as an int when it is a constant (a Python int or an ``IntImm``), else None."""
+    from tvm import tirx
+
+    if isinstance(expr, int):
+        return expr
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def static_shape(buf: Any) -> list[int] | None:
+    """``buf``'s shape as ints, None when a dimension is symbolic."""
+    dims = [static_int(d) for d in buf.shape]
+    return None if any(d is None for d in dims) else dims
+
+
+def root_blocks(func: Any) -> list[Any]:
+    """The blocks under the root block of ``func``, in order (empty when it is not a plain
+    sequence of blocks)."""
+    from tvm import s_tir
+
+    try:
+        sch = s_tir.Schedule(func)
+        return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    except Exception:  # no root block, or an unusual structure: not ours
+        return []
