@@ -69,7 +69,7 @@ def test_factored_gemv_computes_the_layer(fmt_name, x_dtype, epilogue, out_dtype
         residual = rng.standard_normal((1, 1, N)).astype(out_dtype)
         arrays.append(residual)
         ref = ref + residual
-    kernel = cpu_gemv.replace_q4_gemv(_te_gemv(K, N, epilogue, out_dtype, fmt_name=fmt_name,
+    kernel = cpu_gemv.replace_block_gemv(_te_gemv(K, N, epilogue, out_dtype, fmt_name=fmt_name,
                                                x_dtype=x_dtype))
     assert kernel is not None
     got = _run(kernel, arrays, (1, 1, N), out_dtype).astype(np.float64)
@@ -78,16 +78,16 @@ def test_factored_gemv_computes_the_layer(fmt_name, x_dtype, epilogue, out_dtype
 
 
 def test_factored_gemv_takes_only_single_row_q4f16_1_layers():
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none")) is not None
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "residual", "float32", x_dtype="float32")) is not None
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none", rows=3)) is None  # prefill: the generic one
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none", fmt_name="q4f32_1")) is None
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "none", fmt_name="ggml_q8_0", x_dtype="float32",
+    assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none")) is not None
+    assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "residual", "float32", x_dtype="float32")) is not None
+    assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none", rows=3)) is None  # prefill: the generic one
+    assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none", fmt_name="q4f32_1")) is None
+    assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none", fmt_name="ggml_q8_0", x_dtype="float32",
                                              out_dtype="float32")) is not None  # int8 values
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(256, N, "none", fmt_name="ggml_q4_k", x_dtype="float32",
+    assert cpu_gemv.replace_block_gemv(_te_gemv(256, N, "none", fmt_name="ggml_q4_k", x_dtype="float32",
                                              out_dtype="float32")) is None  # K-quants: the generic one
-    assert cpu_gemv.replace_q4_gemv(_te_gemv(K, 42, "none")) is None  # rows not in fours
-    kernel = cpu_gemv.replace_q4_gemv(_te_gemv(K, N, "residual"))
+    assert cpu_gemv.replace_block_gemv(_te_gemv(K, 42, "none")) is None  # rows not in fours
+    kernel = cpu_gemv.replace_block_gemv(_te_gemv(K, N, "residual"))
     assert str(kernel.attrs["llmchat.cpu_kernel"]) == cpu_gemv.KERNEL_KIND
     text = kernel.script()
     assert "T.parallel" in text and "T.vectorized" in text and "llvm.prefetch" in text

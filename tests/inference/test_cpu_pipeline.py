@@ -225,9 +225,9 @@ def test_model_gets_our_kernels(target):
                                     if isinstance(f, tvm.tirx.PrimFunc)}
     assert kinds["batch_decode_paged_kv_cpu"] == "attention"
     matmuls = {name: kind for name, kind in kinds.items() if "matmul" in name}
-    assert matmuls and all(kind in ("gemv", "q4_gemv") for kind in matmuls.values()), matmuls
+    assert matmuls and all(kind in ("gemv", "block_gemv") for kind in matmuls.values()), matmuls
     # the four decode projections take the group-factored q4f16_1 kernel (cpu_gemv.py)
-    assert sum(kind == "q4_gemv" for kind in matmuls.values()) == 4, matmuls
+    assert sum(kind == "block_gemv" for kind in matmuls.values()) == 4, matmuls
 
 
 # ------------------------------------------------------------------------------------------

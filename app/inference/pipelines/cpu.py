@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from app.inference.pipelines.cpu_gemv import replace_q4_gemv
+from app.inference.pipelines.cpu_gemv import replace_block_gemv
 from app.inference.pipelines.tir_facts import static_int
 
 _SCHEDULED_ATTR = "tirx.is_scheduled"
@@ -49,7 +49,7 @@ class CPUScheduleConfig:
     row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
     weight_tile_rows: int = 8  # dequantized weight rows decoded at once for several activation rows
     replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
-    factored_q4_gemv: bool = True  # q4f16_1 decode GEMVs: the group-factored kernel of cpu_gemv
+    factored_block_gemv: bool = True  # decode GEMVs in block formats: the kernel of cpu_gemv
 
 
 def default_cpu_threads() -> int:
@@ -144,8 +144,8 @@ def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> 
                 continue
             if _is_scheduled(func):
                 continue
-            if cfg.factored_q4_gemv:
-                factored = replace_q4_gemv(func)
+            if cfg.factored_block_gemv:
+                factored = replace_block_gemv(func)
                 if factored is not None:
                     updates[gvar] = factored
                     continue

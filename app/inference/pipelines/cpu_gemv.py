@@ -32,7 +32,7 @@ LANES = 8
 #: down_proj of SmolLM2-135M, weights streaming from DRAM, 42-45 -> 30 us; no effect on gate_up)
 PREFETCH_TASKS = 4
 #: the value of ``llmchat.cpu_kernel`` on PrimFuncs this module built
-KERNEL_KIND = "q4_gemv"
+KERNEL_KIND = "block_gemv"
 #: format name -> (its per-group parameters after the packed words, the offset as a multiple of d
 #: or None when the format stores it: Q4_1's ``q_min``)
 FORMATS: dict[str, tuple[tuple[str, ...], float | None]] = {
@@ -45,7 +45,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], float | None]] = {
 BYTE_FORMATS = ("ggml_q8_0",)
 
 
-def q4_gemv_kernel(in_features: int, out_features: int, fmt: str, x_dtype: str, out_dtype: str,
+def block_gemv_kernel(in_features: int, out_features: int, fmt: str, x_dtype: str, out_dtype: str,
                    epilogue: str, scale_dtype: str = "float16") -> Any:
     """The GEMV as a PrimFunc ``(x, q_weight, q_scale[, q_min][, bias | residual], out)``.
 
@@ -177,8 +177,8 @@ _BLOCKS = {
 }
 
 
-def replace_q4_gemv(func: Any) -> Any | None:
-    """:func:`q4_gemv_kernel` in place of ``func`` when it is a single-row GEMV of
+def replace_block_gemv(func: Any) -> Any | None:
+    """:func:`block_gemv_kernel` in place of ``func`` when it is a single-row GEMV of
     ``dequant_matmul_te`` in one of :data:`FORMATS` (activations float16 or float32, parameters in
     the order x, weights[, bias | residual], out); None otherwise."""
     from app.inference.quantization.base import FORMAT_ANNOTATION
@@ -220,7 +220,7 @@ def replace_q4_gemv(func: Any) -> Any | None:
         epilogue = "bias"
     else:
         epilogue = "none"
-    kernel = q4_gemv_kernel(k, n, fmt, x_dtype, out_dtype, epilogue, scale_dtype)
+    kernel = block_gemv_kernel(k, n, fmt, x_dtype, out_dtype, epilogue, scale_dtype)
     if func.attrs is not None and "global_symbol" in func.attrs:
         kernel = kernel.with_attr("global_symbol", func.attrs["global_symbol"])
     return kernel
