@@ -100,10 +100,10 @@ def test_gemv_rule_leaves_other_formats_and_prefill_alone():
     assert rule.apply(_gemv(4096, 4096), rocm, False) is None
 
 
-def test_gemv_layout_splits_short_and_very_tall_layers():
-    qkv = cuda_gemv.choose_layout(out_features=12288, in_features=4096)  # Llama-2-7B qkv: one wave
-    assert (qkv.rows_per_warp, qkv.warps_per_block, qkv.split) == (4, 4, 1)
-    big = cuda_gemv.choose_layout(out_features=22016, in_features=4096)  # gate_up: over a wave
+def test_gemv_layout_splits_every_row_as_far_as_the_steps_go():
+    qkv = cuda_gemv.choose_layout(out_features=12288, in_features=4096)  # Llama-2-7B qkv: 128 groups
+    assert (qkv.rows_per_warp, qkv.warps_per_block, qkv.split) == (4, 4, 4)
+    big = cuda_gemv.choose_layout(out_features=22016, in_features=4096)  # gate_up
     assert (big.rows_per_warp, big.warps_per_block, big.split) == (4, 4, 4)
     assert cuda_gemv.choose_layout(out_features=22016, in_features=2048).split == 2  # 64 groups
     down = cuda_gemv.choose_layout(out_features=4096, in_features=11008)  # few rows, long ones
@@ -135,9 +135,17 @@ def _decode_attention(num_heads: int, num_kv_heads: int, head_dim: int):
 def test_decode_attention_is_split_along_the_sequence(heads, kv_heads, dim, per_block, chunks):
     func = cuda_attention.split_decode_attention(_decode_attention(heads, kv_heads, dim))
     script = func.script()
-    assert f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, {chunks}, {per_block}>" in script
+    kernel = f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, {chunks}, {per_block}, 4, false>"
+    assert kernel in script
     assert f'T.launch_thread("blockIdx.y", {heads // per_block})' in script
+    assert "clusterCtaIdx" not in script
     assert "pages_elem_offset" in script  # the cache's views are passed with their offsets
+    # sm_90: 8 chunks of 8 warps in a cluster
+    func = cuda_attention.split_decode_attention(_decode_attention(heads, kv_heads, dim), cluster=True)
+    script = func.script()
+    assert f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, 8, {per_block}, 8, true>" in script
+    assert 'T.launch_thread("clusterCtaIdx.x", 8)' in script and 'T.launch_thread("blockIdx.x", 8)' in script
+    assert 'T.launch_thread("threadIdx.y", 8)' in script
 
 
 def _prefill_attention(num_heads: int, num_kv_heads: int, head_dim: int):
@@ -242,7 +250,10 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     prompt_calls = [line for line in source.splitlines() if "llmchat::q4f16_gemm<" in line
                     and "template" not in line and "(" in line]
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
-    assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2>(" in source
+    if arch == "sm_75":  # chunks merged through global memory
+        assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2, 4, false>(" in source
+    else:  # 8 chunks of 8 warps in a cluster
+        assert "llmchat::decode_attention<4, 2, 64, 16, 8, 2, 8, true>(" in source
     if arch == "sm_75":
         assert "llmchat::prefill_attention<" not in source  # TVM's prompt attention instead
     else:

@@ -382,6 +382,8 @@ def use_llmchat_gemv(target: Any) -> bool:
 MIN_ARCH_GEMV_GEMM = 70
 #: the prompt attention's ``mma.sync.m16n8k16`` with fp16 inputs needs Ampere (sm_80)
 MIN_ARCH_PROMPT_ATTENTION = 80
+#: thread-block clusters (the decode attention's merge) need Hopper (sm_90)
+MIN_ARCH_CLUSTERS = 90
 
 
 def cuda_arch(target: Any) -> int | None:
@@ -424,7 +426,7 @@ def attention_passes(target: Any) -> list[Any]:
     """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
     if not use_cuda_attention(target):
         return []
-    passes = [split_decode_attention_pass()]
+    passes = [split_decode_attention_pass(cluster=_arch_at_least(target, MIN_ARCH_CLUSTERS))]
     if _arch_at_least(target, MIN_ARCH_PROMPT_ATTENTION):
         passes.append(prefill_attention_pass())
     return passes
