@@ -42,20 +42,22 @@ MAX_SPLIT = 4
 
 
 def choose_layout(out_features: int, in_features: int) -> GemvLayout | None:
-    """4 rows per warp (the activations are reused 4 times from registers; measured best on the
-    H200 for every Llama-2-7B and Qwen2.5 shape), 4 warps per block, and as many warps (up to
+    """4 rows per warp (the activations are reused 4 times from registers), as many warps (up to
     :data:`MAX_SPLIT`) sharing each set of rows (split-K) as keep at least one step of 32 groups
-    each: more loads in flight per row and short blocks that fill the last wave. H200, weights
-    rotating through 32 layers: Llama-2-7B qkv 10.3 us unsplit, 10.35 split 2, 8.95 split 4;
-    gate_up 15.2 split 2, 13.7 split 4; down 12.1 split 2, 9.5 split 4. None when no layout
-    tiles ``out_features``."""
+    each (more loads in flight per row, short blocks that fill the last wave), and 4 warps per
+    block, 8 when each warp still takes several steps. H200, weights rotating through 32 layers
+    (benchmarks/kernels): Llama-2-7B qkv 10.3 us unsplit, 10.35 split 2, 8.95 split 4; gate_up
+    15.2 split 2, 13.7 split 4; down 12.1 split 2, 9.4 split 4, 8.6 with 8 warps (4 warps stay
+    best for one-step layers: qkv 8.95 vs 10.0, gate_up 13.7 vs 16.0); 8 rows per warp or 2 were
+    slower everywhere. None when no layout tiles ``out_features``."""
     groups = in_features // 32
     split = 1
     while split < MAX_SPLIT and groups // (32 * split * 2) >= 1:
         split *= 2
+    warps = 8 if groups > 32 * split else 4
     for rows in (4, 2, 1):
-        if out_features % (rows * 4 // split) == 0:
-            return GemvLayout(rows, 4, split)
+        if out_features % (rows * warps // split) == 0:
+            return GemvLayout(rows, warps, split)
     return None
 
 
