@@ -140,12 +140,16 @@ def test_decode_attention_is_split_along_the_sequence(heads, kv_heads, dim, per_
     assert f'T.launch_thread("blockIdx.y", {heads // per_block})' in script
     assert "clusterCtaIdx" not in script
     assert "pages_elem_offset" in script  # the cache's views are passed with their offsets
-    # sm_90: 8 chunks of 8 warps in a cluster
-    func = cuda_attention.split_decode_attention(_decode_attention(heads, kv_heads, dim), cluster=True)
-    script = func.script()
-    assert f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, 8, {per_block}, 8, true>" in script
-    assert 'T.launch_thread("clusterCtaIdx.x", 8)' in script and 'T.launch_thread("blockIdx.x", 8)' in script
-    assert 'T.launch_thread("threadIdx.y", 8)' in script
+    # sm_90: one head per block, 8 warps, chunks in a cluster: 8 for 32 heads, else 16 where allowed
+    for max_cluster in (8, 16):
+        func = cuda_attention.split_decode_attention(_decode_attention(heads, kv_heads, dim), max_cluster)
+        script = func.script()
+        nc = 8 if heads >= 32 else max_cluster
+        assert f"llmchat::decode_attention<{heads}, {kv_heads}, {dim}, 16, {nc}, 1, 8, true>" in script
+        assert f'T.launch_thread("clusterCtaIdx.x", {nc})' in script
+        assert f'T.launch_thread("blockIdx.x", {nc})' in script
+        assert f'T.launch_thread("blockIdx.y", {heads})' in script
+        assert 'T.launch_thread("threadIdx.y", 8)' in script
 
 
 def _prefill_attention(num_heads: int, num_kv_heads: int, head_dim: int):
@@ -221,6 +225,9 @@ def test_kernels_are_chosen_by_the_gpu_architecture(monkeypatch):
     assert len(gpu.attention_passes(pascal)) == 1
     kinds = [type(r) for r in gpu.schedule_rules(pascal)]
     assert cuda_gemv.CudaQ4Gemv not in kinds and cuda_gemm.CudaQ4Gemm not in kinds
+    # thread-block clusters from Hopper on; 16-block ones only where they were run (the H200)
+    sizes = [gpu.max_cluster_size(_cuda(a)) for a in ("sm_75", "sm_80", "sm_89", "sm_90", "sm_90a", "sm_100")]
+    assert sizes == [0, 0, 0, 16, 16, 8]
 
 
 @pytest.mark.skipif(cuda_support.find_nvcc() is None, reason="nvcc not installed")
@@ -252,8 +259,8 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
     if arch == "sm_75":  # chunks merged through global memory
         assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2, 4, false>(" in source
-    else:  # 8 chunks of 8 warps in a cluster
-        assert "llmchat::decode_attention<4, 2, 64, 16, 8, 2, 8, true>(" in source
+    else:  # 16 chunks of 8 warps in a cluster (4 heads)
+        assert "llmchat::decode_attention<4, 2, 64, 16, 16, 1, 8, true>(" in source
     if arch == "sm_75":
         assert "llmchat::prefill_attention<" not in source  # TVM's prompt attention instead
     else:

@@ -6,7 +6,7 @@ TVM 0.27's ``batch_decode_paged_kv`` kernel runs one thread block per KV head: 3
 Llama-2-7B and 2 for Qwen2.5 on a GPU with 132 multiprocessors, and its time grows with the
 context. :func:`split_decode_attention_pass` keeps that PrimFunc's signature and puts in front of
 its body by a launch of llmchat's kernel on (chunks x head groups x sequences) blocks; from sm_90
-on the chunks of a head group form a thread-block cluster and merge through distributed shared
+on the chunks of a query head form a thread-block cluster and merge through distributed shared
 memory (before that, through a static scratch area: a batch too large for it runs unsplit). The
 kernel expects the rotary embedding applied before the cache (llmchat's models use
 ``RopeMode.NORMAL``; anything else stops with a CUDA error instead of a wrong answer).
@@ -32,13 +32,24 @@ PREFILL_ATTENTION = "batch_prefill_ragged_kv"
 PREFILL_ROWS = 64
 #: thread blocks the split aims at (a few waves on a large GPU)
 TARGET_BLOCKS = 256
-#: chunks per (sequence, head block) when the chunks merge inside a thread-block cluster (sm_90):
-#: the largest portable cluster; H200, 32 layers in a CUDA graph: 8 chunks of 8 warps beat 4
-#: chunks from 266 keys on (Llama-2-7B 5.32 vs 6.56 us) and lose little below (100 keys: 4.34
-#: vs 4.19 us)
+#: chunks per (sequence, query head) when the chunks merge inside a thread-block cluster (sm_90):
+#: the largest portable cluster, or 16 (non-portable; H100/H200) when fewer than 32 query heads
+#: would leave the GPU short of blocks on long contexts. H200, 32 layers in a CUDA graph:
+#: Llama-2-7B (32 heads) 8 chunks: 5.32 us at 266 keys, 21.2 us at 4,096 (16 chunks: 26.1);
+#: Qwen2.5-3B (16 heads) 16 chunks: 4.76 us at 266 keys, 10.9 us at 4,096 (8 chunks: 4.01 and
+#: 14.0; the global-memory merge: 7.31 and 13.9)
 CLUSTER_CHUNKS = 8
+WIDE_CLUSTER_CHUNKS = 16
 #: warps per block with cluster merging (8: Llama-2-7B, 1,024 keys: 8.42 us, 4 warps: 10.02 us)
 CLUSTER_WARPS = 8
+
+
+def cluster_chunks(heads: int, max_cluster: int) -> int:
+    """Chunks (= blocks of a cluster) per query head: enough for :data:`TARGET_BLOCKS` blocks,
+    within ``max_cluster``."""
+    if heads * CLUSTER_CHUNKS >= TARGET_BLOCKS or max_cluster < WIDE_CLUSTER_CHUNKS:
+        return CLUSTER_CHUNKS
+    return WIDE_CLUSTER_CHUNKS
 
 
 def heads_per_block(group: int) -> int:
@@ -62,10 +73,11 @@ def _address(buf: Any) -> Any:
     return tirx.address_of(tirx.BufferLoad(buf, [tirx.IntImm("int32", 0)] * len(buf.shape)))
 
 
-def split_decode_attention(func: Any, cluster: bool = False) -> Any | None:
+def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     """``func`` (TVM's ``batch_decode_paged_kv``) with llmchat's kernel in front, or None when
-    its shapes are not the ones the kernel handles. ``cluster`` (sm_90 and later): the chunks of
-    a head block form a thread-block cluster and merge through distributed shared memory."""
+    its shapes are not the ones the kernel handles. ``max_cluster`` > 0 (sm_90 and later: 8, or
+    16 where non-portable clusters are known to work): one query head per block, and the chunks
+    of a head form a thread-block cluster that merges them through distributed shared memory."""
     from tvm import tirx
 
     names = [str(p) for p in func.params]
@@ -81,8 +93,9 @@ def split_decode_attention(func: Any, cluster: bool = False) -> Any | None:
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
     if None in (h_qo, d, h_kv, page) or h_qo % h_kv or d % 8 or d // 8 not in (1, 2, 4, 8, 16, 32):
         return None
-    per_block = heads_per_block(h_qo // h_kv)
-    chunks = CLUSTER_CHUNKS if cluster else num_chunks(h_qo // per_block)
+    cluster = max_cluster > 0
+    per_block = 1 if cluster else heads_per_block(h_qo // h_kv)
+    chunks = cluster_chunks(h_qo, max_cluster) if cluster else num_chunks(h_qo // per_block)
     warps = CLUSTER_WARPS if cluster else 4
     batch = q.shape[0]
 
@@ -109,10 +122,10 @@ def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> An
     return prim_func_pass(pass_name, rewrite)
 
 
-def split_decode_attention_pass(cluster: bool = False) -> Any:
+def split_decode_attention_pass(max_cluster: int = 0) -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
     return _replace_kernel_pass("llmchat_split_decode_attention", DECODE_ATTENTION,
-                                lambda func: split_decode_attention(func, cluster))
+                                lambda func: split_decode_attention(func, max_cluster))
 
 
 PREFILL_PARAMS = ["q", "q_indptr", "k", "v", "kv_indptr", "q_rope_position", "k_rope_pos_offset",

@@ -384,6 +384,8 @@ MIN_ARCH_GEMV_GEMM = 70
 MIN_ARCH_PROMPT_ATTENTION = 80
 #: thread-block clusters (the decode attention's merge) need Hopper (sm_90)
 MIN_ARCH_CLUSTERS = 90
+#: GPUs where 16-block (non-portable) clusters were run: the H200 (sm_90); others get 8
+WIDE_CLUSTER_ARCHS = (90,)
 
 
 def cuda_arch(target: Any) -> int | None:
@@ -422,11 +424,19 @@ def use_cuda_attention(target: Any) -> bool:
     return target.kind.name == "cuda" and choice != "tvm"
 
 
+def max_cluster_size(target: Any) -> int:
+    """The largest thread-block cluster llmchat's kernels may launch on ``target``: 0 (none)
+    before sm_90, 16 where that was run, else 8 (the portable size)."""
+    if not _arch_at_least(target, MIN_ARCH_CLUSTERS):
+        return 0
+    return 16 if cuda_arch(target) in WIDE_CLUSTER_ARCHS else 8
+
+
 def attention_passes(target: Any) -> list[Any]:
     """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
     if not use_cuda_attention(target):
         return []
-    passes = [split_decode_attention_pass(cluster=_arch_at_least(target, MIN_ARCH_CLUSTERS))]
+    passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]
     if _arch_at_least(target, MIN_ARCH_PROMPT_ATTENTION):
         passes.append(prefill_attention_pass())
     return passes
