@@ -253,7 +253,9 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     source = info["sources"][0]
     calls = [line for line in source.splitlines() if "llmchat::q4f16_gemv<" in line and "(" in line
              and "template" not in line]
-    assert len(calls) == 5  # qkv, o (+residual), gate_up, down (+residual), lm_head
+    assert len(calls) == 5  # qkv, o (+residual), gate_up (+SiLU·mul), down (+residual), lm_head
+    assert any("llmchat::q4f16_gemv<256, 1024, 4, 1, 3, false, half>(" in c for c in calls)
+    assert "fused_split_silu_multiply_kernel" not in source  # the SiLU·mul runs inside the GEMV
     prompt_calls = [line for line in source.splitlines() if "llmchat::q4f16_gemm<" in line
                     and "template" not in line and "(" in line]
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)

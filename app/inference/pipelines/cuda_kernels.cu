@@ -71,7 +71,10 @@ __device__ __forceinline__ half2 dot8(uint32_t w, const half2 p[4], half2 acc) {
 }
 
 // MODE: 0 = float32 output; 1 = float16 output; 2 = float16 output plus a float16 residual
-// (out = residual + half(sum)). BIAS: add a float16 bias before the cast (out = half(sum + b)).
+// (out = residual + half(sum)); 3 = SiLU-gated pairs: rows n and n + N/2 (gate and up of a fused
+// gate_up projection) give out[n] = silu(half(sum_n)) * half(sum_n+N/2), N/2 outputs, in the half
+// arithmetic of TVM's split-silu-multiply kernel that it replaces. BIAS: add a float16 bias before
+// the cast (out = half(sum + b)).
 // SPLIT warps of a block share R rows, each taking every SPLIT-th step of the row (more loads in
 // flight for layers with few rows and long ones); their sums meet in shared memory.
 template <int K, int N, int R, int SPLIT, int MODE, bool BIAS, typename OutT>
@@ -85,7 +88,10 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
   constexpr int WORDS = K / 8;
   const int lane = threadIdx.x;
   const int part = threadIdx.y % SPLIT;
-  const int row0 = (blockIdx.x * (blockDim.y / SPLIT) + threadIdx.y / SPLIT) * R;
+  static_assert(MODE != 3 || (R % 2 == 0 && N % 2 == 0 && !BIAS), "SiLU pairs: R/2 gate and R/2 up rows");
+  // the warp's rows: R consecutive ones, or (MODE 3) R/2 gate rows and the R/2 up rows N/2 further
+  const int row0 = (blockIdx.x * (blockDim.y / SPLIT) + threadIdx.y / SPLIT) * (MODE == 3 ? R / 2 : R);
+  auto row_of = [&](int r) { return MODE == 3 && r >= R / 2 ? N / 2 + row0 + r - R / 2 : row0 + r; };
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
@@ -100,8 +106,8 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
   if (g0 < GROUPS) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      q0[r] = ld_stream_v4(w + (size_t)(row0 + r) * WORDS + g0 * 4);
-      s0[r] = scale[(size_t)(row0 + r) * GROUPS + g0];
+      q0[r] = ld_stream_v4(w + (size_t)row_of(r) * WORDS + g0 * 4);
+      s0[r] = scale[(size_t)row_of(r) * GROUPS + g0];
     }
   }
   load_order_barrier();
@@ -125,8 +131,8 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
     half s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      q[r] = ld_stream_v4(w + (size_t)(row0 + r) * WORDS + g * 4);
-      s[r] = scale[(size_t)(row0 + r) * GROUPS + g];
+      q[r] = ld_stream_v4(w + (size_t)row_of(r) * WORDS + g * 4);
+      s[r] = scale[(size_t)row_of(r) * GROUPS + g];
     }
     step(g, q, s);
   }
@@ -151,7 +157,18 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
       acc[r] = v;
     }
   }
-  if (lane < R) {
+  if constexpr (MODE == 3) {
+    if (lane < R / 2) {
+      float gate = acc[0], up = acc[R / 2];
+#pragma unroll
+      for (int r = 1; r < R / 2; ++r) {
+        gate = (lane == r) ? acc[r] : gate;
+        up = (lane == r) ? acc[R / 2 + r] : up;
+      }
+      const half g = __float2half_rn(gate), one = __float2half_rn(1.f), zero = __float2half_rn(0.f);
+      out[row0 + lane] = __hmul(__hmul(g, __hdiv(one, __hadd(one, hexp(__hsub(zero, g))))), __float2half_rn(up));
+    }
+  } else if (lane < R) {
     float v = acc[0];
 #pragma unroll
     for (int r = 1; r < R; ++r) v = (lane == r) ? acc[r] : v;

@@ -30,6 +30,7 @@ from app.inference.pipelines.cuda_attention import prefill_attention_pass, split
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
+from app.inference.pipelines.cuda_silu_gate import fuse_silu_gate_pass
 from app.inference.pipelines.tir_facts import static_int
 
 #: Bytes every thread loads from the weight matrix per step (one 128-bit load).
@@ -506,6 +507,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
+            *([fuse_silu_gate_pass()] if use_cuda_kernel_gemv(target) else []),
             fast_decode_pass(),
             *attention_passes(target),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
