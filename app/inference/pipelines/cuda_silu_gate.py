@@ -95,61 +95,71 @@ def silu_gate_func(gemv: Any, out: Any) -> Any | None:
         {"tirx.is_scheduled": True, "tirx.noalias": True})
 
 
-def fuse_silu_gate(mod: Any) -> Any:
-    """``mod`` with every ``y = silu_gate(gemv(x, w, s))`` in a Relax dataflow block (the GEMV's
-    output used by nothing else) turned into one ``call_tir`` of :func:`silu_gate_func`."""
+def _tir_call(value: Any) -> tuple[Any, list[Any]] | None:
+    """(callee, arguments) of a ``call_tir``, else None."""
     import tvm
     from tvm import relax
 
-    call_tir = tvm.ir.Op.get("relax.call_tir")
+    if (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+            and len(value.args) == 2):
+        return value.args[0], list(value.args[1].fields)
+    return None
 
-    def tir_call(value: Any) -> tuple[Any, list[Any]] | None:
-        if isinstance(value, relax.Call) and value.op.same_as(call_tir) and len(value.args) == 2:
-            return value.args[0], list(value.args[1].fields)
+
+def _fuse_block(block: Any, mod: Any, builder: Any, fused: dict[tuple[str, str], Any]) -> Any | None:
+    """``block`` with its GEMV + SiLU pairs fused (new kernels added through ``builder`` and
+    remembered in ``fused`` by (GEMV name, SiLU name)), or None when it has none."""
+    from tvm import relax
+
+    users = relax.analysis.udchain(block)
+    values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+    bindings, dropped = [], set()
+    for binding in block.bindings:
+        call = _tir_call(binding.value) if isinstance(binding, relax.VarBinding) else None
+        if call is None or len(call[1]) != 1 or not silu_gate_width(call[0].name_hint, mod[call[0]]):
+            bindings.append(binding)
+            continue
+        hidden = call[1][0]  # the GEMV's output: a dataflow var read by this call only
+        inner = _tir_call(values.get(hidden)) if isinstance(hidden, relax.DataflowVar) else None
+        if inner is None or len(users.get(hidden, [])) != 1:
+            bindings.append(binding)
+            continue
+        key = (inner[0].name_hint, call[0].name_hint)
+        if key not in fused:
+            prim = silu_gate_func(mod[inner[0]], mod[call[0]].params[-1])
+            fused[key] = prim and builder.add_func(prim, f"{key[0]}_silu_gate")
+        if fused[key] is None:
+            bindings.append(binding)
+            continue
+        value = builder.normalize(relax.call_tir(fused[key], relax.Tuple(inner[1]), binding.var.ty))
+        bindings.append(relax.VarBinding(binding.var, value))
+        dropped.add(hidden)
+    if not dropped:
         return None
+    return relax.DataflowBlock([b for b in bindings if b.var not in dropped])
+
+
+def fuse_silu_gate(mod: Any) -> Any:
+    """``mod`` with every ``y = silu_gate(gemv(x, w, s))`` in a Relax dataflow block (the GEMV's
+    output used by nothing else) turned into one ``call_tir`` of :func:`silu_gate_func`; the
+    replaced kernels leave the module where nothing else calls them (prompts have their own)."""
+    import tvm
+    from tvm import relax
 
     builder = relax.BlockBuilder(mod)
     fused: dict[tuple[str, str], Any] = {}
-    any_change = False
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                blocks.append(block)
-                continue
-            users = relax.analysis.udchain(block)
-            values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
-            bindings, dropped = [], set()
-            for binding in block.bindings:
-                new = None
-                call = tir_call(binding.value) if isinstance(binding, relax.VarBinding) else None
-                is_gate = call is not None and len(call[1]) == 1
-                if is_gate and silu_gate_width(call[0].name_hint, mod[call[0]]):
-                    hidden = call[1][0]
-                    inner = tir_call(values.get(hidden)) if isinstance(hidden, relax.DataflowVar) else None
-                    if inner is not None and len(users.get(hidden, [])) == 1:
-                        key = (inner[0].name_hint, call[0].name_hint)
-                        if key not in fused:
-                            prim = silu_gate_func(mod[inner[0]], mod[call[0]].params[-1])
-                            fused[key] = prim and builder.add_func(prim, f"{key[0]}_silu_gate")
-                        if fused[key] is not None:
-                            value = relax.call_tir(fused[key], relax.Tuple(inner[1]), binding.var.ty)
-                            value = builder.normalize(value)
-                            new = relax.VarBinding(binding.var, value)
-                            dropped.add(hidden)
-                bindings.append(new if new is not None else binding)
-            changed |= bool(dropped)
-            blocks.append(relax.DataflowBlock([b for b in bindings if b.var not in dropped]))
-        if changed:
-            any_change = True
-            body = relax.SeqExpr(blocks, func.body.body)
-            builder.update_func(gv, relax.Function(func.params, body, func.ret_ty, func.is_pure,
-                                                   func.attrs, func.span))
-    if not any_change:
+        blocks = [(_fuse_block(b, mod, builder, fused) if isinstance(b, relax.DataflowBlock) else None, b)
+                  for b in func.body.blocks]
+        if all(new is None for new, _ in blocks):
+            continue
+        body = relax.SeqExpr([new if new is not None else old for new, old in blocks], func.body.body)
+        builder.update_func(gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs,
+                                               func.span))
+    if not any(v is not None for v in fused.values()):
         return mod
-    # the replaced GEMV and SiLU kernels, where nothing calls them any more (prompts have their own)
     out = builder.get()
     called = {gv.name_hint for f in out.functions.values() if isinstance(f, relax.Function)
               for gv in relax.analysis.all_global_vars(f)}
