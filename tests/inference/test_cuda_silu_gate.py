@@ -15,10 +15,10 @@ from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
 K, N = 256, 1024  # a gate_up projection: 512 gate rows, 512 up rows
 
 
-def _gemv(in_f: int = K, out_f: int = N):
+def _gemv(in_f: int = K, out_f: int = N, fmt_name: str = "q4f16_1"):
     from tvm import te
 
-    fmt = get_format("q4f16_1")
+    fmt = get_format(fmt_name)
     specs = fmt.param_specs(out_f, in_f)
     x = te.placeholder((1, 1, in_f), "float16", name="x")
     params = [te.placeholder(shape, dtype, name=name) for name, (shape, dtype) in specs.items()]
@@ -26,20 +26,20 @@ def _gemv(in_f: int = K, out_f: int = N):
     return te.create_prim_func([x, *params, out])
 
 
-def _module(act: str = "silu", extra_use: bool = False):
+def _module(act: str = "silu", extra_use: bool = False, fmt_name: str = "q4f16_1"):
     """A Relax module with a decode MLP's gate_up GEMV followed by split + act * up, fused by
     TVM's own passes the way the engine's pipeline does before llmchat's passes."""
     from tvm import relax
     from tvm.script import relax as R
 
     bb = relax.BlockBuilder()
-    gemv = bb.add_func(_gemv(), "dequant_matmul")
+    gemv = bb.add_func(_gemv(fmt_name=fmt_name), "dequant_matmul")
+    specs = get_format(fmt_name).param_specs(N, K)
     x = relax.Var("x", R.Tensor((1, 1, K), "float16"))
-    w = relax.Var("w", R.Tensor((N, K // 8), "uint32"))
-    s = relax.Var("s", R.Tensor((N, K // 32), "float16"))
-    with bb.function("decode", [x, w, s]):
+    weights = [relax.Var(name, R.Tensor(shape, dtype)) for name, (shape, dtype) in specs.items()]
+    with bb.function("decode", [x, *weights]):
         with bb.dataflow():
-            h = bb.emit(relax.call_tir(gemv, relax.Tuple([x, w, s]), R.Tensor((1, 1, N), "float16")))
+            h = bb.emit(relax.call_tir(gemv, relax.Tuple([x, *weights]), R.Tensor((1, 1, N), "float16")))
             parts = bb.emit(relax.op.split(h, 2, axis=-1))
             gate, up = bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))
             activated = bb.emit(relax.op.nn.silu(gate) if act == "silu" else relax.op.nn.gelu(gate))
@@ -82,6 +82,8 @@ def test_other_activations_and_shared_outputs_are_left_alone():
     assert cuda_silu_gate.fuse_silu_gate(gelu).same_as(gelu)
     shared = _module(extra_use=True)  # the GEMV's output is read twice: it must stay
     assert "dequant_matmul" in _callees(cuda_silu_gate.fuse_silu_gate(shared))
+    unquantized = _module(fmt_name="q0f16")  # not a q4f16_1 GEMV: llmchat's kernel does not take it
+    assert cuda_silu_gate.fuse_silu_gate(unquantized).same_as(unquantized)
 
 
 def test_silu_gate_width_checks_name_shapes_and_body():
