@@ -12,6 +12,9 @@ ROCm, Vulkan and Metal), plus:
   of 32 values), the activation vector staged once per block as fp32 in padded (bank-conflict
   free) shared memory and read with 16-byte loads, the group scale converted once, warp-shuffle
   reduction. Used on CUDA (see ``use_llmchat_gemv``); rows it cannot tile go to dlight's GEMV.
+- on CUDA, llmchat's hand-written kernels (``cuda_kernels.cu``) in place of TVM's for the decode
+  GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
+  decode and prompt attention and the greedy argmax, each chosen by GPU generation.
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
