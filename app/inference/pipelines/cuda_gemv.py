@@ -148,14 +148,19 @@ def match_q4_operands(func: Any, main: Any, epilogue: list[Any], x: Any, weight:
     return roles
 
 
-def build_kernel_func(func: Any, m: Q4MatmulMatch, layout: GemvLayout) -> Any:
-    """``func`` with its body replaced by a launch of ``llmchat::q4f16_gemv``."""
-    mode = epilogue_mode(m.out, m.residual)
+def gemv_launch(m: Q4MatmulMatch, layout: GemvLayout, mode: int, out: Any) -> Any:
+    """The TIR launch of ``llmchat::q4f16_gemv`` for the matmul ``m`` in epilogue ``mode``,
+    writing ``out`` (``m.out``, or a narrower buffer for a mode that writes fewer values)."""
     name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
             f"{mode}, {'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}>")
-    call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, m.out)
+    call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, out)
     grid = {"blockIdx.x": layout.blocks(m.out_features)}
-    return func.with_body(launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": layout.warps_per_block}))
+    return launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": layout.warps_per_block})
+
+
+def build_kernel_func(func: Any, m: Q4MatmulMatch, layout: GemvLayout) -> Any:
+    """``func`` with its body replaced by a launch of ``llmchat::q4f16_gemv``."""
+    return func.with_body(gemv_launch(m, layout, epilogue_mode(m.out, m.residual), m.out))
 
 
 class CudaQ4Gemv(KernelRule):

@@ -16,8 +16,7 @@ import re
 from functools import cache
 from typing import Any
 
-from app.inference.pipelines.cuda_gemv import KERNEL, choose_layout, match_q4f16_gemv
-from app.inference.pipelines.cuda_kernels import launch, matmul_call
+from app.inference.pipelines.cuda_gemv import choose_layout, gemv_launch, match_q4f16_gemv
 from app.inference.pipelines.tir_facts import static_shape
 
 #: how TVM's FuseOps names the kernel of ``silu(split(x)[0]) * split(x)[1]``
@@ -86,11 +85,7 @@ def silu_gate_func(gemv: Any, out: Any) -> Any | None:
     layout = choose_layout(m.out_features, m.in_features)
     if layout is None or layout.rows_per_warp % 2 or static_shape(out)[-1] * 2 != m.out_features:
         return None
-    name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
-            f"{SILU_PAIRS_MODE}, false, half>")
-    call = matmul_call(name, m.x, m.weight, m.scale, None, None, out)
-    body = launch(call, {"blockIdx.x": layout.blocks(m.out_features)},
-                  {"threadIdx.x": 32, "threadIdx.y": layout.warps_per_block})
+    body = gemv_launch(m, layout, SILU_PAIRS_MODE, out)
     return tirx.PrimFunc([*gemv.params[:3], out], body).with_attr(
         {"tirx.is_scheduled": True, "tirx.noalias": True})
 
