@@ -131,8 +131,15 @@ def _check_device_argmax(engine: Any, steps: int) -> dict[str, Any] | None:
         token = int(np.argmax(rt.decode(token)))
         host_tokens.append(token)
     rt.clear()
+    token = int(np.argmax(rt.prefill([1])))
+    ahead_tokens = []  # several steps per call, the ids fed back on the device (the chat's path)
+    while len(ahead_tokens) < steps:
+        ahead_tokens += rt.decode_greedy_ahead(token, min(8, steps - len(ahead_tokens)))
+        token = ahead_tokens[-1]
+    rt.clear()
     equal = sum(a == b for a, b in zip(device_tokens, host_tokens, strict=True))
-    return {"steps": steps, "tokens_equal": equal}
+    ahead_equal = sum(a == b for a, b in zip(ahead_tokens, host_tokens, strict=True))
+    return {"steps": steps, "tokens_equal": equal, "ahead_tokens_equal": ahead_equal}
 
 
 def _bench_engine(engine: Any, gen: int, prompt: int, repeats: int) -> dict[str, Any]:

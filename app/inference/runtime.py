@@ -179,7 +179,11 @@ class ModelRuntime:
                                "start a new conversation")
         self._ids1[0] = token
         self._ids1_dev.copyfrom(self._ids1)
-        emb = self._f_reshape(self._f_embed(self._ids1_dev, self.params), self._decode_shape)
+        return self._decode_device_id(self._ids1_dev)
+
+    def _decode_device_id(self, ids: Any) -> Any:
+        """Append the token whose id is in the device tensor ``ids`` (int32 ``[1]``); its logits."""
+        emb = self._f_reshape(self._f_embed(ids, self.params), self._decode_shape)
         self._f_begin(self.kv, self._seq, self._one)
         logits, self.kv = self._f_decode(emb, self.kv, self.params)
         self._f_end(self.kv)
@@ -202,6 +206,35 @@ class ModelRuntime:
         if self._f_argmax is None:
             return int(np.argmax(logits.numpy().reshape(-1)))
         return int(self._f_argmax(logits).numpy()[0])
+
+    def decode_greedy_ahead(self, token: int, steps: int) -> list[int]:
+        """Append ``token`` and the greedy tokens after it, ``steps`` decode steps in all; the
+        ``steps`` greedy tokens (the last one not appended yet, as with :meth:`decode_greedy`).
+
+        With :attr:`has_device_argmax` every step's token id goes from the library's argmax
+        straight into the next step's embedding, on the device, and the ids cross to the host
+        once, after the last step: the GPU does not wait for the host between the steps (it
+        waits once per call instead of once per token). A caller that stops early rolls the
+        tokens it did not use back with :meth:`popn`."""
+        if steps < 1:
+            raise ValueError("decode_greedy_ahead needs at least one step")
+        if self._length + steps > self.context_window:
+            raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
+                               "start a new conversation")
+        if self._f_argmax is None:
+            out = []
+            for _ in range(steps):
+                token = self.decode_greedy(token)
+                out.append(token)
+            return out
+        self._ids1[0] = token
+        self._ids1_dev.copyfrom(self._ids1)
+        ids = self._ids1_dev
+        picked = []
+        for _ in range(steps):
+            ids = self._f_argmax(self._decode_device_id(ids))
+            picked.append(ids)
+        return [int(t.numpy()[0]) for t in picked]
 
     # -- memory ----------------------------------------------------------------------------
     def memory_in_use_bytes(self) -> int:

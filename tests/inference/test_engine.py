@@ -235,10 +235,13 @@ def test_default_context_window_fits_gpu_memory():
 
 
 def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, tmp_path, monkeypatch):
-    """Libraries for CUDA export ``argmax`` and greedy decoding then copies only the token id.
-    Built here for the CPU (the export switched on, its own cache directory): the reply is the
-    same as through the host's argmax, and decode_greedy did the decoding."""
+    """Libraries for CUDA export ``argmax`` and greedy decoding then feeds each token id to the
+    next step on the device, several steps per call. Built here for the CPU (the export switched
+    on, its own cache directory): the reply is the same as through the host's argmax, the steps
+    went through decode_greedy_ahead, and a reply that stops inside a batch of steps (stop token,
+    stop string, cancel, consumer gone) leaves the KV cache holding exactly the conversation."""
     import app.inference.models.llama as llama_module
+    from app.inference.generation import GREEDY_AHEAD, GenerationResult, generate
 
     monkeypatch.setattr(llama_module, "has_device_argmax", lambda _target: True)
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
@@ -247,17 +250,60 @@ def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, 
         runtime = device_engine.runtime
         assert runtime.has_device_argmax and not tiny_engine.runtime.has_device_argmax
         calls = []
-        greedy = runtime.decode_greedy
-        monkeypatch.setattr(runtime, "decode_greedy", lambda token: calls.append(token) or greedy(token))
-        params = SamplingParams(temperature=0.0, max_tokens=16)
+        ahead = runtime.decode_greedy_ahead
+        monkeypatch.setattr(runtime, "decode_greedy_ahead",
+                            lambda token, steps: calls.append(steps) or ahead(token, steps))
+        params = SamplingParams(temperature=0.0, max_tokens=2 * GREEDY_AHEAD + 3)
         tiny_engine.reset()
         expected, _, _ = _run(tiny_engine.chat("Tell me about llamas.", params))
         got, stats, _ = _run(device_engine.chat("Tell me about llamas.", params))
-        assert got == expected and len(calls) == stats.generated_tokens - 1 > 0
+        assert got == expected and stats.generated_tokens > 1
+        assert max(calls) == GREEDY_AHEAD and sum(calls) >= stats.generated_tokens - 1
+        assert runtime.sequence_length == len(device_engine._kv_ids) == runtime.kv_sequence_length()
         # sampling with a temperature still goes through the host's sampler
         calls.clear()
         _run(device_engine.chat("And alpacas?", SamplingParams(temperature=0.8, max_tokens=4, seed=1)))
         assert calls == []
+
+        # a raw prompt decoded 1, 4 and 5 steps per call; stops inside a batch of steps
+        prompt = [1, 5, 9, 2]
+
+        class CancelAfter(threading.Event):
+            def __init__(self, checks: int) -> None:
+                super().__init__()
+                self.checks = checks
+
+            def is_set(self) -> bool:
+                self.checks -= 1
+                return self.checks < 0
+
+        def run(steps: int, stop_ids=(), cancel=None):
+            runtime.clear()
+            kv_ids: list[int] = []
+            result = GenerationResult()
+            for _ in generate(runtime, prompt, SamplingParams(temperature=0.0, max_tokens=12), kv_ids=kv_ids,
+                              cancel=cancel or threading.Event(), stop_token_ids=stop_ids, result=result,
+                              greedy_ahead=steps):
+                pass
+            assert runtime.sequence_length == len(kv_ids) == runtime.kv_sequence_length()
+            # the KV cache holds exactly kv_ids: the next logits are those of a fresh prefill
+            cont = runtime.decode(3)
+            runtime.clear()
+            np.testing.assert_allclose(cont, runtime.prefill([*kv_ids, 3]), rtol=1e-4, atol=1e-4)
+            return result
+
+        tokens = run(1).token_ids
+        assert len(tokens) == 12 and run(4).token_ids == tokens and run(5).token_ids == tokens
+        first = tokens.index(tokens[6])  # a stop token met inside the second batch of 4 steps
+        assert run(4, stop_ids={tokens[6]}).token_ids == tokens[: first + 1]
+        cancelled = run(4, cancel=CancelAfter(6))
+        assert cancelled.stats.finish_reason == "cancelled" and cancelled.token_ids == tokens[:7]
+        # the reader goes away after the first piece of text: the unused steps are rolled back too
+        device_engine.reset()
+        events = device_engine.chat("Tell me about llamas.", params)
+        next(e for e in events if isinstance(e, TextDelta))
+        events.close()
+        assert runtime.sequence_length == len(device_engine._kv_ids) == runtime.kv_sequence_length()
     finally:
         device_engine.close()
         tiny_engine.reset()
