@@ -114,6 +114,7 @@ class ModelRuntime:
         self._decode_shape = ShapeTuple([1, 1, hidden_size])
         self._ids1 = np.zeros(1, dtype=np.int32)
         self._ids1_dev = tvm.runtime.empty((1,), "int32", device)  # decode's input, reused every step
+        self._last_pick: tuple[int, Any] | None = None  # decode_greedy_ahead's last (id, device id)
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
 
@@ -227,14 +228,19 @@ class ModelRuntime:
                 token = self.decode_greedy(token)
                 out.append(token)
             return out
-        self._ids1[0] = token
-        self._ids1_dev.copyfrom(self._ids1)
-        ids = self._ids1_dev
+        if self._last_pick is not None and self._last_pick[0] == token:
+            ids = self._last_pick[1]  # the previous call's last pick, still on the device
+        else:
+            self._ids1[0] = token
+            self._ids1_dev.copyfrom(self._ids1)
+            ids = self._ids1_dev
         picked = []
         for _ in range(steps):
             ids = self._f_argmax(self._decode_device_id(ids))
             picked.append(ids)
-        return [int(t.numpy()[0]) for t in picked]
+        tokens = [int(t.numpy()[0]) for t in picked]
+        self._last_pick = (tokens[-1], picked[-1])  # the next call starts from it on the device
+        return tokens
 
     # -- memory ----------------------------------------------------------------------------
     def memory_in_use_bytes(self) -> int:
