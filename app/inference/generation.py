@@ -2,8 +2,8 @@
 
 Per generated token the Python work is one sample, one detokenizer push and one stop-string
 check; everything else is set up once per reply. Greedy decoding with the library's argmax runs
-:data:`GREEDY_AHEAD` steps per call, the token ids fed back on the device, and rolls back what a
-stop condition leaves unused.
+several steps per call (as many as take :data:`AHEAD_BURST_S`), the token ids fed back on the
+device, and rolls back what a stop condition leaves unused.
 """
 
 from __future__ import annotations
@@ -20,10 +20,16 @@ from app.inference.sampling import Sampler
 from app.inference.stop import StopMatcher
 from app.inference.tokenizer import StreamDecoder, Tokenizer
 
-#: greedy decode steps per device round trip (H200, engine end to end, the token ids fed back on
-#: the device: Llama-2-7B shape 1,902 -> 1,811 us per token, Qwen2.5-0.5B 852 -> 752); a reply
-#: that stops earlier rolls the unused steps back, and the UI gets the tokens in bursts of this size
-GREEDY_AHEAD = 8
+#: most greedy decode steps per device round trip (the token ids fed back on the device); a reply
+#: that stops earlier rolls the unused steps back
+GREEDY_AHEAD = 32
+#: how long one such batch of steps should last: the reply appears in bursts of this length (about
+#: a frame of a 30 Hz terminal), so fast GPUs batch many steps and slow ones one or two. H200,
+#: engine end to end, one round trip per token -> batches: Llama-2-7B shape 1,902 -> 1,672 us per
+#: token (8 steps per batch; 1,647 without any round trip), Qwen2.5-0.5B 852 -> 648
+AHEAD_BURST_S = 0.03
+#: steps of the first batch of a reply (before its step time is known)
+FIRST_AHEAD = 4
 
 
 @dataclass
@@ -52,8 +58,8 @@ def generate(
 
     ``kv_ids`` mirrors the tokens in the runtime's KV cache and is extended in place.
     ``tokenizer=None`` skips detokenization (benchmarks). Raises nothing on cancel: the reply
-    ends with ``finish_reason="cancelled"``. ``greedy_ahead``: decode steps per call for greedy
-    decoding with the library's argmax (1: one round trip per token)."""
+    ends with ``finish_reason="cancelled"``. ``greedy_ahead``: most decode steps per call for
+    greedy decoding with the library's argmax (1: one round trip per token)."""
     result = result if result is not None else GenerationResult()
     stats = result.stats
     stats.prompt_tokens = len(new_ids)
@@ -70,6 +76,7 @@ def generate(
     # worth at a time; ``ahead`` holds tokens decoded (and in the KV cache) but not yet used
     device_greedy = sampler.is_plain_greedy and runtime.has_device_argmax
     ahead: deque[int] = deque()
+    ahead_steps = min(greedy_ahead, FIRST_AHEAD)
     next_token: int | None = None
     t_start = time.perf_counter()
     logits = runtime.prefill(list(new_ids))
@@ -107,9 +114,12 @@ def generate(
                 break
             if device_greedy:
                 if not ahead:
-                    steps = min(greedy_ahead, max_tokens - len(generated),
-                                context_window - runtime.sequence_length)
-                    ahead.extend(runtime.decode_greedy_ahead(token, max(1, steps)))
+                    steps = max(1, min(ahead_steps, max_tokens - len(generated),
+                                       context_window - runtime.sequence_length))
+                    t_call = time.perf_counter()
+                    ahead.extend(runtime.decode_greedy_ahead(token, steps))
+                    step_s = (time.perf_counter() - t_call) / steps
+                    ahead_steps = max(1, min(greedy_ahead, int(AHEAD_BURST_S / max(step_s, 1e-6))))
                 next_token = ahead.popleft()
             else:
                 logits = runtime.decode(token)

@@ -115,6 +115,7 @@ class ModelRuntime:
         self._ids1 = np.zeros(1, dtype=np.int32)
         self._ids1_dev = tvm.runtime.empty((1,), "int32", device)  # decode's input, reused every step
         self._last_pick: tuple[int, Any] | None = None  # decode_greedy_ahead's last (id, device id)
+        self._picked: Any = None  # decode_greedy_ahead's ids, gathered on the device: one copy back
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
 
@@ -214,9 +215,9 @@ class ModelRuntime:
 
         With :attr:`has_device_argmax` every step's token id goes from the library's argmax
         straight into the next step's embedding, on the device, and the ids cross to the host
-        once, after the last step: the GPU does not wait for the host between the steps (it
-        waits once per call instead of once per token). A caller that stops early rolls the
-        tokens it did not use back with :meth:`popn`."""
+        once, after the last step (gathered into one buffer on the device: one copy): the GPU
+        does not wait for the host between the steps (it waits once per call, not per token).
+        A caller that stops early rolls the tokens it did not use back with :meth:`popn`."""
         if steps < 1:
             raise ValueError("decode_greedy_ahead needs at least one step")
         if self._length + steps > self.context_window:
@@ -228,18 +229,21 @@ class ModelRuntime:
                 token = self.decode_greedy(token)
                 out.append(token)
             return out
+        import tvm
+
         if self._last_pick is not None and self._last_pick[0] == token:
             ids = self._last_pick[1]  # the previous call's last pick, still on the device
         else:
             self._ids1[0] = token
             self._ids1_dev.copyfrom(self._ids1)
             ids = self._ids1_dev
-        picked = []
-        for _ in range(steps):
+        if self._picked is None or self._picked.shape[0] < steps:
+            self._picked = tvm.runtime.empty((steps,), "int32", self.device)
+        for i in range(steps):
             ids = self._f_argmax(self._decode_device_id(ids))
-            picked.append(ids)
-        tokens = [int(t.numpy()[0]) for t in picked]
-        self._last_pick = (tokens[-1], picked[-1])  # the next call starts from it on the device
+            ids.copyto(self._picked._create_view((1,), "int32", 4 * i))  # on the device, in order
+        tokens = [int(t) for t in self._picked._create_view((steps,), "int32", 0).numpy()]
+        self._last_pick = (tokens[-1], ids)  # the next call starts from it on the device
         return tokens
 
     # -- memory ----------------------------------------------------------------------------

@@ -261,8 +261,8 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
     if arch == "sm_75":  # chunks merged through global memory
         assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2, 4, false>(" in source
-    else:  # 16 chunks of 8 warps in a cluster (4 heads)
-        assert "llmchat::decode_attention<4, 2, 64, 16, 16, 1, 8, true>(" in source
+    else:  # 16 chunks of 8 warps in a cluster (4 heads), doing a decoded token's RoPE and append
+        assert "llmchat::decode_attention<4, 2, 64, 16, 16, 1, 8, true, true>(" in source
     if arch == "sm_75":
         assert "llmchat::prefill_attention<" not in source  # TVM's prompt attention instead
     else:

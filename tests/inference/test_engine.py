@@ -258,7 +258,7 @@ def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, 
         expected, _, _ = _run(tiny_engine.chat("Tell me about llamas.", params))
         got, stats, _ = _run(device_engine.chat("Tell me about llamas.", params))
         assert got == expected and stats.generated_tokens > 1
-        assert max(calls) == GREEDY_AHEAD and sum(calls) >= stats.generated_tokens - 1
+        assert 1 < max(calls) <= GREEDY_AHEAD and sum(calls) >= stats.generated_tokens - 1
         assert runtime.sequence_length == len(device_engine._kv_ids) == runtime.kv_sequence_length()
         # sampling with a temperature still goes through the host's sampler
         calls.clear()

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.inference.pipelines.cuda_kernels import launch, prim_func_pass
+from app.inference.pipelines.cuda_rope_append import FUSED_ATTR
 from app.inference.pipelines.tir_facts import static_int
 
 #: the PrimFunc TVM's paged KV cache uses for decode attention (no sliding window)
@@ -84,8 +85,8 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     if names[:9] != ["Q", "pages", "page_table_indptr", "page_table_values", "length_info",
                      "k_rope_pos_offset", "q_rope_position", "output", "lse"] or len(names) != 13:
         return None
-    q, pages, indptr, values, length_info, _k_off, _q_pos, output, lse = func.params[:9]
-    rotary_mode, _rope_scale, _rope_theta, sm_scale = func.params[9:]
+    q, pages, indptr, values, length_info, _k_off, q_pos, output, lse = func.params[:9]
+    rotary_mode, rope_scale, rope_theta, sm_scale = func.params[9:]
     if (str(q.dtype) != "float16" or str(pages.dtype) != "float16" or len(pages.shape) != 5
             or len(q.shape) != 3 or len(length_info.shape) != 1):
         return None
@@ -101,9 +102,15 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
 
     at = _address
     flag = "true" if cluster else "false"
-    name = f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}, {warps}, {flag}>"
+    fused = func.attrs is not None and bool(func.attrs.get(FUSED_ATTR, False))
+    if fused and not cluster:
+        return None  # the fused RoPE and append were run with the cluster kernel only (sm_90)
+    extra = ", true" if fused else ""
+    name = (f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}, {warps}, "
+            f"{flag}{extra}>")
     call = tirx.call_extern("int32", name, at(q), at(pages), at(indptr), at(values), at(length_info),
-                            at(output), at(lse), sm_scale, batch, rotary_mode)
+                            at(output), at(lse), sm_scale, batch, rotary_mode, at(q_pos),
+                            tirx.Cast("float32", rope_scale), tirx.Cast("float32", rope_theta))
     grid: dict[str, Any] = {"blockIdx.x": chunks, "blockIdx.y": h_qo // per_block, "blockIdx.z": batch}
     if cluster:
         grid["clusterCtaIdx.x"] = chunks  # TVM's runtime launches (chunks, 1, 1) clusters

@@ -14,7 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from app.inference.pipelines.cuda_gemv import Q4MatmulMatch, match_q4_operands
-from app.inference.pipelines.cuda_kernels import KernelRule, epilogue_mode, launch, matmul_call
+from app.inference.pipelines.cuda_kernels import (
+    KernelRule,
+    epilogue_mode,
+    launch,
+    matmul_call,
+    record_flag,
+    records_qkv,
+)
 from app.inference.pipelines.tir_facts import root_blocks, static_int, static_shape
 from app.inference.quantization.base import DEQUANTIZE_STAGE, FORMAT_ANNOTATION
 
@@ -69,7 +76,8 @@ def build_gemm_func(func: Any, m: Q4MatmulMatch) -> Any:
     mode = epilogue_mode(m.out, m.residual)
     tile_m = tile_rows(m.out_features)
     name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {tile_m}, {mode}, "
-            f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}>")
+            f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
+            f"{record_flag(records_qkv(func))}>")
     rows = tirx.Cast("int32", m.x.shape[1])
     call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, m.out, rows)
     grid = {"blockIdx.x": m.out_features // TILE_N,

@@ -17,7 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.inference.pipelines.cuda_kernels import KernelRule, epilogue_mode, launch, matmul_call
+from app.inference.pipelines.cuda_kernels import (
+    KernelRule,
+    epilogue_mode,
+    launch,
+    matmul_call,
+    record_flag,
+    records_qkv,
+)
 from app.inference.pipelines.tir_facts import root_blocks, static_shape
 from app.inference.quantization.base import FORMAT_ANNOTATION
 
@@ -148,11 +155,13 @@ def match_q4_operands(func: Any, main: Any, epilogue: list[Any], x: Any, weight:
     return roles
 
 
-def gemv_launch(m: Q4MatmulMatch, layout: GemvLayout, mode: int, out: Any) -> Any:
+def gemv_launch(m: Q4MatmulMatch, layout: GemvLayout, mode: int, out: Any, record: bool = False) -> Any:
     """The TIR launch of ``llmchat::q4f16_gemv`` for the matmul ``m`` in epilogue ``mode``,
-    writing ``out`` (``m.out``, or a narrower buffer for a mode that writes fewer values)."""
+    writing ``out`` (``m.out``, or a narrower buffer for a mode that writes fewer values);
+    ``record``: the kernel records ``out`` as the layer's fused q/k/v projection."""
     name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
-            f"{mode}, {'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}>")
+            f"{mode}, {'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
+            f"{record_flag(record)}>")
     call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, out)
     grid = {"blockIdx.x": layout.blocks(m.out_features)}
     return launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": layout.warps_per_block})
@@ -160,7 +169,7 @@ def gemv_launch(m: Q4MatmulMatch, layout: GemvLayout, mode: int, out: Any) -> An
 
 def build_kernel_func(func: Any, m: Q4MatmulMatch, layout: GemvLayout) -> Any:
     """``func`` with its body replaced by a launch of ``llmchat::q4f16_gemv``."""
-    return func.with_body(gemv_launch(m, layout, epilogue_mode(m.out, m.residual), m.out))
+    return func.with_body(gemv_launch(m, layout, epilogue_mode(m.out, m.residual), m.out, records_qkv(func)))
 
 
 class CudaQ4Gemv(KernelRule):

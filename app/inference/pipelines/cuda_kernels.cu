@@ -22,6 +22,11 @@
 
 namespace llmchat {
 
+// The fused q/k/v projection of the current layer, recorded by the matmul that computes it (RECORD)
+// for the decode attention, which then applies RoPE and appends the new key and value itself when
+// one token is decoded (FUSED, see section 2 and cuda_rope_append.py).
+__device__ const half* fused_qkv_src = nullptr;
+
 __device__ __forceinline__ uint4 ld_stream_v4(const uint32_t* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -77,13 +82,17 @@ __device__ __forceinline__ half2 dot8(uint32_t w, const half2 p[4], half2 acc) {
 // the cast (out = half(sum + b)).
 // SPLIT warps of a block share R rows, each taking every SPLIT-th step of the row (more loads in
 // flight for layers with few rows and long ones); their sums meet in shared memory.
-template <int K, int N, int R, int SPLIT, int MODE, bool BIAS, typename OutT>
+// RECORD: store `out` in fused_qkv_src (the layer's fused q/k/v projection).
+template <int K, int N, int R, int SPLIT, int MODE, bool BIAS, typename OutT, bool RECORD = false>
 __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uint32_t* __restrict__ w,
                                            const half* __restrict__ scale,
                                            const half* __restrict__ bias,
                                            const half* __restrict__ residual,
                                            OutT* __restrict__ out) {
   static_assert(K % 32 == 0, "K must be a multiple of the group size");
+  if constexpr (RECORD) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) fused_qkv_src = out;
+  }
   constexpr int GROUPS = K / 32;
   constexpr int WORDS = K / 8;
   const int lane = threadIdx.x;
@@ -216,13 +225,19 @@ __device__ __forceinline__ void merge_state(float& m, float& d, float* o, float 
   m = mm;
 }
 
-template <int H_QO, int H_KV, int D, int PAGE, int NC, int GH, int WARPS, bool CLUSTER>
+// FUSED: for one decoded token (batch == 1) TVM's KV cache skips its split-rotary and append
+// kernels (cuda_rope_append.py); the kernel reads q, k and v of the token from the layer's fused
+// projection (fused_qkv_src), applies RoPE as TVM's split-rotary kernel does (float32, rounded to
+// half; each block rotates its query heads and the key once, one dim per thread, in shared memory),
+// uses the new key and value for the last position and writes them to their page slot.
+template <int H_QO, int H_KV, int D, int PAGE, int NC, int GH, int WARPS, bool CLUSTER, bool FUSED = false>
 __device__ __forceinline__ void decode_attention(const half* __restrict__ q, const half* __restrict__ pages,
                                                  const int* __restrict__ indptr,
                                                  const int* __restrict__ values,
                                                  const int* __restrict__ last_len, half* __restrict__ out,
                                                  float* __restrict__ lse, float sm_scale, int batch,
-                                                 int rotary_mode) {
+                                                 int rotary_mode, const int* __restrict__ q_pos = nullptr,
+                                                 float rope_scale = 1.f, float rope_theta = 1e4f) {
   constexpr int GROUP = H_QO / H_KV;  // query heads per kv head
   constexpr int BLOCKS_PER_SEQ = H_QO / GH;
   static_assert(GROUP % GH == 0, "a block's query heads share one kv head");
@@ -249,10 +264,40 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   const int start = c * chunk;
   const int end = min(len, start + chunk);
 
+  // one decoded token with FUSED: q, k, v from the fused projection, RoPE here, k and v appended here
+  const bool fused = FUSED && batch == 1;
+  uint4 k_new = make_uint4(0u, 0u, 0u, 0u), v_new = k_new;
+  __shared__ __align__(16) half rope_qk[FUSED ? GH + 1 : 1][FUSED ? D : 8];  // rotated q heads, then k
+  if constexpr (FUSED) {
+    if (fused) {
+      const half* qkv = fused_qkv_src;
+      const float s = (float)q_pos[0] * rope_scale;
+      for (int i = warp * 32 + lane; i < (GH + 1) * D; i += WARPS * 32) {
+        const int row = i / D, dim = i % D;
+        const half* x = qkv + (size_t)(row < GH ? head0 + row : H_QO + kvh) * D;
+        const float freq = s / powf(rope_theta, (float)((dim * 2) % D) / (float)D);
+        float sn, cs;
+        sincosf(freq, &sn, &cs);
+        const float rot = dim < D / 2 ? -__half2float(x[dim + D / 2]) : __half2float(x[dim - D / 2]);
+        rope_qk[row][dim] = __float2half_rn(cs * __half2float(x[dim]) + sn * rot);
+      }
+      __syncthreads();
+      k_new = *reinterpret_cast<const uint4*>(&rope_qk[GH][sub * 8]);
+      v_new = *reinterpret_cast<const uint4*>(qkv + (size_t)(H_QO + H_KV + kvh) * D + sub * 8);
+      if (c == 0 && head0 % GROUP == 0 && warp == 0 && slot == 0 && len > 0) {
+        const int p = len - 1;
+        half* kp = const_cast<half*>(pages) + (((size_t)values[pb + p / PAGE] * 2 * H_KV + kvh) * PAGE + p % PAGE) * D + sub * 8;
+        *reinterpret_cast<uint4*>(kp) = k_new;
+        *reinterpret_cast<uint4*>(kp + (size_t)H_KV * PAGE * D) = v_new;
+      }
+    }
+  }
   float qv[GH][8], m[GH], d[GH], o[GH][8];
 #pragma unroll
   for (int g = 0; g < GH; ++g) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(q + ((size_t)b * H_QO + head0 + g) * D + sub * 8);
+    const uint4 raw = FUSED && fused
+        ? *reinterpret_cast<const uint4*>(&rope_qk[FUSED ? g : 0][sub * 8])
+        : *reinterpret_cast<const uint4*>(q + ((size_t)b * H_QO + head0 + g) * D + sub * 8);
     const half2* h = reinterpret_cast<const half2*>(&raw);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -280,7 +325,10 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
 #pragma unroll
     for (int u = 0; u < UK; ++u) {
       const int k = base0 + u * WARPS * KPW + slot;
-      if (k < end) {
+      if (FUSED && fused && k == len - 1 && k < end) {  // the new token (its page slot is written above)
+        kr[u] = k_new;
+        vr[u] = v_new;
+      } else if (k < end) {
         const half* kp = pages + (((size_t)page[u] * 2 * H_KV + kvh) * PAGE + k % PAGE) * D + sub * 8;
         kr[u] = *reinterpret_cast<const uint4*>(kp);
         vr[u] = *reinterpret_cast<const uint4*>(kp + (size_t)H_KV * PAGE * D);
@@ -512,13 +560,18 @@ __device__ __forceinline__ void argmax_f32(const float* __restrict__ x, int* __r
 
 namespace llmchat {
 
-template <int K, int N, int BM, int MODE, bool BIAS, typename OutT>
+// RECORD: store `out` in fused_qkv_src (a prompt chunk's fused q/k/v projection: a one-token chunk
+// takes the decode attention).
+template <int K, int N, int BM, int MODE, bool BIAS, typename OutT, bool RECORD = false>
 __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uint32_t* __restrict__ w,
                                            const half* __restrict__ scale,
                                            const half* __restrict__ bias,
                                            const half* __restrict__ residual,
                                            OutT* __restrict__ out, int M) {
   using namespace nvcuda;
+  if constexpr (RECORD) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) fused_qkv_src = out;
+  }
   static_assert(K % 32 == 0 && N % 64 == 0, "tiles: K by 32, N by 64");
   static_assert(BM == 64 || BM == 128, "block rows: 64 or 128");
   constexpr int SG = (K % 64 == 0) ? 2 : 1;  // q4 groups per step

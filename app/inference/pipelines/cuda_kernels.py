@@ -42,6 +42,21 @@ def launch(call: Any, grid: dict[str, Any], block: dict[str, int]) -> Any:
     return body
 
 
+#: PrimFunc attribute: the matmul computes a layer's fused q/k/v projection and records its output
+#: for the decode attention (``RECORD`` of the matmul kernels; :mod:`.cuda_rope_append`)
+RECORD_QKV_ATTR = "llmchat.record_qkv"
+
+
+def records_qkv(func: Any) -> bool:
+    """Whether ``func`` is marked with :data:`RECORD_QKV_ATTR`."""
+    return bool(func.attrs is not None and func.attrs.get(RECORD_QKV_ATTR, False))
+
+
+def record_flag(record: bool) -> str:
+    """The extra template argument of a matmul kernel that records its output (none otherwise)."""
+    return ", true" if record else ""
+
+
 def epilogue_mode(out: Any, residual: Any | None) -> int:
     """The kernels' MODE: 0 float32 output, 1 float16 output, 2 float16 output + residual."""
     if residual is not None:

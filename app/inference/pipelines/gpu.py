@@ -14,7 +14,9 @@ ROCm, Vulkan and Metal), plus:
   reduction. Used on CUDA (see ``use_llmchat_gemv``); rows it cannot tile go to dlight's GEMV.
 - on CUDA, llmchat's hand-written kernels (``cuda_kernels.cu``) in place of TVM's for the decode
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
-  decode and prompt attention and the greedy argmax, each chosen by GPU generation.
+  decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
+  and appends it to the KV cache: ``cuda_rope_append``) and the greedy argmax, each chosen by GPU
+  generation.
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
@@ -33,6 +35,7 @@ from app.inference.pipelines.cuda_attention import prefill_attention_pass, split
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
+from app.inference.pipelines.cuda_rope_append import mark_rope_append_pass, skip_single_token_pass
 from app.inference.pipelines.cuda_silu_gate import fuse_silu_gate_pass
 from app.inference.pipelines.tir_facts import static_int
 
@@ -446,6 +449,14 @@ def attention_passes(target: Any) -> list[Any]:
     return passes
 
 
+def fuse_rope_append(target: Any) -> bool:
+    """Whether a decoded token's RoPE and KV append move into the decode attention
+    (:mod:`.cuda_rope_append`): with llmchat's attention (its cluster kernel, sm_90) and matmul
+    kernels, which record the q/k/v projection it reads."""
+    return (use_cuda_attention(target) and max_cluster_size(target) > 0 and use_cuda_kernel_gemv(target)
+            and use_cuda_gemm(target))
+
+
 def schedule_rules(target: Any) -> list[Any]:
     """The dlight rules, in order, for ``target``."""
     from tvm.s_tir import dlight as dl
@@ -511,9 +522,11 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             *([fuse_silu_gate_pass()] if use_cuda_kernel_gemv(target) else []),
+            *([mark_rope_append_pass()] if fuse_rope_append(target) else []),
             fast_decode_pass(),
             *attention_passes(target),
             dl.ApplyDefaultSchedule(*schedule_rules(target)),
+            *([skip_single_token_pass()] if fuse_rope_append(target) else []),
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
         ]
