@@ -1,6 +1,7 @@
 // llmchat's hand-written CUDA kernels: decode GEMV (1), decode attention (2), greedy argmax (3),
-// prompt GEMM (4) and prompt attention (5); see cuda_gemv.py, cuda_attention.py, cuda_argmax.py,
-// cuda_gemm.py for the TIR functions that launch them.
+// prompt GEMM (4), prompt attention (5) and decode RMSNorm (6); see cuda_gemv.py,
+// cuda_attention.py, cuda_argmax.py, cuda_gemm.py, cuda_rms_norm.py for the TIR functions that
+// launch them.
 //
 // 1. Batch-1 dequantizing GEMV for MLC's q4f16_1 layout.
 //
@@ -862,6 +863,49 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
       lse[(size_t)(q_start + row) * H_QO + h] = l > 0.f ? m + log2f(l) : -5e4f;
     }
   }
+}
+
+}  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// 6. Decode RMSNorm of one row of K float16 values (cuda_rms_norm.py), as TVM's rms_norm kernel
+//    computes it: out = half(rsqrt(sum(x^2) / K + eps) * x * w) in float32. One block, a 16-byte
+//    load of x and of w per thread, one barrier (TVM's kernel: 1,024 threads, 2-byte loads, three).
+// ------------------------------------------------------------------------------------------------
+namespace llmchat {
+
+template <int K>
+__device__ __forceinline__ void rms_norm_row(const half* __restrict__ x, const half* __restrict__ w,
+                                             half* __restrict__ out, float eps) {
+  static_assert(K % 8 == 0 && K / 8 <= 1024, "8 values per thread, one block");
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  uint4 xv = make_uint4(0u, 0u, 0u, 0u), wv = xv;
+  if (t < K / 8) {
+    xv = *reinterpret_cast<const uint4*>(x + t * 8);
+    wv = *reinterpret_cast<const uint4*>(w + t * 8);
+  }
+  const half* xh = reinterpret_cast<const half*>(&xv);
+  float xf[8], ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    xf[j] = __half2float(xh[j]);
+    ss = fmaf(xf[j], xf[j], ss);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  __shared__ float part[32];
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < (int)(blockDim.x / 32); ++i) total += part[i];
+  if (t >= K / 8) return;
+  const float rs = rsqrtf(total / (float)K + eps);
+  const half* wh = reinterpret_cast<const half*>(&wv);
+  uint4 res;
+  half* r = reinterpret_cast<half*>(&res);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) r[j] = __float2half_rn((rs * xf[j]) * __half2float(wh[j]));
+  *reinterpret_cast<uint4*>(out + t * 8) = res;
 }
 
 }  // namespace llmchat

@@ -15,8 +15,8 @@ ROCm, Vulkan and Metal), plus:
 - on CUDA, llmchat's hand-written kernels (``cuda_kernels.cu``) in place of TVM's for the decode
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
   decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
-  and appends it to the KV cache: ``cuda_rope_append``) and the greedy argmax, each chosen by GPU
-  generation.
+  and appends it to the KV cache: ``cuda_rope_append``), the decode RMSNorm and the greedy argmax,
+  each chosen by GPU generation.
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
@@ -35,6 +35,7 @@ from app.inference.pipelines.cuda_attention import prefill_attention_pass, split
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
+from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm
 from app.inference.pipelines.cuda_rope_append import mark_rope_append_pass, skip_single_token_pass
 from app.inference.pipelines.cuda_silu_gate import fuse_silu_gate_pass
 from app.inference.pipelines.tir_facts import static_int
@@ -467,7 +468,7 @@ def schedule_rules(target: Any) -> list[Any]:
     if use_cuda_gemm(target):
         first = [CudaQ4Gemm(), *first]
     if target.kind.name == "cuda":
-        first = [CudaArgmax(), *first]
+        first = [CudaArgmax(), CudaRmsNorm(), *first]
     return [
         *first,
         dl.gpu.Matmul(),
