@@ -13,6 +13,7 @@ from app.inference import cuda_support  # noqa: E402
 from app.inference.device_ops import argmax_te, has_device_argmax  # noqa: E402
 from app.inference.pipelines import cuda_attention, cuda_gemm, cuda_gemv, cuda_kernels, gpu  # noqa: E402
 from app.inference.pipelines.cuda_argmax import CudaArgmax  # noqa: E402
+from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm  # noqa: E402
 from app.inference.quantization import get_format  # noqa: E402
 from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
 
@@ -196,7 +197,7 @@ def test_cuda_rules_come_first_on_cuda_only(monkeypatch):
     monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
     monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
     kinds = [type(r) for r in gpu.schedule_rules(cuda)]
-    assert kinds[:4] == [CudaArgmax, cuda_gemm.CudaQ4Gemm, cuda_gemv.CudaQ4Gemv, gpu.DecodeGEMV]
+    assert kinds[:5] == [CudaArgmax, CudaRmsNorm, cuda_gemm.CudaQ4Gemm, cuda_gemv.CudaQ4Gemv, gpu.DecodeGEMV]
     assert gpu.use_cuda_attention(cuda)
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "llmchat")
     assert cuda_gemv.CudaQ4Gemv not in [type(r) for r in gpu.schedule_rules(cuda)]

@@ -265,6 +265,36 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   const int start = c * chunk;
   const int end = min(len, start + chunk);
 
+  // steps per batch: their page lookups and K/V loads are all in flight together (registers: fine
+  // for GH <= 2 query heads per block)
+  constexpr int UK = 4;
+  static_assert(GH <= 2, "more query heads per block need fewer steps per batch");
+  constexpr int BATCH = UK * WARPS * KPW;  // keys per batch of the block
+  uint4 kr[UK], vr[UK];
+  auto load_batch = [&](int base0) {
+    int page[UK];
+#pragma unroll
+    for (int u = 0; u < UK; ++u) {
+      const int k = base0 + u * WARPS * KPW + slot;
+      page[u] = k < end ? values[pb + k / PAGE] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < UK; ++u) {
+      const int k = base0 + u * WARPS * KPW + slot;
+      if (k < end) {
+        const half* kp = pages + (((size_t)page[u] * 2 * H_KV + kvh) * PAGE + k % PAGE) * D + sub * 8;
+        kr[u] = *reinterpret_cast<const uint4*>(kp);
+        vr[u] = *reinterpret_cast<const uint4*>(kp + (size_t)H_KV * PAGE * D);
+      } else {
+        kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  // the first batch's loads go out before the query (and FUSED's RoPE and barrier): their latency
+  // overlaps that work
+  const int first = start + warp * KPW;
+  if (first < end) load_batch(first);
+
   // one decoded token with FUSED: q, k, v from the fused projection, RoPE here, k and v appended here
   const bool fused = FUSED && batch == 1;
   uint4 k_new = make_uint4(0u, 0u, 0u, 0u), v_new = k_new;
@@ -311,30 +341,17 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[g][j] = 0.f;
   }
-  // steps per batch: their page lookups and K/V loads are all in flight together (registers: fine
-  // for GH <= 2 query heads per block)
-  constexpr int UK = 4;
-  static_assert(GH <= 2, "more query heads per block need fewer steps per batch");
-  for (int base0 = start + warp * KPW; base0 < end; base0 += UK * WARPS * KPW) {
-    int page[UK];
+  for (int base0 = first; base0 < end; base0 += BATCH) {
+    if constexpr (FUSED) {
+      if (fused) {
 #pragma unroll
-    for (int u = 0; u < UK; ++u) {
-      const int k = base0 + u * WARPS * KPW + slot;
-      page[u] = k < end ? values[pb + k / PAGE] : 0;
-    }
-    uint4 kr[UK], vr[UK];
-#pragma unroll
-    for (int u = 0; u < UK; ++u) {
-      const int k = base0 + u * WARPS * KPW + slot;
-      if (FUSED && fused && k == len - 1 && k < end) {  // the new token (its page slot is written above)
-        kr[u] = k_new;
-        vr[u] = v_new;
-      } else if (k < end) {
-        const half* kp = pages + (((size_t)page[u] * 2 * H_KV + kvh) * PAGE + k % PAGE) * D + sub * 8;
-        kr[u] = *reinterpret_cast<const uint4*>(kp);
-        vr[u] = *reinterpret_cast<const uint4*>(kp + (size_t)H_KV * PAGE * D);
-      } else {
-        kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+        for (int u = 0; u < UK; ++u) {
+          const int k = base0 + u * WARPS * KPW + slot;
+          if (k == len - 1 && k < end) {  // the new token (the block with c == 0 writes its page slot)
+            kr[u] = k_new;
+            vr[u] = v_new;
+          }
+        }
       }
     }
 #pragma unroll
@@ -365,6 +382,7 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
         m[g] = mm;
       }
     }
+    if (base0 + BATCH < end) load_batch(base0 + BATCH);
   }
   // combine the key slots of a warp, then the warps
 #pragma unroll
