@@ -137,9 +137,22 @@ def _check_device_argmax(engine: Any, steps: int) -> dict[str, Any] | None:
         ahead_tokens += rt.decode_greedy_ahead(token, min(8, steps - len(ahead_tokens)))
         token = ahead_tokens[-1]
     rt.clear()
+    # the chat's path: generation's batches, the next queued before one is read
+    import threading
+
+    from app.inference.api import SamplingParams
+    from app.inference.generation import GenerationResult, generate
+
+    result = GenerationResult()
+    for _ in generate(rt, [1], SamplingParams(temperature=0.0, max_tokens=steps + 1), kv_ids=[],
+                      cancel=threading.Event(), result=result):
+        pass
+    rt.clear()
     equal = sum(a == b for a, b in zip(device_tokens, host_tokens, strict=True))
     ahead_equal = sum(a == b for a, b in zip(ahead_tokens, host_tokens, strict=True))
-    return {"steps": steps, "tokens_equal": equal, "ahead_tokens_equal": ahead_equal}
+    pipelined_equal = sum(a == b for a, b in zip(result.token_ids[1:], host_tokens, strict=True))
+    return {"steps": steps, "tokens_equal": equal, "ahead_tokens_equal": ahead_equal,
+            "generation_tokens_equal": pipelined_equal}
 
 
 def _bench_engine(engine: Any, gen: int, prompt: int, repeats: int) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 Per generated token the Python work is one sample, one detokenizer push and one stop-string
 check; everything else is set up once per reply. Greedy decoding with the library's argmax runs
-several steps per call (as many as take :data:`AHEAD_BURST_S`), the token ids fed back on the
-device, and rolls back what a stop condition leaves unused.
+batches of steps (as many as take :data:`AHEAD_BURST_S`), the token ids fed back on the device;
+the next batch is queued before one is read, and what a stop condition leaves unused is rolled
+back.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from app.inference.api import ReplyStats, SamplingParams, TextDelta
@@ -77,6 +78,8 @@ def generate(
     device_greedy = sampler.is_plain_greedy and runtime.has_device_argmax
     ahead: deque[int] = deque()
     ahead_steps = min(greedy_ahead, FIRST_AHEAD)
+    queued: tuple[int, Callable[[], list[int]]] | None = None  # a batch queued on the device, unread
+    t_batch = 0.0
     next_token: int | None = None
     t_start = time.perf_counter()
     logits = runtime.prefill(list(new_ids))
@@ -109,24 +112,41 @@ def generate(
             if cancel.is_set():
                 finish = "cancelled"
                 break
-            if runtime.sequence_length - len(ahead) + 1 > context_window:
+            unused = len(ahead) + (queued[0] if queued else 0)  # decoded ahead, in the KV cache
+            if runtime.sequence_length - unused + 1 > context_window:
                 finish = "context"
                 break
             if device_greedy:
                 if not ahead:
-                    steps = max(1, min(ahead_steps, max_tokens - len(generated),
-                                       context_window - runtime.sequence_length))
-                    t_call = time.perf_counter()
-                    ahead.extend(runtime.decode_greedy_ahead(token, steps))
-                    step_s = (time.perf_counter() - t_call) / steps
-                    ahead_steps = max(1, min(greedy_ahead, int(AHEAD_BURST_S / max(step_s, 1e-6))))
+                    if queued is None:
+                        steps = max(1, min(ahead_steps, max_tokens - len(generated),
+                                           context_window - runtime.sequence_length))
+                        queued = (steps, runtime.start_greedy_ahead(token, steps))
+                        t_batch = time.perf_counter()
+                    steps, wait = queued
+                    ids = wait()
+                    queued = None
+                    now = time.perf_counter()
+                    per_step = max(now - t_batch, 1e-6) / steps
+                    ahead_steps = max(1, min(greedy_ahead, int(AHEAD_BURST_S / per_step)))
+                    t_batch = now
+                    # the next batch goes into the queue before this one is used: the GPU keeps working
+                    more = min(ahead_steps, max_tokens - len(generated) - len(ids),
+                               context_window - runtime.sequence_length)
+                    if more > 0:
+                        queued = (more, runtime.start_greedy_ahead(None, more))
+                    ahead.extend(ids)
                 next_token = ahead.popleft()
             else:
                 logits = runtime.decode(token)
             kv_ids.append(token)
     finally:  # decoded past the end of the reply (or closed early): roll the unused steps back
-        if ahead:
-            runtime.popn(len(ahead))
+        unused = len(ahead)
+        if queued is not None:
+            queued[1]()  # its steps are in the KV cache once they have run
+            unused += queued[0]
+        if unused:
+            runtime.popn(unused)
     stats.decode_s = time.perf_counter() - t_prefilled
     if stream is not None and not stopped_by_string:
         tail = matcher.push(stream.flush())[0] + matcher.flush()

@@ -8,7 +8,7 @@ One sequence (id 0) holds the conversation.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,10 @@ from app.errors import LlmchatError
 
 PAGE_SIZE = 16
 SEQ_ID = 0
+#: DLPack's device type of CUDA GPUs
+CUDA_DEVICE_TYPE = 2
+#: token ids one greedy call gathers on the device before they are copied back (more: grown)
+PICKED_CAPACITY = 64
 
 
 def _configure_cpu_threads(device: Any) -> None:
@@ -114,8 +118,9 @@ class ModelRuntime:
         self._decode_shape = ShapeTuple([1, 1, hidden_size])
         self._ids1 = np.zeros(1, dtype=np.int32)
         self._ids1_dev = tvm.runtime.empty((1,), "int32", device)  # decode's input, reused every step
-        self._last_pick: tuple[int, Any] | None = None  # decode_greedy_ahead's last (id, device id)
+        self._last_pick: tuple[int | None, Any] | None = None  # the last greedy pick: (id, device id)
         self._picked: Any = None  # decode_greedy_ahead's ids, gathered on the device: one copy back
+        self._readbacks: list[Any] | None = None  # pinned host buffers for them (CUDA)
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
 
@@ -212,39 +217,82 @@ class ModelRuntime:
     def decode_greedy_ahead(self, token: int, steps: int) -> list[int]:
         """Append ``token`` and the greedy tokens after it, ``steps`` decode steps in all; the
         ``steps`` greedy tokens (the last one not appended yet, as with :meth:`decode_greedy`).
+        A caller that stops early rolls the tokens it did not use back with :meth:`popn`."""
+        return self.start_greedy_ahead(token, steps)()
+
+    def start_greedy_ahead(self, token: int | None, steps: int) -> Callable[[], list[int]]:
+        """Queue the steps of :meth:`decode_greedy_ahead` and return at once a function that waits
+        for their token ids; ``token=None`` continues after the previous call's last token, which
+        may still be on its way (so a caller can queue the next batch before reading this one).
 
         With :attr:`has_device_argmax` every step's token id goes from the library's argmax
-        straight into the next step's embedding, on the device, and the ids cross to the host
-        once, after the last step (gathered into one buffer on the device: one copy): the GPU
-        does not wait for the host between the steps (it waits once per call, not per token).
-        A caller that stops early rolls the tokens it did not use back with :meth:`popn`."""
+        straight into the next step's embedding, on the device; the ids are gathered into one
+        device buffer and copied to the host once per call, on CUDA behind the queued work
+        (:class:`~app.inference.cuda_readback.PinnedReadback`): the GPU does not wait for the
+        host between steps, nor between calls when the next one is queued before the wait."""
         if steps < 1:
             raise ValueError("decode_greedy_ahead needs at least one step")
         if self._length + steps > self.context_window:
             raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
                                "start a new conversation")
-        if self._f_argmax is None:
+        if token is None and self._last_pick is None:
+            raise ValueError("start_greedy_ahead(None) needs an earlier call to continue from")
+        if self._f_argmax is None:  # the host's argmax, one step at a time
+            token = self._last_pick[0] if token is None else token
             out = []
             for _ in range(steps):
                 token = self.decode_greedy(token)
                 out.append(token)
-            return out
+            self._last_pick = (token, None)
+            return lambda: out
         import tvm
 
-        if self._last_pick is not None and self._last_pick[0] == token:
+        if token is None or (self._last_pick[0] == token if self._last_pick else False):
             ids = self._last_pick[1]  # the previous call's last pick, still on the device
         else:
             self._ids1[0] = token
             self._ids1_dev.copyfrom(self._ids1)
             ids = self._ids1_dev
         if self._picked is None or self._picked.shape[0] < steps:
-            self._picked = tvm.runtime.empty((steps,), "int32", self.device)
+            self._picked = tvm.runtime.empty((max(steps, PICKED_CAPACITY),), "int32", self.device)
         for i in range(steps):
             ids = self._f_argmax(self._decode_device_id(ids))
             ids.copyto(self._picked._create_view((1,), "int32", 4 * i))  # on the device, in order
-        tokens = [int(t) for t in self._picked._create_view((steps,), "int32", 0).numpy()]
-        self._last_pick = (tokens[-1], ids)  # the next call starts from it on the device
-        return tokens
+        last = ids
+        self._last_pick = (None, last)  # its value is known once the ids are read
+        readback = self._readback(steps)
+
+        def wait() -> list[int]:
+            if readback is not None:
+                tokens = readback.result()
+            else:
+                tokens = [int(t) for t in self._picked._create_view((steps,), "int32", 0).numpy()]
+            if self._last_pick is not None and self._last_pick[1] is last:
+                self._last_pick = (tokens[-1], last)
+            return tokens
+
+        if readback is not None:
+            readback.start(self._picked, steps)
+        return wait
+
+    def _readback(self, steps: int) -> Any:
+        """The next of two pinned readback buffers on CUDA (None elsewhere, or where the CUDA
+        runtime does not offer them: the ids are then read with a synchronous copy)."""
+        if self.device.dlpack_device_type() != CUDA_DEVICE_TYPE or steps > PICKED_CAPACITY:
+            return None
+        if self._readbacks is None:
+            try:
+                from app.inference.cuda_readback import PinnedReadback
+                from app.inference.cuda_support import load_cudart
+
+                cudart = load_cudart()
+                self._readbacks = [PinnedReadback(cudart, PICKED_CAPACITY) for _ in range(2)]
+            except Exception:  # no pinned memory: synchronous copies still work
+                self._readbacks = []
+        if not self._readbacks:
+            return None
+        self._readbacks.reverse()  # alternate: one batch may be in flight while the other is read
+        return self._readbacks[0]
 
     # -- memory ----------------------------------------------------------------------------
     def memory_in_use_bytes(self) -> int:
@@ -257,3 +305,6 @@ class ModelRuntime:
         self.kv = None
         self.vm = None
         self._f_embed = self._f_prefill = self._f_decode = self._f_argmax = None
+        for readback in self._readbacks or []:
+            readback.close()
+        self._readbacks = None

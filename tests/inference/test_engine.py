@@ -236,10 +236,10 @@ def test_default_context_window_fits_gpu_memory():
 
 def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, tmp_path, monkeypatch):
     """Libraries for CUDA export ``argmax`` and greedy decoding then feeds each token id to the
-    next step on the device, several steps per call. Built here for the CPU (the export switched
-    on, its own cache directory): the reply is the same as through the host's argmax, the steps
-    went through decode_greedy_ahead, and a reply that stops inside a batch of steps (stop token,
-    stop string, cancel, consumer gone) leaves the KV cache holding exactly the conversation."""
+    next step on the device, in batches, the next queued before one is read. Built here for the
+    CPU (the export switched on, its own cache directory): the reply is the same as through the
+    host's argmax, the steps went through start_greedy_ahead, and a reply that stops inside a
+    batch (stop token, cancel, reader gone) leaves the KV cache holding exactly the conversation."""
     import app.inference.models.llama as llama_module
     from app.inference.generation import GREEDY_AHEAD, GenerationResult, generate
 
@@ -249,16 +249,24 @@ def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, 
     try:
         runtime = device_engine.runtime
         assert runtime.has_device_argmax and not tiny_engine.runtime.has_device_argmax
-        calls = []
-        ahead = runtime.decode_greedy_ahead
-        monkeypatch.setattr(runtime, "decode_greedy_ahead",
-                            lambda token, steps: calls.append(steps) or ahead(token, steps))
+        calls, starts = [], []
+        start = runtime.start_greedy_ahead
+
+        def counted_start(token, steps):
+            calls.append(steps)
+            starts.append(token)
+            return start(token, steps)
+
+        monkeypatch.setattr(runtime, "start_greedy_ahead", counted_start)
         params = SamplingParams(temperature=0.0, max_tokens=2 * GREEDY_AHEAD + 3)
         tiny_engine.reset()
         expected, _, _ = _run(tiny_engine.chat("Tell me about llamas.", params))
         got, stats, _ = _run(device_engine.chat("Tell me about llamas.", params))
         assert got == expected and stats.generated_tokens > 1
         assert 1 < max(calls) <= GREEDY_AHEAD and sum(calls) >= stats.generated_tokens - 1
+        # the first batch starts from the prompt's token, the next ones from the device's last pick
+        # (queued before the previous batch's ids are read)
+        assert starts[0] is not None and len(starts) > 1 and all(t is None for t in starts[1:])
         assert runtime.sequence_length == len(device_engine._kv_ids) == runtime.kv_sequence_length()
         # sampling with a temperature still goes through the host's sampler
         calls.clear()
