@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from app.inference.pipelines.cuda_kernels import KernelRule, launch
-from app.inference.pipelines.tir_facts import static_shape
+from app.inference.pipelines.tir_facts import bare_prim_func, float_constants, static_shape
 
 #: largest row: 8 values per thread, one block of at most 1,024 threads
 MAX_K = 8192
@@ -36,19 +36,6 @@ def reference_rms_norm(k: int, eps: float) -> Any:
     return next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
 
 
-def _bare(func: Any) -> Any:
-    from tvm import tirx
-
-    return tirx.PrimFunc(func.params, func.body)
-
-
-def _float_constants(func: Any) -> set[float]:
-    import tvm_ffi
-    from tvm.ir.prim import FloatImm
-
-    found: set[float] = set()
-    tvm_ffi.structural_walk(func.body, [(FloatImm, lambda node: found.add(float(node.value)))])
-    return found
 
 
 def match_rms_norm(func: Any) -> tuple[int, float] | None:
@@ -67,8 +54,8 @@ def match_rms_norm(func: Any) -> tuple[int, float] | None:
     k = xs[2]
     if k % 8 or k > MAX_K:
         return None
-    for eps in sorted(_float_constants(func)):
-        if tvm_ffi.structural_equal(_bare(func), _bare(reference_rms_norm(k, eps))):
+    for eps in sorted(float_constants(func)):
+        if tvm_ffi.structural_equal(bare_prim_func(func), bare_prim_func(reference_rms_norm(k, eps))):
             return k, eps
     return None
 

@@ -26,7 +26,7 @@ from typing import Any
 from app.inference.pipelines.cuda_gemm import match_q4f16_gemm
 from app.inference.pipelines.cuda_gemv import choose_layout, match_q4f16_gemv
 from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR, prim_func_pass
-from app.inference.pipelines.tir_facts import root_blocks, static_int
+from app.inference.pipelines.tir_facts import bare_prim_func, float_constants, root_blocks, static_int
 
 #: PrimFunc attribute of the decode attention: llmchat's kernel does RoPE and the append itself
 FUSED_ATTR = "llmchat.fused_rope_append"
@@ -44,20 +44,6 @@ ROPE_MODE_ARG = 8
 ROPE_NORMAL = 1
 
 
-def _bare(func: Any) -> Any:
-    from tvm import tirx
-
-    return tirx.PrimFunc(func.params, func.body)
-
-
-def _float_constants(func: Any) -> set[float]:
-    """The values of the float constants in ``func``'s body."""
-    import tvm_ffi
-    from tvm.ir.prim import FloatImm
-
-    found: set[float] = set()
-    tvm_ffi.structural_walk(func.body, [(FloatImm, lambda node: found.add(float(node.value)))])
-    return found
 
 
 def is_default_rope(func: Any) -> bool:
@@ -74,9 +60,9 @@ def is_default_rope(func: Any) -> bool:
     h_q, h_kv, d = static_int(q.shape[1]), static_int(k.shape[1]), static_int(q.shape[2])
     if None in (h_q, h_kv, d) or d % 16:
         return False
-    for theta in _float_constants(func):
+    for theta in float_constants(func):
         ref = llama_rope_with_position_map(theta, 1.0, d, h_q, h_kv, str(qkv.dtype), {}, d)
-        if tvm_ffi.structural_equal(_bare(func), _bare(ref)):
+        if tvm_ffi.structural_equal(bare_prim_func(func), bare_prim_func(ref)):
             return True
     return False
 
@@ -95,7 +81,7 @@ def is_plain_append(func: Any) -> bool:
     if None in (h_kv, page, d):
         return False
     ref = _kv_cache_transpose_append(h_kv, d, str(pages.dtype), page)
-    return bool(tvm_ffi.structural_equal(_bare(func), _bare(ref)))
+    return bool(tvm_ffi.structural_equal(bare_prim_func(func), bare_prim_func(ref)))
 
 
 def _packed_call(value: Any, name: str) -> list[Any] | None:

@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from app.inference.pipelines.cuda_gemv import choose_layout, gemv_launch, match_q4f16_gemv
-from app.inference.pipelines.tir_facts import static_shape
+from app.inference.pipelines.tir_facts import bare_prim_func, static_shape
 
 #: how TVM's FuseOps names the kernel of ``silu(split(x)[0]) * split(x)[1]``
 SILU_GATE_PREFIX = "fused_split_silu_multiply"
@@ -46,11 +46,6 @@ def reference_silu_gate(n: int) -> Any:
     return next(f for gv, f in mod.functions.items() if gv.name_hint.startswith(SILU_GATE_PREFIX))
 
 
-def _bare(func: Any) -> Any:
-    from tvm import tirx
-
-    return tirx.PrimFunc(func.params, func.body)
-
 
 def silu_gate_width(name: str, func: Any) -> int | None:
     """``n`` when ``func`` (called ``name``) is TVM's split-silu-multiply of a float16
@@ -71,7 +66,8 @@ def silu_gate_width(name: str, func: Any) -> int | None:
     n = out_shape[2]
     if n == 0 or src_shape[2] != 2 * n:
         return None
-    return n if tvm_ffi.structural_equal(_bare(func), _bare(reference_silu_gate(n))) else None
+    same = tvm_ffi.structural_equal(bare_prim_func(func), bare_prim_func(reference_silu_gate(n)))
+    return n if same else None
 
 
 def silu_gate_func(gemv: Any, out: Any) -> Any | None:

@@ -31,3 +31,21 @@ def root_blocks(func: Any) -> list[Any]:
         return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     except Exception:  # no root block, or an unusual structure: not ours
         return []
+
+
+def bare_prim_func(func: Any) -> Any:
+    """``func``'s parameters and body without its attributes (for structural comparison with a
+    reference built by TVM's own passes)."""
+    from tvm import tirx
+
+    return tirx.PrimFunc(func.params, func.body)
+
+
+def float_constants(func: Any) -> set[float]:
+    """The values of the float constants in ``func``'s body."""
+    import tvm_ffi
+    from tvm.ir.prim import FloatImm
+
+    found: set[float] = set()
+    tvm_ffi.structural_walk(func.body, [(FloatImm, lambda node: found.add(float(node.value)))])
+    return found
