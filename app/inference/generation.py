@@ -26,8 +26,9 @@ from app.inference.tokenizer import StreamDecoder, Tokenizer
 GREEDY_AHEAD = 32
 #: how long one such batch of steps should last: the reply appears in bursts of this length (about
 #: a frame of a 30 Hz terminal), so fast GPUs batch many steps and slow ones one or two. H200,
-#: engine end to end, one round trip per token -> batches: Llama-2-7B shape 1,902 -> 1,672 us per
-#: token (8 steps per batch; 1,647 without any round trip), Qwen2.5-0.5B 852 -> 648
+#: engine end to end (BENCHMARKS.md): one round trip per token -> batches (runs 15 -> 16, the same
+#: kernels): Llama-2-7B shape 1,914 -> 1,857 us per token, Qwen2.5-0.5B 858 -> 807; the next batch
+#: queued before one is read (runs 19 -> 20): 0.5B 651 -> 647, 7B unchanged within spread
 AHEAD_BURST_S = 0.03
 #: steps of the first batch of a reply (before its step time is known)
 FIRST_AHEAD = 4
