@@ -34,6 +34,60 @@ AHEAD_BURST_S = 0.03
 FIRST_AHEAD = 4
 
 
+class GreedyBatches:
+    """Greedy tokens decoded on the device in batches: the library's argmax feeds each step's id
+    to the next step on the GPU, a batch lasts about :data:`AHEAD_BURST_S` (at most ``max_steps``
+    steps), and the next batch is queued before one is read, so the GPU does not wait for the
+    host. The steps decoded but not used stay in the KV cache until :meth:`rollback`."""
+
+    def __init__(self, runtime: ModelRuntime, max_steps: int) -> None:
+        self.runtime = runtime
+        self.max_steps = max(1, max_steps)
+        self.steps = min(self.max_steps, FIRST_AHEAD)  # the next batch's length
+        self.ahead: deque[int] = deque()  # decoded, read, not used yet
+        self.queued: tuple[int, Callable[[], list[int]]] | None = None  # queued, not read yet
+        self._t_batch = 0.0
+
+    @property
+    def unused(self) -> int:
+        """Steps in the KV cache that the reply has not used (yet)."""
+        return len(self.ahead) + (self.queued[0] if self.queued else 0)
+
+    def _room(self, tokens_left: int) -> int:
+        return min(self.steps, tokens_left, self.runtime.context_window - self.runtime.sequence_length)
+
+    def next(self, token: int, tokens_left: int) -> int:
+        """The greedy token after ``token`` (the last one the reply used); ``tokens_left``: how
+        many more the reply may still take, this one included."""
+        if not self.ahead:
+            if self.queued is None:
+                steps = max(1, self._room(tokens_left))
+                self.queued = (steps, self.runtime.start_greedy_ahead(token, steps))
+                self._t_batch = time.perf_counter()
+            steps, wait = self.queued
+            ids = wait()
+            self.queued = None
+            now = time.perf_counter()
+            per_step = max(now - self._t_batch, 1e-6) / steps
+            self.steps = max(1, min(self.max_steps, int(AHEAD_BURST_S / per_step)))
+            self._t_batch = now
+            more = self._room(tokens_left - len(ids))  # queued before this batch is used
+            if more > 0:
+                self.queued = (more, self.runtime.start_greedy_ahead(None, more))
+            self.ahead.extend(ids)
+        return self.ahead.popleft()
+
+    def rollback(self) -> None:
+        """Take the steps the reply did not use out of the KV cache (waits for a queued batch)."""
+        unused = self.unused
+        if self.queued is not None:
+            self.queued[1]()  # its steps are in the KV cache once they have run
+            self.queued = None
+        self.ahead.clear()
+        if unused:
+            self.runtime.popn(unused)
+
+
 @dataclass
 class GenerationResult:
     """What one generation produced (filled in while it runs)."""
@@ -74,13 +128,9 @@ def generate(
     max_tokens = max(1, int(params.max_tokens))
     context_window = runtime.context_window
 
-    # greedy decoding with a device-side argmax: only token ids cross to the host, several steps'
-    # worth at a time; ``ahead`` holds tokens decoded (and in the KV cache) but not yet used
+    # greedy decoding with a device-side argmax: only token ids cross to the host, in batches
     device_greedy = sampler.is_plain_greedy and runtime.has_device_argmax
-    ahead: deque[int] = deque()
-    ahead_steps = min(greedy_ahead, FIRST_AHEAD)
-    queued: tuple[int, Callable[[], list[int]]] | None = None  # a batch queued on the device, unread
-    t_batch = 0.0
+    batches = GreedyBatches(runtime, greedy_ahead) if device_greedy else None
     next_token: int | None = None
     t_start = time.perf_counter()
     logits = runtime.prefill(list(new_ids))
@@ -113,41 +163,18 @@ def generate(
             if cancel.is_set():
                 finish = "cancelled"
                 break
-            unused = len(ahead) + (queued[0] if queued else 0)  # decoded ahead, in the KV cache
+            unused = batches.unused if batches is not None else 0  # decoded ahead, in the KV cache
             if runtime.sequence_length - unused + 1 > context_window:
                 finish = "context"
                 break
-            if device_greedy:
-                if not ahead:
-                    if queued is None:
-                        steps = max(1, min(ahead_steps, max_tokens - len(generated),
-                                           context_window - runtime.sequence_length))
-                        queued = (steps, runtime.start_greedy_ahead(token, steps))
-                        t_batch = time.perf_counter()
-                    steps, wait = queued
-                    ids = wait()
-                    queued = None
-                    now = time.perf_counter()
-                    per_step = max(now - t_batch, 1e-6) / steps
-                    ahead_steps = max(1, min(greedy_ahead, int(AHEAD_BURST_S / per_step)))
-                    t_batch = now
-                    # the next batch goes into the queue before this one is used: the GPU keeps working
-                    more = min(ahead_steps, max_tokens - len(generated) - len(ids),
-                               context_window - runtime.sequence_length)
-                    if more > 0:
-                        queued = (more, runtime.start_greedy_ahead(None, more))
-                    ahead.extend(ids)
-                next_token = ahead.popleft()
+            if batches is not None:
+                next_token = batches.next(token, max_tokens - len(generated))
             else:
                 logits = runtime.decode(token)
             kv_ids.append(token)
     finally:  # decoded past the end of the reply (or closed early): roll the unused steps back
-        unused = len(ahead)
-        if queued is not None:
-            queued[1]()  # its steps are in the KV cache once they have run
-            unused += queued[0]
-        if unused:
-            runtime.popn(unused)
+        if batches is not None:
+            batches.rollback()
     stats.decode_s = time.perf_counter() - t_prefilled
     if stream is not None and not stopped_by_string:
         tail = matcher.push(stream.flush())[0] + matcher.flush()
