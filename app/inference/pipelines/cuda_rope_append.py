@@ -26,7 +26,13 @@ from typing import Any
 from app.inference.pipelines.cuda_gemm import match_q4f16_gemm
 from app.inference.pipelines.cuda_gemv import choose_layout, match_q4f16_gemv
 from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR, prim_func_pass
-from app.inference.pipelines.tir_facts import bare_prim_func, float_constants, root_blocks, static_int
+from app.inference.pipelines.tir_facts import (
+    bare_prim_func,
+    float_constants,
+    root_blocks,
+    static_int,
+    tir_call,
+)
 
 #: PrimFunc attribute of the decode attention: llmchat's kernel does RoPE and the append itself
 FUSED_ATTR = "llmchat.fused_rope_append"
@@ -98,15 +104,6 @@ def _packed_call(value: Any, name: str) -> list[Any] | None:
     return list(value.args[1:])
 
 
-def _tir_call(value: Any) -> tuple[Any, list[Any]] | None:
-    import tvm
-    from tvm import relax
-
-    if (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
-            and len(value.args) == 2):
-        return value.args[0], list(value.args[1].fields)
-    return None
-
 
 def _is_reshape(func: Any) -> bool:
     """Whether ``func`` only reshapes its one input (TVM's check, or FuseOps' chain of reshape
@@ -146,7 +143,7 @@ def _qkv_producers(mod: Any) -> set[Any] | None:
                 calls += 1
                 source = args[3] if len(args) == 4 else None
                 while True:  # through reshapes to the matmul
-                    call = _tir_call(values.get(source))
+                    call = tir_call(values.get(source))
                     if call is None:
                         return None
                     callee = mod[call[0]]

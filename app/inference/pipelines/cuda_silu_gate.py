@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from app.inference.pipelines.cuda_gemv import choose_layout, gemv_launch, match_q4f16_gemv
-from app.inference.pipelines.tir_facts import bare_prim_func, static_shape
+from app.inference.pipelines.tir_facts import bare_prim_func, static_shape, tir_call
 
 #: how TVM's FuseOps names the kernel of ``silu(split(x)[0]) * split(x)[1]``
 SILU_GATE_PREFIX = "fused_split_silu_multiply"
@@ -86,16 +86,6 @@ def silu_gate_func(gemv: Any, out: Any) -> Any | None:
         {"tirx.is_scheduled": True, "tirx.noalias": True})
 
 
-def _tir_call(value: Any) -> tuple[Any, list[Any]] | None:
-    """(callee, arguments) of a ``call_tir``, else None."""
-    import tvm
-    from tvm import relax
-
-    if (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
-            and len(value.args) == 2):
-        return value.args[0], list(value.args[1].fields)
-    return None
-
 
 def _fuse_block(block: Any, mod: Any, builder: Any, fused: dict[tuple[str, str], Any]) -> Any | None:
     """``block`` with its GEMV + SiLU pairs fused (new kernels added through ``builder`` and
@@ -106,12 +96,12 @@ def _fuse_block(block: Any, mod: Any, builder: Any, fused: dict[tuple[str, str],
     values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
     bindings, dropped = [], set()
     for binding in block.bindings:
-        call = _tir_call(binding.value) if isinstance(binding, relax.VarBinding) else None
+        call = tir_call(binding.value) if isinstance(binding, relax.VarBinding) else None
         if call is None or len(call[1]) != 1 or not silu_gate_width(call[0].name_hint, mod[call[0]]):
             bindings.append(binding)
             continue
         hidden = call[1][0]  # the GEMV's output: a dataflow var read by this call only
-        inner = _tir_call(values.get(hidden)) if isinstance(hidden, relax.DataflowVar) else None
+        inner = tir_call(values.get(hidden)) if isinstance(hidden, relax.DataflowVar) else None
         if inner is None or len(users.get(hidden, [])) != 1:
             bindings.append(binding)
             continue

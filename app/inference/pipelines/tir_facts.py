@@ -49,3 +49,14 @@ def float_constants(func: Any) -> set[float]:
     found: set[float] = set()
     tvm_ffi.structural_walk(func.body, [(FloatImm, lambda node: found.add(float(node.value)))])
     return found
+
+
+def tir_call(value: Any) -> tuple[Any, list[Any]] | None:
+    """(callee, arguments) when the Relax expression ``value`` is a ``call_tir``, else None."""
+    import tvm
+    from tvm import relax
+
+    if (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+            and len(value.args) == 2):
+        return value.args[0], list(value.args[1].fields)
+    return None
