@@ -120,6 +120,7 @@ class ModelRuntime:
         self._ids1_dev = tvm.runtime.empty((1,), "int32", device)  # decode's input, reused every step
         self._last_pick: tuple[int | None, Any] | None = None  # the last greedy pick: (id, device id)
         self._picked: Any = None  # decode_greedy_ahead's ids, gathered on the device: one copy back
+        self._picked_slots: list[Any] = []  # its elements as one-id views (made once, not per step)
         self._readbacks: list[Any] | None = None  # pinned host buffers for them (CUDA)
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
@@ -247,17 +248,19 @@ class ModelRuntime:
             return lambda: out
         import tvm
 
-        if token is None or (self._last_pick[0] == token if self._last_pick else False):
+        if self._last_pick is not None and (token is None or self._last_pick[0] == token):
             ids = self._last_pick[1]  # the previous call's last pick, still on the device
         else:
             self._ids1[0] = token
             self._ids1_dev.copyfrom(self._ids1)
             ids = self._ids1_dev
         if self._picked is None or self._picked.shape[0] < steps:
-            self._picked = tvm.runtime.empty((max(steps, PICKED_CAPACITY),), "int32", self.device)
-        for i in range(steps):
+            size = max(steps, PICKED_CAPACITY)
+            self._picked = tvm.runtime.empty((size,), "int32", self.device)
+            self._picked_slots = [self._picked._create_view((1,), "int32", 4 * i) for i in range(size)]
+        for slot in self._picked_slots[:steps]:
             ids = self._f_argmax(self._decode_device_id(ids))
-            ids.copyto(self._picked._create_view((1,), "int32", 4 * i))  # on the device, in order
+            ids.copyto(slot)  # on the device, in order
         last = ids
         self._last_pick = (None, last)  # its value is known once the ids are read
         readback = self._readback(steps)
