@@ -90,10 +90,11 @@ def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
                 "max_shared_memory_per_block": 65536, "max_threads_per_block": 1024,
                 "thread_warp_size": wave, "host": _host()}
     if backend == "vulkan":
-        return {"kind": "vulkan", "max_threads_per_block": 256, "max_shared_memory_per_block": 32768,
-                "thread_warp_size": 1, "supports_float16": 1, "supports_int16": 1, "supports_int8": 1,
-                "supports_8bit_buffer": 1, "supports_16bit_buffer": 1,
-                "supports_storage_buffer_storage_class": 1, "host": _host()}
+        # TVM's WGSL code generator (PyPI's TVM has no SPIR-V one), run by llmchat's WebGPU
+        # device API on wgpu-native; sized to the adapter's limits
+        from app.inference.backends import webgpu
+
+        return webgpu.target_dict(device.index, _host())
     if backend == "metal":
         return {"kind": "metal", "max_threads_per_block": 1024, "max_shared_memory_per_block": 32768,
                 "thread_warp_size": 32, "host": {"kind": "llvm", "mtriple": "arm64-apple-macos"}}
@@ -176,7 +177,11 @@ def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
     arch = arch or gpu_arch(device)
     if arch:
         return arch
-    if device.backend in ("vulkan", "metal"):
+    if device.backend == "vulkan":
+        from app.inference.backends import webgpu
+
+        return webgpu.fingerprint(device.index)
+    if device.backend == "metal":
         dev = tvm.device(device.backend, device.index)
         if dev.exist:
             return f"{device.backend}-{dev.device_name}"
@@ -386,7 +391,7 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
             "install a TVM built with it: MLC's TVM wheels, e.g. `pip install --pre -f https://mlc.ai/wheels "
             "mlc-ai-nightly-rocm62` (ROCm and Vulkan), or use another --device")
     if progress:
-        where = device_label or ("cpu" if kind == "llvm" else kind)
+        where = device_label or ("cpu" if kind == "llvm" else "vulkan" if kind == "webgpu" else kind)
         progress(ProgressEvent("compile", f"compiling for {where} ({cfg.model_type}, {cfg.quantization}) …",
                                0, 3))
     try:

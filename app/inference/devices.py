@@ -2,8 +2,9 @@
 
 ``resolve_device("auto" | "cpu" | "cuda" | "rocm" | "vulkan" | "metal" [":N"])`` returns a
 ``DeviceSpec`` or raises ``LlmchatError`` saying what is missing and how to get it — PyPI's
-``apache-tvm`` has no ROCm, Vulkan or Metal runtime, and asking such a build for one of those
-devices must never reach native code that could crash.
+``apache-tvm`` has no ROCm or Metal runtime, and asking such a build for one of those devices
+must never reach native code that could crash.  ``vulkan`` runs through llmchat's own WebGPU
+device API on wgpu-native (:mod:`app.inference.backends.webgpu`): TVM's ``webgpu`` device N.
 """
 
 from __future__ import annotations
@@ -62,10 +63,14 @@ def _prepare_cuda() -> None:
     prepare_cuda_runtime()
 
 
-def runtime_problem(backend: str) -> str | None:
+def runtime_problem(backend: str, index: int = 0) -> str | None:
     """Why the installed TVM cannot run ``backend`` (None when it can, as far as can be told safely)."""
     if backend == "cpu":
         return None
+    if backend == "vulkan":
+        from app.inference.backends import webgpu
+
+        return webgpu.problem(index)
     if backend == "cuda":
         try:
             _prepare_cuda()
@@ -82,7 +87,11 @@ def runtime_problem(backend: str) -> str | None:
 
 def check_device(spec: DeviceSpec) -> None:
     """Raise LlmchatError unless ``spec`` exists and the TVM runtime can drive it."""
-    problem = runtime_problem(spec.backend)
+    problem = runtime_problem(spec.backend, spec.index)
+    if problem and spec.backend == "vulkan":
+        from app.inference.backends import webgpu
+
+        raise LlmchatError(f"Cannot use --device {spec}: {problem}.", webgpu.fix_for(problem))
     if problem:
         what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "cuda": "CUDA"}[spec.backend]
         fix = (
@@ -92,8 +101,8 @@ def check_device(spec: DeviceSpec) -> None:
             else MLC_WHEELS_HINT.format(what=what)
         )
         raise LlmchatError(f"Cannot use --device {spec}: {problem}.", fix)
-    if spec.backend == "cpu":
-        return
+    if spec.backend in ("cpu", "vulkan"):
+        return  # vulkan: webgpu.problem() has seen the adapter
     import tvm
 
     if not tvm.device(spec.backend, spec.index).exist:
@@ -125,7 +134,7 @@ def _auto() -> DeviceSpec:
             index = int(device.rsplit(":", 1)[1])
         except ValueError:
             index = 0
-    if backend not in BACKENDS or runtime_problem(backend):
+    if backend not in BACKENDS or runtime_problem(backend, index):
         return DeviceSpec("cpu", 0)
     spec = DeviceSpec(backend, index)
     try:
@@ -151,4 +160,8 @@ def tvm_device(spec: DeviceSpec):
 
     if spec.backend == "cuda":
         _prepare_cuda()
+    if spec.backend == "vulkan":
+        from app.inference.backends import webgpu
+
+        return webgpu.device(spec.index)
     return tvm.device(spec.backend, spec.index)

@@ -131,7 +131,8 @@ def _system_dict(system) -> dict:
 
 def _runtimes_dict(decision: Decision, vulkan, rocm, nvidia, tvm) -> dict:
     return {
-        "vulkan": {"loader": vulkan.loader, "icds": [asdict(i) for i in vulkan.icds]},
+        "vulkan": {"loader": vulkan.loader, "icds": [asdict(i) for i in vulkan.icds],
+                   "adapters": list(tvm.webgpu_adapters)},
         "rocm": {
             "usable": rocm.usable,
             "kfd_exists": rocm.kfd_exists,

@@ -330,6 +330,13 @@ def _tvm_fix(backend: str, inp: Inputs) -> str:
             + ": install the CUDA runtime it was built against (CUDA 13: libcudart.so.13) and the "
             "NVIDIA driver, or add their directory to LD_LIBRARY_PATH."
         )
+    if backend == "vulkan":
+        return (
+            "Vulkan runs through llmchat's WebGPU add-on"
+            + (f" ({detail})" if detail else "")
+            + ": it needs the `wgpu` package (`make run` installs it), the Vulkan loader and a C++ compiler "
+            "to build the add-on once (g++, or `pip install ziglang` where there is none, e.g. SteamOS)."
+        )
     wheel = "mlc-ai-nightly-rocm62" if backend == "rocm" else "mlc-ai-nightly-cpu"
     what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}.get(backend, backend)
     return (

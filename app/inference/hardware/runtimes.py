@@ -288,6 +288,7 @@ class TvmRuntimes:
     method: str  # "given" | "live" | "static" | "unchecked" | "missing"
     details: list[str] = field(default_factory=list)
     devices_exist: dict[str, bool] = field(default_factory=dict)  # live only
+    webgpu_adapters: list[dict] = field(default_factory=list)  # what wgpu sees (live, add-on built)
 
 
 _LOADFILE_MARKERS = {
@@ -313,6 +314,9 @@ def tvm_runtimes_live(timeout_s: float = 3.0) -> TvmRuntimes:
     except Exception as err:
         return TvmRuntimes(None, "missing", [f"TVM cannot be imported: {err}"])
     for backend in GPU_BACKENDS:
+        if backend == "vulkan":
+            _webgpu_live(result)
+            continue
         try:
             registered = tvm_ffi.get_global_func(f"device_api.{backend}", allow_missing=True) is not None
         except Exception:
@@ -326,6 +330,53 @@ def tvm_runtimes_live(timeout_s: float = 3.0) -> TvmRuntimes:
         if problem:
             result.details.append(problem)
     return result
+
+
+def _webgpu_static() -> tuple[bool, str]:
+    """Whether llmchat's Vulkan route (TVM's WGSL + wgpu-native + llmchat's add-on) can run,
+    judged without loading anything: the ``wgpu`` package and a built add-on or a compiler."""
+    try:
+        from app.inference.backends.webgpu import addon, vulkan_loader_present
+    except ImportError as err:  # a partial install
+        return False, f"llmchat's vulkan runtime cannot be imported ({err})"
+    if addon.wgpu_library() is None:
+        return False, "the vulkan runtime needs the `wgpu` package (wgpu-native), which is not installed"
+    if not vulkan_loader_present():
+        return False, "the vulkan runtime needs the Vulkan loader (libvulkan.so.1), which is not installed"
+    if addon.find_toolchain() is None:
+        try:
+            built = addon.library_path(None).is_file()
+        except Exception:
+            built = False
+        if not built:
+            return False, "the vulkan runtime's add-on is not built and no C++ compiler was found to build it"
+    return True, ""
+
+
+def _webgpu_live(result: TvmRuntimes) -> None:
+    """The Vulkan route in this process: the adapters wgpu sees once the add-on is built."""
+    ok, detail = _webgpu_static()
+    if not ok:
+        result.details.append(detail)
+        return
+    assert result.available is not None
+    result.available.add("vulkan")
+    try:
+        from app.inference.backends import webgpu
+        from app.inference.backends.webgpu import addon
+
+        if not (addon.loaded() or addon.library_path(None).is_file()):
+            result.details.append("the vulkan runtime's add-on is built on first use (adapters not listed yet)")
+            return
+        found = webgpu.adapters()
+    except Exception as err:  # never let the probe fail on a driver
+        result.details.append(f"the vulkan runtime could not list adapters: {err}")
+        result.devices_exist["vulkan"] = False
+        return
+    result.webgpu_adapters = [a.as_dict() for a in found]
+    result.devices_exist["vulkan"] = any(a.device_type != "CPU" for a in found)
+    if not found:
+        result.details.append("wgpu found no Vulkan adapter")
 
 
 def _device_exists(tvm, backend: str, timeout_s: float) -> tuple[bool, str]:
@@ -362,6 +413,13 @@ def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | Non
     reader = reader or SysReader("/")
     cache = _ld_cache()
     for backend in GPU_BACKENDS:
+        if backend == "vulkan":
+            ok, detail = _webgpu_static()
+            if ok:
+                found.add(backend)
+            else:
+                result.details.append(detail)
+            continue
         sidecars = [d / f"libtvm_runtime_{backend}{ext}" for d in lib_dirs for ext in (".so", ".dylib")]
         sidecar = next((p for p in sidecars if p.is_file()), None)
         if sidecar is not None:

@@ -1,0 +1,176 @@
+"""Vulkan through WebGPU: TVM's WGSL code generator + wgpu-native, driven by llmchat's add-on.
+
+PyPI's ``apache-tvm`` has no Vulkan runtime and no SPIR-V code generator, but it has a WebGPU
+(WGSL) code generator, and PyPI's ``wgpu`` bundles wgpu-native, which runs WGSL on Vulkan
+(RADV on a Steam Deck or a Radeon, NVIDIA's driver, Mesa's lavapipe).  llmchat's device API
+(:mod:`.addon`, ``native/llmchat_webgpu.cc``) connects the two.  ``--device vulkan[:N]`` means
+TVM's ``webgpu`` device N: the N-th adapter wgpu finds, GPUs before CPU devices.
+
+This module answers: which adapters are there (:func:`adapters`), why Vulkan cannot run here
+(:func:`problem`), the compile target for an adapter (:func:`target_dict`) and what in it
+decides the compiled code (:func:`fingerprint`).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.errors import LlmchatError
+
+#: TVM's device name for the runtime this backend provides
+TVM_DEVICE = "webgpu"
+#: TVM's WGSL kernels use at most this many threads per workgroup (MLC's webgpu preset)
+MAX_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One adapter as wgpu reports it."""
+
+    index: int
+    name: str
+    vendor: str
+    device_type: str  # DiscreteGPU, IntegratedGPU, CPU, Unknown
+    backend: str  # Vulkan, Metal, D3D12
+    driver: str
+    vendor_id: int = 0
+    device_id: int = 0
+    shader_f16: bool = False
+    subgroups: bool = False
+    subgroup_min_size: int = 0
+    subgroup_max_size: int = 0
+    limits: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def max_binding_bytes(self) -> int:
+        return int(self.limits.get("max_storage_buffer_binding_size", 128 << 20))
+
+    @property
+    def max_buffer_bytes(self) -> int:
+        return int(self.limits.get("max_buffer_size", 256 << 20))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "vendor": self.vendor, "device_type": self.device_type,
+                "backend": self.backend, "driver": self.driver, "vendor_id": self.vendor_id,
+                "device_id": self.device_id, "shader_f16": self.shader_f16, "subgroups": self.subgroups,
+                "limits": dict(self.limits)}
+
+
+def vulkan_loader_present() -> bool:
+    """Whether the Vulkan loader (libvulkan.so.1) can be found by the dynamic linker."""
+    if os.name != "posix":
+        return True
+    return ctypes.util.find_library("vulkan") is not None or _dlopen_ok("libvulkan.so.1")
+
+
+def _dlopen_ok(name: str) -> bool:
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
+
+
+def adapters() -> list[Adapter]:
+    """The adapters wgpu sees, in ``vulkan:N`` order (loads the add-on; raises LlmchatError)."""
+    from app.inference.backends.webgpu import addon
+
+    addon.load()
+    import tvm
+
+    raw = json.loads(str(tvm.get_global_func("llmchat.webgpu.adapters")()))
+    out = []
+    for i, a in enumerate(raw):
+        out.append(Adapter(
+            index=i, name=str(a.get("name", "")), vendor=str(a.get("vendor", "")),
+            device_type=str(a.get("device_type", "")), backend=str(a.get("backend", "")),
+            driver=str(a.get("driver", "")), vendor_id=int(a.get("vendor_id", 0)),
+            device_id=int(a.get("device_id", 0)), shader_f16=bool(a.get("shader_f16")),
+            subgroups=bool(a.get("subgroups")), subgroup_min_size=int(a.get("subgroup_min_size", 0)),
+            subgroup_max_size=int(a.get("subgroup_max_size", 0)),
+            limits={k: int(v) for k, v in dict(a.get("limits", {})).items()},
+        ))
+    return out
+
+
+def problem(index: int = 0) -> str | None:
+    """Why ``vulkan:index`` cannot run here (None when it can), in words a user can act on."""
+    from app.inference.backends.webgpu import addon
+
+    if addon.wgpu_library() is None:
+        return "the `wgpu` package (wgpu-native) is not installed"
+    if not vulkan_loader_present():
+        return "the Vulkan loader (libvulkan.so.1) is not installed"
+    try:
+        found = adapters()
+    except LlmchatError as err:
+        return err.problem
+    if not found:
+        return "wgpu found no Vulkan adapter (no Vulkan driver for this GPU is installed)"
+    if index >= len(found):
+        return f"there is no Vulkan adapter {index} (wgpu found {len(found)})"
+    return None
+
+
+def fix_for(problem_text: str) -> str:
+    """A fix for one of :func:`problem`'s answers."""
+    if "wgpu" in problem_text and "not installed" in problem_text:
+        return "`pip install wgpu` in llmchat's environment (`make run` installs it), or use --device cpu"
+    if "loader" in problem_text or "no Vulkan adapter" in problem_text:
+        return ("install the Vulkan loader and your GPU's driver (Debian/Ubuntu: `sudo apt install libvulkan1 "
+                "mesa-vulkan-drivers`; Arch/SteamOS: `vulkan-radeon`, already present in Desktop Mode), "
+                "or use --device cpu")
+    if "compiler" in problem_text:
+        return "install g++ or `pip install ziglang`, or use --device cpu"
+    return "run `llmchat doctor`, pick another --device vulkan:N, or use --device cpu"
+
+
+def adapter(index: int) -> Adapter:
+    """``vulkan:index``'s adapter (raises LlmchatError with a fix when it is not there)."""
+    why = problem(index)
+    if why:
+        raise LlmchatError(f"Cannot use --device vulkan:{index}: {why}.", fix_for(why))
+    return adapters()[index]
+
+
+def target_dict(index: int, host: dict[str, Any], found: Adapter | None = None) -> dict[str, Any]:
+    """TVM's ``webgpu`` target sized to the adapter: workgroup memory and threads from its
+    limits (TVM assumes 32 KiB; a prefill attention of a 1B model wants more than WebGPU's
+    default 16 KiB); subgroups stay off (TVM's shuffles assume 32-wide subgroups, lavapipe's
+    are 8 wide, RADV may use 64)."""
+    a = found or adapter(index)
+    shared = min(int(a.limits.get("max_compute_workgroup_storage_size", 16384)), 65536)
+    threads = min(int(a.limits.get("max_compute_invocations_per_workgroup", 256)), MAX_THREADS)
+    return {"kind": "webgpu", "max_num_threads": threads, "max_shared_memory_per_block": shared,
+            "thread_warp_size": 1, "supports_subgroups": False, "host": host}
+
+
+def fingerprint(index: int) -> str:
+    """What of the adapter decides the compiled library: its name, f16 and the limits the
+    target uses (a library built for other adapter features is rebuilt, not reused)."""
+    a = adapter(index)
+    return (f"webgpu|{a.name}|{a.backend}|f16={int(a.shader_f16)}|"
+            f"wg={a.limits.get('max_compute_workgroup_storage_size', 0)}|"
+            f"thr={min(a.limits.get('max_compute_invocations_per_workgroup', 256), MAX_THREADS)}")
+
+
+def device(index: int) -> Any:
+    """TVM's device for ``vulkan:index`` (the add-on loaded)."""
+    from app.inference.backends.webgpu import addon
+
+    addon.load()
+    import tvm
+
+    return tvm.device(TVM_DEVICE, index)
+
+
+def stats(index: int = 0) -> dict[str, Any]:
+    """The add-on's counters for an opened adapter: dispatches, submits, syncs, read-backs,
+    bytes allocated, bind groups cached."""
+    import tvm
+
+    return json.loads(str(tvm.get_global_func("llmchat.webgpu.stats")(index)))
