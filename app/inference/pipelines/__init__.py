@@ -18,3 +18,14 @@ def pipeline_for(target: Any) -> Any:
     from app.inference.pipelines.gpu import gpu_pipeline
 
     return gpu_pipeline(target)
+
+
+def pass_config_for(target: Any) -> dict[str, Any]:
+    """PassContext options ``target`` needs while compiling.
+
+    WGSL (``webgpu``): TVM's common-subexpression elimination leaves a variable used before its
+    definition in a few attention kernels (seen for qwen2 shapes: "variable cse_v12 has been
+    used before definition"), so it stays off there."""
+    if target.kind.name == "webgpu":
+        return {"tirx.disable_cse_tir": True}
+    return {}

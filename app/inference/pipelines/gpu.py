@@ -469,6 +469,10 @@ def schedule_rules(target: Any) -> list[Any]:
         first = [CudaQ4Gemm(), *first]
     if target.kind.name == "cuda":
         first = [CudaArgmax(), CudaRmsNorm(), *first]
+    elif target.kind.name == "webgpu":
+        from app.inference.pipelines.gpu_argmax import GpuArgmax
+
+        first = [GpuArgmax(), *first]
     return [
         *first,
         dl.gpu.Matmul(),

@@ -1,0 +1,102 @@
+"""dlight-style rule: the exported ``argmax`` (``device_ops.argmax_te``) on GPUs without llmchat's
+CUDA kernel (WebGPU/Vulkan) becomes one workgroup of :data:`THREADS` threads: each thread scans a
+strided share of the vocabulary, then a tree reduction of (value, index) pairs in workgroup
+memory picks the largest value, the lowest index on ties (as numpy's argmax).
+
+dlight's reduction rules cannot schedule this tuple reduction for WGSL: they stage partial
+results in a ``global`` buffer, which TVM's WebGPU code generator refuses, and the cross-thread
+reduction does not match the model's int64-indexed reducer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.inference.device_ops import OP_ANNOTATION
+from app.inference.pipelines.tir_facts import root_blocks, static_shape
+
+#: threads of the one workgroup (WebGPU guarantees 256 invocations per workgroup)
+THREADS = 256
+_STEPS = THREADS.bit_length() - 1  # log2(THREADS) halving steps
+
+
+def _argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
+    """(logits, output, vocab) when ``func`` is the annotated argmax over ``[1, 1, V]`` float32."""
+    blocks = root_blocks(func)
+    if len(blocks) != 1 or str(blocks[0].annotations.get(OP_ANNOTATION, "")) != "argmax":
+        return None
+    if len(func.params) != 2:
+        return None
+    logits, out = func.params
+    shape = static_shape(logits)
+    if (str(logits.dtype) != "float32" or shape is None or len(shape) != 3 or shape[:2] != [1, 1]
+            or str(out.dtype) != "int32"):
+        return None
+    return logits, out, shape[2]
+
+
+def argmax_kernel(vocab: int) -> Any:
+    """The workgroup argmax over ``[1, 1, vocab]`` float32 logits, as a scheduled PrimFunc."""
+    from tvm.script import tirx as T
+
+    threads, steps, chunks = THREADS, _STEPS, -(-vocab // THREADS)
+
+    @T.prim_func(private=True)
+    def kernel(logits: T.Buffer((1, 1, vocab), "float32"), out: T.Buffer((1,), "int32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        bx = T.launch_thread("blockIdx.x", 1)  # noqa: F841
+        tx = T.launch_thread("threadIdx.x", threads)
+        # two halves, read one and write the other at each step: no shared access sits under a
+        # condition (TVM's barrier pass refuses that) and no step reads what it writes
+        best_v = T.decl_buffer((2 * threads,), "float32", scope="shared")
+        best_i = T.decl_buffer((2 * threads,), "int32", scope="shared")
+        lv = T.decl_buffer((1,), "float32", scope="local")  # this thread's best so far
+        li = T.decl_buffer((1,), "int32", scope="local")
+        ov = T.decl_buffer((1,), "float32", scope="local")  # its partner's
+        oi = T.decl_buffer((1,), "int32", scope="local")
+        lv[0] = T.min_value("float32")
+        li[0] = vocab
+        for j in range(chunks):
+            if j * threads + tx < vocab:
+                if logits[0, 0, j * threads + tx] > lv[0]:
+                    lv[0] = logits[0, 0, j * threads + tx]
+                    li[0] = j * threads + tx
+        best_v[tx] = lv[0]
+        best_i[tx] = li[0]
+        T.tvm_storage_sync("shared")
+        for s in T.unroll(steps):
+            ov[0] = best_v[(s % 2) * threads + T.min(tx + T.shift_right(threads // 2, s), threads - 1)]
+            oi[0] = best_i[(s % 2) * threads + T.min(tx + T.shift_right(threads // 2, s), threads - 1)]
+            li[0] = T.if_then_else(
+                tx < T.shift_right(threads // 2, s)
+                and (ov[0] > lv[0] or (ov[0] == lv[0] and oi[0] < li[0])), oi[0], li[0])
+            lv[0] = T.if_then_else(li[0] == oi[0], ov[0], lv[0])
+            best_v[threads - (s % 2) * threads + tx] = lv[0]
+            best_i[threads - (s % 2) * threads + tx] = li[0]
+            T.tvm_storage_sync("shared")
+        if tx == 0:
+            out[0] = T.if_then_else(li[0] < vocab, li[0], 0)
+
+    return kernel
+
+
+class GpuArgmax:
+    """Replace the annotated argmax PrimFunc by :func:`argmax_kernel` (WebGPU targets)."""
+
+    def is_target_available(self, target: Any) -> bool:
+        return target.kind.name == "webgpu"
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        from tvm import s_tir, tirx
+
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        found = _argmax_buffers(func)
+        if found is None:
+            return None
+        _logits, _out, vocab = found
+        new = argmax_kernel(vocab)
+        if func.attrs is not None:
+            for key in ("global_symbol", "target"):
+                if key in func.attrs:
+                    new = new.with_attr(key, func.attrs[key])
+        return s_tir.Schedule(new)

@@ -1,0 +1,129 @@
+"""Models on Vulkan (TVM's WGSL through llmchat's WebGPU device API; lavapipe in CI) against the
+float64 numpy reference: the tiny model of every family and weight format, same tolerances and
+same greedy tokens as the CPU tests; multi-turn KV reuse, rollback and greedy decoding batched
+on the device; the default model's greedy replies against the CPU engine's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from app.inference.engine import load_engine
+from app.inference.weights import load_numpy
+from tests.inference.backends.vulkan_env import need_vulkan
+from tests.inference.reference import forward
+
+CASES = [
+    # family, quantization, relative tolerance (float16 compute on the GPU, as on CUDA)
+    ("llama", "q4f32_1", 1e-4),
+    ("llama", "q4f16_1", 1e-2),
+    ("qwen2", "q4f32_1", 1e-4),
+    ("qwen2", "q4f16_1", 1e-2),
+    ("qwen2", "q0f16", 1e-2),
+    ("llama3", "q0f32", 1e-4),
+]
+PROMPT_LEN = 45  # two prefill chunks of the tiny models
+DECODE_STEPS = 16
+
+
+@pytest.fixture(autouse=True)
+def _vulkan():
+    need_vulkan()
+
+
+@pytest.mark.parametrize(("family", "quantization", "tol"), CASES, ids=[f"{f}-{q}" for f, q, _ in CASES])
+def test_logits_match_reference_on_vulkan(tiny_model_dir, family, quantization, tol):
+    model_dir = tiny_model_dir(family, quantization)
+    config = json.loads((model_dir / "mlc-chat-config.json").read_text())
+    params = load_numpy(model_dir)
+    engine = load_engine(model_dir, device="vulkan")
+    try:
+        assert engine.info.backend == "vulkan"
+        rt = engine.runtime
+        rng = np.random.default_rng(3)
+        prompt = rng.integers(0, config["vocab_size"], size=PROMPT_LEN).tolist()
+        logits = [rt.prefill(prompt)]
+        tokens = list(prompt)
+        for _ in range(DECODE_STEPS):
+            tokens.append(int(np.argmax(logits[-1])))
+            logits.append(rt.decode(tokens[-1]))
+        assert rt.kv_sequence_length() == PROMPT_LEN + DECODE_STEPS
+    finally:
+        engine.close()
+    ref = forward(config, params, tokens)[PROMPT_LEN - 1:]
+    got = np.stack(logits)
+    scale = np.abs(ref).max()
+    rel = np.abs(got - ref).max(axis=1) / scale
+    assert rel[0] <= tol, f"prefill logits off by {rel[0]:.2e} (relative)"
+    assert rel.max() <= tol, f"decode logits off by {rel.max():.2e} (relative) at step {int(rel.argmax())}"
+    for step in range(DECODE_STEPS):
+        top2 = np.sort(ref[step])[-2:]
+        if top2[1] - top2[0] > 2 * tol * scale:
+            assert tokens[PROMPT_LEN + step] == int(np.argmax(ref[step])), f"greedy token differs at {step}"
+
+
+def test_greedy_batches_rollback_and_kv_reuse_on_vulkan(tiny_model_dir):
+    """Greedy decoding with the library's argmax on the device (ids fed back without a round
+    trip), a rollback of unused steps, and a second turn that reuses the KV cache: every logit
+    equals a fresh prefill of the same tokens."""
+    from app.inference.backends import webgpu
+
+    model_dir = tiny_model_dir("llama", "q4f32_1")
+    engine = load_engine(model_dir, device="vulkan")
+    try:
+        rt = engine.runtime
+        assert rt.has_device_argmax, "the Vulkan library should export the device argmax"
+        prompt = list(range(5, 25))
+        first = rt.prefill(prompt)
+        t0 = int(np.argmax(first))
+        before = webgpu.stats(rt.device.index)
+        picked = rt.decode_greedy_ahead(t0, 8)
+        after = webgpu.stats(rt.device.index)
+        assert after["readbacks"] - before["readbacks"] == 1, "8 greedy steps should read back once"
+        # host argmax, one step at a time, from a fresh prefill
+        rt2 = load_engine(model_dir, device="vulkan").runtime
+        logits = rt2.prefill(prompt)
+        host = []
+        tok = int(np.argmax(logits))
+        for _ in range(8):
+            logits = rt2.decode(tok)
+            tok = int(np.argmax(logits))
+            host.append(tok)
+        assert picked == host
+        # roll back 3 unused steps: the cache equals prompt + t0 + picked[:4]
+        rt.popn(3)
+        assert rt.kv_sequence_length() == len(prompt) + 5
+        second_turn = [7, 8, 9]
+        got = rt.prefill(second_turn)
+        rt2.clear()
+        want = rt2.prefill([*prompt, t0, *picked[:4], *second_turn])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 255, 256, 257, 1000, 49152, 151936])
+def test_workgroup_argmax_matches_numpy_first_index_on_ties(vocab, tmp_path):
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines.gpu_argmax import argmax_kernel
+
+    func = argmax_kernel(vocab).with_attr("global_symbol", "argmax")
+    lib = tvm.compile(tvm.IRModule({"argmax": func}), target=tvm.target.Target({"kind": "webgpu", "host": "llvm"}))
+    lib.export_library(str(tmp_path / "argmax.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "argmax.so"))
+    dev = webgpu.device(0)
+    rng = np.random.default_rng(vocab)
+    cases = [rng.standard_normal(vocab).astype("float32")]
+    tied = rng.integers(-3, 3, vocab).astype("float32")  # many ties of the maximum
+    cases.append(tied)
+    last = np.full(vocab, -1e30, "float32")
+    last[-1] = 5.0
+    cases.append(last)
+    for logits in cases:
+        out = tvm.runtime.empty((1,), "int32", dev)
+        lib["argmax"](tvm.runtime.tensor(logits.reshape(1, 1, vocab), dev), out)
+        assert int(out.numpy()[0]) == int(np.argmax(logits))
