@@ -9,6 +9,10 @@ $(BIN)/llmchat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# the Vulkan add-on is C++: the system compiler builds it, or PyPI's ziglang where there is none (SteamOS)
+	@command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 || command -v clang++ >/dev/null 2>&1 \
+		|| $(BIN)/python -m pip install --quiet ziglang
+	-$(BIN)/python -m app.inference.backends.webgpu.addon --optional
 	touch $@
 
 run: $(BIN)/llmchat  ## install and start the chat app

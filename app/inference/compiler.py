@@ -455,7 +455,8 @@ def compute_dtype_for(cfg: ModelConfig, backend: str) -> str | None:
 def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
                 progress: ProgressCallback | None = None) -> CompiledModel:
     """The cached library for ``cfg`` on ``device``, compiling it first if needed."""
-    cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend))
+    cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend),
+                              word_storage=device.backend == "vulkan")
     key = cache_key(cfg, device.backend, device_fingerprint(device, arch))
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
     lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")

@@ -48,6 +48,8 @@ class ModelConfig:
     tensor_formats: dict[str, str] = field(default_factory=dict)
     #: dtype of activations / KV cache when it differs from the stored one (CPUs compute f16 models in f32)
     compute_dtype: str | None = None
+    #: 8- and 16-bit integer weights stored as uint32 words (same bytes): WGSL has no narrower types
+    word_storage: bool = False
     conv_template: Any = None
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
@@ -191,6 +193,7 @@ class ModelConfig:
         return {
             "model_type": self.model_type,
             "quantization": self.quantization,
+            **({"word_storage": True} if self.word_storage else {}),
             "tensor_formats": dict(sorted(self.tensor_formats.items())),
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

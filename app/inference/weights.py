@@ -22,6 +22,7 @@ import numpy as np
 
 from app import paths
 from app.errors import LlmchatError
+from app.inference.quantization.base import to_words, word_spec
 
 MANIFEST_NAMES = ("tensor-cache.json", "ndarray-cache.json")
 _REDOWNLOAD = "download the model again (`llmchat download <id>`), or re-run the import"
@@ -165,7 +166,7 @@ def check_params(manifest: Manifest, params: Iterable[Mapping[str, Any]]) -> Non
             raise LlmchatError(
                 f"{manifest.path} has no tensor {p['name']!r} that this model needs (wrong or incomplete "
                 "weights).", _REDOWNLOAD)
-        if tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype:
+        if (tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype) and not _as_words(rec, p):
             raise LlmchatError(
                 f"{manifest.path}: tensor {rec.name} is {rec.dtype}{list(rec.shape)}, the model expects "
                 f"{p['dtype']}{list(p['shape'])} (weights from a different model or quantization).",
@@ -201,6 +202,12 @@ def load_numpy(model_dir: str | Path, names: Iterable[str] | None = None) -> dic
     return {n: np.array(read_array(model_dir, manifest.records[n], cache)) for n in wanted}
 
 
+def _as_words(rec: Any, p: Mapping[str, Any]) -> bool:
+    """Whether the library takes record ``rec`` as the uint32 words of its narrow integers."""
+    spec = word_spec(tuple(rec.shape), rec.dtype)
+    return spec is not None and (tuple(p["shape"]), p["dtype"]) == (tuple(spec[0]), spec[1])
+
+
 def load_weights(
     model_dir: str | Path,
     params: list[Mapping[str, Any]],
@@ -224,6 +231,8 @@ def load_weights(
         for p in params:
             rec = manifest.records[p["name"]]
             arr = np.ascontiguousarray(read_array(model_dir, rec, shard_cache))
+            if _as_words(rec, p):  # narrow integers stored as uint32 words (WGSL): same bytes
+                arr = to_words(arr)
             uploaded.append(tvm.runtime.tensor(arr, device=device))
             done += arr.nbytes
             if progress:

@@ -130,18 +130,15 @@ def test_cross_compiles_for_a_gpu_that_is_not_here(tiny_model_dir, backend, arch
     assert [p["name"] for p in lib.params] == [p["name"] for p in compiler.parameter_specs(cfg)]
 
 
-def test_vulkan_without_a_spirv_code_generator_is_a_clear_error(tiny_model_dir, tmp_path):
-    import tvm
+def test_vulkan_compiles_through_tvms_wgsl_code_generator():
+    """PyPI's TVM has no SPIR-V code generator: --device vulkan builds for its ``webgpu`` target
+    (WGSL), sized to the adapter (tests/inference/backends runs the result on a Vulkan driver)."""
+    from tests.inference.backends.vulkan_env import need_vulkan
 
-    from app.errors import LlmchatError
-
-    if tvm.get_global_func("target.build.vulkan", allow_missing=True) is not None:
-        pytest.skip("this TVM can generate Vulkan code")
-    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    need_vulkan()
     target = compiler.make_target(DeviceSpec("vulkan"))
-    with pytest.raises(LlmchatError, match="no Vulkan") as err:
-        compiler.compile_library(cfg, target, tmp_path / "x.so")
-    assert "mlc-ai-nightly" in err.value.fix and not (tmp_path / "x.so").exists()
+    assert target.kind.name == "webgpu" and target.host.kind.name == "llvm"
+    assert int(target.attrs["max_shared_memory_per_block"]) >= 16384
 
 
 def test_failing_schedules_fall_back_to_tvms_stock_pipeline(tiny_model_dir, tmp_path, monkeypatch):

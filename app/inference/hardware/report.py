@@ -134,6 +134,18 @@ class HardwareReport:
         tvm = self.runtimes.get("tvm", {})
         if tvm.get("available") is not None:
             add(f"  TVM runtimes here: {', '.join(tvm['available'])} (found by {tvm.get('method')} check)")
+        vk = self.runtimes.get("vulkan", {})
+        if vk.get("adapters") or vk.get("adapters_problem"):
+            add("")
+            add("Vulkan adapters (wgpu-native, as `--device vulkan:N`)")
+            for i, a in enumerate(vk.get("adapters") or []):
+                lim = a.get("limits", {})
+                add(f"  [{i}] {a.get('name')} ({a.get('device_type')}, {a.get('backend')}, driver "
+                    f"{a.get('driver') or '?'}): shader-f16 {'yes' if a.get('shader_f16') else 'no'}, "
+                    f"largest binding {gib(lim.get('max_storage_buffer_binding_size'))}, workgroup memory "
+                    f"{lim.get('max_compute_workgroup_storage_size', 0) // 1024} KiB")
+            if vk.get("adapters_problem"):
+                add(f"  {vk['adapters_problem']}")
         add("")
         add(f"Memory budget: {gib(self.memory_budget_bytes)} ({self.memory_budget_bytes:,} bytes)")
         add(f"  {self.memory_budget_explanation}")

@@ -366,7 +366,7 @@ def _webgpu_live(result: TvmRuntimes) -> None:
         from app.inference.backends.webgpu import addon
 
         if not (addon.loaded() or addon.library_path(None).is_file()):
-            result.details.append("the vulkan runtime's add-on is built on first use (adapters not listed yet)")
+            result.details.append("the vulkan runtime's add-on is built on first use (no adapters listed)")
             return
         found = webgpu.adapters()
     except Exception as err:  # never let the probe fail on a driver
@@ -413,13 +413,12 @@ def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | Non
     reader = reader or SysReader("/")
     cache = _ld_cache()
     for backend in GPU_BACKENDS:
-        if backend == "vulkan":
+        if backend == "vulkan" and package_dir is None:  # the installed TVM: llmchat's add-on drives it
             ok, detail = _webgpu_static()
             if ok:
                 found.add(backend)
-            else:
-                result.details.append(detail)
-            continue
+                continue
+            result.details.append(detail)
         sidecars = [d / f"libtvm_runtime_{backend}{ext}" for d in lib_dirs for ext in (".so", ".dylib")]
         sidecar = next((p for p in sidecars if p.is_file()), None)
         if sidecar is not None:
@@ -434,7 +433,7 @@ def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | Non
         monolithic = [d / n for d in lib_dirs for n in ("libtvm_runtime.so", "libtvm_runtime.dylib")]
         if any(_contains(p, _LOADFILE_MARKERS[backend]) for p in monolithic if p.is_file()):
             found.add(backend)
-        else:
+        elif not (backend == "vulkan" and package_dir is None):
             result.details.append(f"the installed TVM has no {backend} runtime")
     return result
 

@@ -24,18 +24,18 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedK
 
 from app.inference.config import ModelConfig
 from app.inference.device_ops import argmax_te, has_device_argmax
-from app.inference.quantization import get_format
+from app.inference.quantization import get_format, storage_format
 
 
 def make_linear(cfg: ModelConfig, prefix: str, in_f: int, out_f: int, bias: bool = False) -> nn.Module:
     """A linear layer in the weight format configured for ``prefix``."""
-    fmt = get_format(cfg.format_name_for(prefix))
+    fmt = storage_format(get_format(cfg.format_name_for(prefix)), cfg.word_storage)
     return fmt.linear(in_f, out_f, bias, cfg.activation_dtype, bias_dtype=cfg.model_dtype)
 
 
 def make_embedding(cfg: ModelConfig, prefix: str) -> nn.Module:
     """The token embedding table in the weight format configured for ``prefix``."""
-    fmt = get_format(cfg.format_name_for(prefix))
+    fmt = storage_format(get_format(cfg.format_name_for(prefix)), cfg.word_storage)
     return fmt.embedding(cfg.vocab_size, cfg.hidden_size, cfg.activation_dtype)
 
 

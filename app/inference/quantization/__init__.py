@@ -6,6 +6,10 @@ from app.inference.quantization.base import (
     get_format,
     known_formats,
     register_format,
+    storage_format,
+    to_words,
+    word_spec,
 )
 
-__all__ = ["FORMATS", "WeightFormat", "get_format", "known_formats", "register_format"]
+__all__ = ["FORMATS", "WeightFormat", "get_format", "known_formats", "register_format", "storage_format",
+           "to_words", "word_spec"]

@@ -97,6 +97,111 @@ def get_format(name: str) -> WeightFormat:
     return FORMATS[name]
 
 
+#: integer dtypes narrower than a 32-bit word, and their widths
+NARROW_INTS = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16}
+
+
+def word_spec(shape: tuple[int, ...], dtype: str) -> tuple[tuple[int, ...], str] | None:
+    """``(shape, dtype)`` of a narrow integer param stored as uint32 words (same bytes, little
+    endian), or None when it is not narrow or its last dimension does not fill whole words."""
+    bits = NARROW_INTS.get(dtype)
+    if bits is None or not shape or (shape[-1] * bits) % 32:
+        return None
+    return (*shape[:-1], shape[-1] * bits // 32), "uint32"
+
+
+class _NarrowView:
+    """A uint32 ``te.Tensor`` of words read as the narrow integer tensor it holds: ``v[i, j]`` is
+    element ``j`` of row ``i``, as an int32 expression (sign-extended for signed types)."""
+
+    def __init__(self, words: Any, dtype: str) -> None:
+        self.words, self.dtype, self.bits = words, dtype, NARROW_INTS[dtype]
+
+    def __getitem__(self, idx: Any) -> Any:
+        from tvm import tirx
+
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        *lead, col = idx
+        per = 32 // self.bits
+        word = self.words[(*lead, col // per)]
+        shift = (col % per).astype("uint32") * tirx.const(self.bits, "uint32")
+        value = ((word >> shift) & tirx.const((1 << self.bits) - 1, "uint32")).astype("int32")
+        if self.dtype.startswith("int"):  # sign-extend
+            sign = tirx.const(1 << (self.bits - 1), "int32")
+            value = (value ^ sign) - sign
+        return value
+
+    def __call__(self, *idx: Any) -> Any:
+        return self[idx]
+
+
+class WordStorage(WeightFormat):
+    """``inner`` with its 8- and 16-bit integer params stored as uint32 words holding the same
+    bytes (WGSL, the WebGPU/Vulkan path, has no narrower storage types). The dequantization reads
+    each value out of its word; the weights are the same bytes, viewed as uint32 at load."""
+
+    def __init__(self, inner: WeightFormat) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.model_dtype = inner.model_dtype
+
+    def _narrow(self, out_features: int, in_features: int) -> dict[str, str]:
+        return {n: dt for n, (shape, dt) in self.inner.param_specs(out_features, in_features).items()
+                if word_spec(shape, dt) is not None}
+
+    def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
+        specs = {}
+        for n, (shape, dt) in self.inner.param_specs(out_features, in_features).items():
+            specs[n] = word_spec(shape, dt) or (shape, dt)
+        return specs
+
+    def check_shape(self, out_features: int, in_features: int) -> None:
+        self.inner.check_shape(out_features, in_features)
+        for n, (shape, dt) in self.inner.param_specs(out_features, in_features).items():
+            if dt in NARROW_INTS and word_spec(shape, dt) is None:
+                raise LlmchatError(
+                    f"The {self.name} weight {n} {list(shape)} cannot be stored in 32-bit words for WGSL.",
+                    "use --device cpu (or cuda) for this model")
+
+    def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
+        views = dict(params)
+        # dtypes do not depend on the shape: any shape every format accepts names them
+        for n, (_shape, dt) in self.inner.param_specs(256, 256).items():
+            if dt in NARROW_INTS and n in views:
+                views[n] = _NarrowView(params[n], dt)
+        return self.inner.dequant(views, row, col)
+
+    def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        return {n: to_words(a) for n, a in self.inner.quantize(w).items()}
+
+    def dequantize(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError("dequantize the inner format's params")
+
+    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str,
+               bias_dtype: str | None = None) -> Any:
+        if not self._narrow(out_features, in_features):
+            return self.inner.linear(in_features, out_features, bias, dtype, bias_dtype)
+        return DequantLinear(self, in_features, out_features, bias, dtype, bias_dtype)
+
+    def embedding(self, num_embeddings: int, embedding_dim: int, dtype: str) -> Any:
+        if not self._narrow(num_embeddings, embedding_dim):
+            return self.inner.embedding(num_embeddings, embedding_dim, dtype)
+        return DequantEmbedding(self, num_embeddings, embedding_dim, dtype)
+
+
+def to_words(arr: np.ndarray) -> np.ndarray:
+    """A narrow integer array as the uint32 words of :class:`WordStorage` (the same bytes)."""
+    spec = word_spec(tuple(arr.shape), str(arr.dtype))
+    if spec is None:
+        return arr
+    return np.ascontiguousarray(arr).view("<u4").reshape(spec[0])
+
+
+def storage_format(fmt: WeightFormat, word_storage: bool) -> WeightFormat:
+    """``fmt``, or its :class:`WordStorage` form for targets without narrow storage types."""
+    return WordStorage(fmt) if word_storage and not isinstance(fmt, WordStorage) else fmt
+
+
 def known_formats() -> list[str]:
     """Names of every registered format."""
     _load_builtin_formats()

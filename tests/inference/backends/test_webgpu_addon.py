@@ -164,8 +164,8 @@ def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
         lib["scale"](tvm.runtime.tensor(a, dev), b)
         print("OK" if np.array_equal(b.numpy(), a * 2 + 1) else "WRONG")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("OK")
 
@@ -174,8 +174,8 @@ def test_no_adapter_is_a_clear_error_not_a_crash(tmp_path):
     """With no Vulkan driver at all (an empty ICD list), `--device vulkan` says what is missing."""
     need_vulkan()
     empty = tmp_path / "icd.json"
-    empty.write_text(json.dumps({"file_format_version": "1.0.0",
-                                 "ICD": {"library_path": str(tmp_path / "nothing.so"), "api_version": "1.3.0"}}))
+    icd = {"library_path": str(tmp_path / "nothing.so"), "api_version": "1.3.0"}
+    empty.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": icd}))
     env = dict(os.environ, VK_DRIVER_FILES=str(empty), VK_ICD_FILENAMES=str(empty))
     proc = subprocess.run([sys.executable, "-m", "app.cli", "ask", "--device", "vulkan", "hi"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=env)

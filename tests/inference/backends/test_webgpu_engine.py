@@ -112,7 +112,8 @@ def test_workgroup_argmax_matches_numpy_first_index_on_ties(vocab, tmp_path):
     from app.inference.pipelines.gpu_argmax import argmax_kernel
 
     func = argmax_kernel(vocab).with_attr("global_symbol", "argmax")
-    lib = tvm.compile(tvm.IRModule({"argmax": func}), target=tvm.target.Target({"kind": "webgpu", "host": "llvm"}))
+    target = tvm.target.Target({"kind": "webgpu", "host": "llvm"})
+    lib = tvm.compile(tvm.IRModule({"argmax": func}), target=target)
     lib.export_library(str(tmp_path / "argmax.so"))
     lib = tvm.runtime.load_module(str(tmp_path / "argmax.so"))
     dev = webgpu.device(0)

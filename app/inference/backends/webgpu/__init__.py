@@ -54,7 +54,8 @@ class Adapter:
         return int(self.limits.get("max_buffer_size", 256 << 20))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "vendor": self.vendor, "device_type": self.device_type,
+        return {"index": self.index, "name": self.name, "vendor": self.vendor,
+                "device_type": self.device_type,
                 "backend": self.backend, "driver": self.driver, "vendor_id": self.vendor_id,
                 "device_id": self.device_id, "shader_f16": self.shader_f16, "subgroups": self.subgroups,
                 "limits": dict(self.limits)}
@@ -121,9 +122,9 @@ def fix_for(problem_text: str) -> str:
     if "wgpu" in problem_text and "not installed" in problem_text:
         return "`pip install wgpu` in llmchat's environment (`make run` installs it), or use --device cpu"
     if "loader" in problem_text or "no Vulkan adapter" in problem_text:
-        return ("install the Vulkan loader and your GPU's driver (Debian/Ubuntu: `sudo apt install libvulkan1 "
-                "mesa-vulkan-drivers`; Arch/SteamOS: `vulkan-radeon`, already present in Desktop Mode), "
-                "or use --device cpu")
+        return ("install the Vulkan loader and your GPU's driver (Debian/Ubuntu: "
+                "`sudo apt install libvulkan1 mesa-vulkan-drivers`; Arch: `vulkan-radeon`; SteamOS has it in "
+                "Desktop Mode), or use --device cpu")
     if "compiler" in problem_text:
         return "install g++ or `pip install ziglang`, or use --device cpu"
     return "run `llmchat doctor`, pick another --device vulkan:N, or use --device cpu"

@@ -27,6 +27,8 @@ from app.errors import LlmchatError
 
 SOURCE = Path(__file__).parent / "native" / "llmchat_webgpu.cc"
 LIB_NAME = "libllmchat_webgpu"
+#: bump when the compiler or linker flags change (part of the add-on's cache key)
+BUILD_FLAGS = "2"
 
 _lock = threading.Lock()
 _loaded: Path | None = None
@@ -112,7 +114,7 @@ def library_path(toolchain: Toolchain | None = None) -> Path:
     """Where the add-on for this source, TVM, wgpu-native and compiler lives in the cache."""
     import tvm
 
-    tvm_pkg, _ffi_pkg, wgpu_lib, runtime, _ffi_lib = _inputs()
+    _tvm_pkg, _ffi_pkg, wgpu_lib, runtime, _ffi_lib = _inputs()
     toolchain = toolchain or find_toolchain()
     h = hashlib.sha256()
     h.update(SOURCE.read_bytes())
@@ -121,6 +123,7 @@ def library_path(toolchain: Toolchain | None = None) -> Path:
     h.update(str(wgpu_lib.resolve()).encode())
     h.update(str(wgpu_lib.stat().st_size).encode())
     h.update((toolchain.name if toolchain else "none").encode())
+    h.update(BUILD_FLAGS.encode())
     return paths.cache_dir() / "native" / f"{LIB_NAME}-{h.hexdigest()[:16]}.so"
 
 
@@ -145,7 +148,10 @@ def build(force: bool = False, verbose: bool = False) -> Path:
         *toolchain.argv, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", tmp, str(SOURCE),
         f"-I{tvm_pkg / 'include'}", f"-I{ffi_pkg / 'include'}", f"-I{tvm_pkg / 'src' / 'runtime'}",
         f"-I{wgpu_lib.parent}",
-        str(runtime.resolve()), str(ffi_lib.resolve()), str(wgpu_lib.resolve()),
+        # by file name, found through the rpath: wgpu-native has no SONAME, and a path here would
+        # be recorded as is
+        f"-L{runtime.parent.resolve()}", "-ltvm_runtime", f"-L{ffi_lib.parent.resolve()}", "-ltvm_ffi",
+        f"-L{wgpu_lib.parent.resolve()}", f"-l:{wgpu_lib.name}",
         f"-Wl,-rpath,{rpath}",
     ]
     if is_zig:
