@@ -416,13 +416,35 @@ def _without_device_argmax(mod: Any) -> Any:
     return relax.transform.DeadCodeElimination(entries)(pruned)
 
 
+@contextlib.contextmanager
+def _scratch_tempdir() -> Any:
+    """TVM's temporary files (export_library's object files) go to ``cache/tmp/build-PID`` instead
+    of /tmp, so those of a killed compile are found and removed (app.cleanup)."""
+    import shutil
+
+    scratch = paths.cache_dir() / "tmp" / f"build-{os.getpid()}"
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield  # an unwritable cache is reported when the library is written
+        return
+    old = tempfile.tempdir
+    tempfile.tempdir = str(scratch)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = old
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: ProgressCallback | None) -> None:
     """tvm.compile + export_library to ``out_path`` (written to a temp file, then renamed)."""
     import tvm
 
     if isinstance(pipeline, str) and pipeline == "default":
         mod = _without_device_argmax(mod)
-    with _build_hooks(target), tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
+    with _build_hooks(target), _scratch_tempdir(), \
+            tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
         executable = tvm.compile(mod, target, relax_pipeline=pipeline)
         if progress:
             progress(ProgressEvent("compile", "writing the library", 2, 3))
