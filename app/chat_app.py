@@ -19,7 +19,8 @@ from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from app import chat_commands
-from app.history import HistoryStore
+from app.errors import LlmchatError
+from app.history import HistoryDamaged, HistoryStore
 from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
@@ -168,6 +169,9 @@ class LlmchatApp(App):
         self.system_prompt: str | None = None
         self.history: HistoryStore = HistoryStore(self.options.history_path)
         self.conversation_id: int | None = None
+        #: the messages of the current conversation as saved (re-saved if the history file breaks)
+        self.saved_messages: list[tuple[str, str, dict | None]] = []
+        self._history_generation = self.history.generation
         self.resumed_messages: list[Message] = []
         self.prompt_history: list[str] = []
         self.hardware_report: Any = None
@@ -178,8 +182,12 @@ class LlmchatApp(App):
     def on_mount(self) -> None:
         options = self.options
         resume = None
+        self.show_history_notice()
         if options.continue_last:
-            resume = self.history.latest()
+            try:
+                resume = self.history.latest()
+            except LlmchatError as err:
+                self.show_error(err)
             if resume is None:
                 self.notify("There is no saved conversation to continue: starting a new one.")
         model = options.model or (resume.model if resume else None)
@@ -215,16 +223,29 @@ class LlmchatApp(App):
             await asyncio.to_thread(old.close)
         self.resumed_messages = []
         self.conversation_id = None
+        self.saved_messages = []
         if resume_id is not None:
-            conversation = self.history.get(resume_id)
+            try:
+                conversation = self.history.get(resume_id)
+                # a reply cut off by a kill leaves a user turn without an answer: take it back out
+                # (alternating-role templates reject two user turns in a row)
+                unanswered = self.history.drop_unanswered_tail(resume_id) if conversation else []
+                messages = self.history.messages(resume_id) if conversation else []
+            except LlmchatError as err:
+                self.show_error(err)
+                conversation, unanswered, messages = None, [], []
+            if unanswered:
+                self.notify("Your last message had no reply (llmchat stopped mid-reply): it was taken out "
+                            "of the conversation; press Up to send it again.", severity="warning", timeout=10)
             if conversation is not None:
-                messages = self.history.messages(resume_id)
+                self.saved_messages = [(m.role, m.content, None) for m in messages]
+                self._history_generation = self.history.generation
                 self.system_prompt = conversation.system_prompt
                 engine.set_system_prompt(conversation.system_prompt)
                 engine.load_history(messages)
                 self.resumed_messages = messages
                 self.conversation_id = resume_id
-                self.prompt_history = [m.content for m in messages if m.role == "user"]
+                self.prompt_history = [m.content for m in messages + unanswered if m.role == "user"]
         elif self.system_prompt:
             engine.set_system_prompt(self.system_prompt)
         # one chat screen at a time: drop everything above the default screen and open the chat
@@ -243,24 +264,66 @@ class LlmchatApp(App):
     def new_conversation(self) -> None:
         """The next message starts a new saved conversation."""
         self.conversation_id = None
+        self.saved_messages = []
 
-    def save_message(self, role: str, content: str, stats: dict | None = None) -> None:
-        """Commit one complete message (creating the conversation with its first message)."""
+    def show_history_notice(self) -> None:
+        """Tell the user once that a damaged history file was moved aside."""
+        notice, self.history.notice = self.history.notice, None
+        if notice:
+            self.notify(notice, severity="warning", timeout=15, markup=False)
+
+    def _save(self, role: str, content: str, stats: dict | None) -> int:
+        replay: list[tuple[str, str, dict | None]] = []
+        if self.conversation_id is not None and self._history_generation != self.history.generation:
+            # the damaged file was moved aside (ids from it are gone): save the whole conversation
+            # on screen into the new history
+            self.show_history_notice()
+            self.conversation_id, replay = None, list(self.saved_messages)
+        if self.conversation_id is None:
+            model = self.engine.info.model_id if self.engine else ""
+            self.conversation_id = self.history.new_conversation(model, self.system_prompt)
+            self._history_generation = self.history.generation
+        for old in replay:
+            self.history.add_message(self.conversation_id, *old)
+        return self.history.add_message(self.conversation_id, role, content, stats)
+
+    def save_message(self, role: str, content: str, stats: dict | None = None) -> int | None:
+        """Commit one complete message (creating the conversation with its first message); its row
+        id, or None when it could not be saved (the chat goes on either way)."""
         try:
-            if self.conversation_id is None:
-                model = self.engine.info.model_id if self.engine else ""
-                self.conversation_id = self.history.new_conversation(model, self.system_prompt)
-            self.history.add_message(self.conversation_id, role, content, stats)
+            try:
+                row = self._save(role, content, stats)
+            except HistoryDamaged:  # moved aside just now: the second try saves into the new file
+                row = self._save(role, content, stats)
         except Exception as err:  # never lose the chat because the disk is full
-            self.notify(f"Could not save the message: {err}", severity="error")
+            self.notify(f"Could not save the message: {err}", severity="error", markup=False)
+            return None
+        self.saved_messages.append((role, content, stats))
+        return row
+
+    def forget_message(self, row: int | None) -> None:
+        """Take a saved user turn back out (its reply failed: no orphan row is left behind)."""
+        if row is None:
+            return
+        with contextlib.suppress(Exception):
+            self.history.delete_message(row)
+        if self.saved_messages and self.saved_messages[-1][0] == "user":
+            self.saved_messages.pop()
 
     def save_system_prompt(self, text: str | None) -> None:
         if self.conversation_id is not None:
-            self.history.set_system_prompt(self.conversation_id, text)
+            try:
+                self.history.set_system_prompt(self.conversation_id, text)
+            except LlmchatError as err:
+                self.show_error(err)
 
     async def resume_conversation(self, conversation_id: int) -> None:
         """Open a saved conversation (loading its model when it is another one)."""
-        conversation = self.history.get(conversation_id)
+        try:
+            conversation = self.history.get(conversation_id)
+        except LlmchatError as err:
+            self.show_error(err)
+            return
         if conversation is None:
             return
         if self.engine is not None and conversation.model in ("", self.engine.info.model_id):

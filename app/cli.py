@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "models": "models",
     "download": "download",
     "remove": "remove",
+    "clean": "clean",
     "import": "import_gguf",
     "ask": "ask",
     "bench": "bench",
@@ -72,9 +73,21 @@ def _fail(err: LlmchatError) -> int:
     return 2 if isinstance(err, NotAvailableYet) else 1
 
 
+def _clean_quietly() -> None:
+    """Remove the temporaries of dead llmchat processes (app.cleanup); never stops a start."""
+    try:
+        from app.cleanup import clean_stale
+
+        clean_stale()
+    except Exception:  # a cleanup problem must not keep anyone from chatting
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``llmchat`` console script."""
     args = build_parser().parse_args(argv)
+    if args.command != "clean":
+        _clean_quietly()
     try:
         if args.command is None:
             from app.tui import run_tui  # imported lazily: Textual is slow to import

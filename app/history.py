@@ -2,12 +2,20 @@
 
 Every message is committed on its own as soon as it is complete, so killing the app mid-reply loses
 at most that reply. A conversation row is created with its first message.
+
+A damaged file (random bytes written into it, a truncated header, something that is not SQLite)
+is found by an integrity check at open, or by any later query that trips over it: the file is moved
+aside (``history.sqlite3.damaged-<time>``), a new empty history takes its place and ``notice`` says
+so; the failing call raises ``HistoryDamaged`` (an ``LlmchatError``), so the chat keeps running.
+Every other ``sqlite3`` error also becomes an ``LlmchatError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -18,6 +26,37 @@ from pathlib import Path
 from app import paths
 from app.errors import LlmchatError
 from app.inference.api import Message
+
+#: sqlite's result codes of a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB
+_DAMAGE_CODES = (11, 26)
+
+
+class HistoryDamaged(LlmchatError):
+    """The history file was damaged: it has been moved aside and a new one started."""
+
+
+def _is_damage(err: sqlite3.DatabaseError) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _DAMAGE_CODES
+    text = str(err).lower()
+    return "malformed" in text or "not a database" in text
+
+
+def _guarded(method):
+    """Run a store method; sqlite errors become LlmchatErrors (damage: moved aside, HistoryDamaged)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as err:
+            if _is_damage(err):
+                raise self._recover(err) from err
+            raise LlmchatError(f"The chat history {self.path} cannot be used: {err}.",
+                               "check that the data directory is writable and the disk not full") from err
+
+    return wrapper
 
 SCHEMA_VERSION = 1
 
@@ -65,26 +104,91 @@ class HistoryStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path else default_path()
+        #: what the user should be told about the history (it was damaged and moved aside), or None
+        self.notice: str | None = None
+        #: how many times a damaged file was replaced by a new one (ids from before are gone)
+        self.generation = 0
+        self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except (sqlite3.Error, OSError) as err:
-            raise LlmchatError(
-                f"Cannot open the chat history {self.path}: {err}.",
-                "check that the data directory is writable, or set LLMCHAT_DATA_DIR to another directory",
-            ) from err
-        self._lock = threading.Lock()
+        except OSError as err:
+            from app.errors import os_error
+
+            raise os_error(err, f"Cannot create the directory of the chat history {self.path}",
+                           "set LLMCHAT_DATA_DIR to a writable directory") from err
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as err:
+            if not _is_damage(err):
+                raise self._open_error(err) from err
+            self._move_aside(err)
+            try:
+                self._db = self._connect()
+            except sqlite3.DatabaseError as err2:
+                raise self._open_error(err2) from err2
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file, check its integrity and create the schema (DatabaseError when damaged)."""
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            problems = [row[0] for row in db.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                err = sqlite3.DatabaseError(f"database disk image is malformed: {'; '.join(problems[:3])}")
+                err.sqlite_errorcode = 11
+                raise err
+            db.executescript(_SCHEMA)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_error(self, err: sqlite3.Error) -> LlmchatError:
+        return LlmchatError(
+            f"Cannot open the chat history {self.path}: {err}.",
+            "check that the data directory is writable, or set LLMCHAT_DATA_DIR to another directory",
+        )
+
+    def _move_aside(self, err: BaseException) -> Path:
+        """Rename the damaged file (and its -wal/-shm) out of the way; set ``notice``."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{n}")
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            src = Path(str(self.path) + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(src, Path(str(aside) + suffix))
+        self.notice = (f"The chat history was damaged ({err}): it was moved to {aside.name} and a new, "
+                       "empty history started. The conversation on screen is saved in the new one.")
+        return aside
+
+    def _recover(self, err: sqlite3.DatabaseError) -> HistoryDamaged:
+        """A query found damage: move the file aside, open a fresh one; the error to raise."""
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._move_aside(err)
+            self.generation += 1
+            try:
+                self._db = self._connect()
+            except sqlite3.DatabaseError as err2:
+                return HistoryDamaged(f"The chat history {self.path} is damaged and a new one cannot be "
+                                      f"created: {err2}.", "set LLMCHAT_DATA_DIR to another directory")
+        return HistoryDamaged(self.notice or "The chat history was damaged.",
+                              "nothing to do: new messages are saved in the new history")
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(sqlite3.Error):
             self._db.close()
 
     # -- writing -------------------------------------------------------------------------------
+    @_guarded
     def new_conversation(self, model: str, system_prompt: str | None = None, title: str = "") -> int:
         """Create an empty conversation and return its id."""
         now = time.time()
@@ -96,6 +200,7 @@ class HistoryStore:
             )
             return int(cur.lastrowid or 0)
 
+    @_guarded
     def add_message(self, conversation_id: int, role: str, content: str, stats: dict | None = None) -> int:
         """Append one complete message (committed at once); the first user message titles the chat."""
         now = time.time()
@@ -114,19 +219,47 @@ class HistoryStore:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
                 raise
             return int(cur.lastrowid or 0)
 
+    @_guarded
     def set_system_prompt(self, conversation_id: int, text: str | None) -> None:
         with self._lock:
             self._db.execute(
                 "UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conversation_id)
             )
 
+    @_guarded
     def delete(self, conversation_id: int) -> None:
         with self._lock:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    @_guarded
+    def delete_message(self, message_id: int) -> None:
+        """Remove one message (a user turn whose reply failed: not left as an orphan)."""
+        with self._lock:
+            self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    @_guarded
+    def drop_unanswered_tail(self, conversation_id: int) -> list[Message]:
+        """Remove the user turns at the end of a conversation that never got a reply (the app was
+        killed mid-reply) and return them: templates that require alternating roles would fail
+        on every later message otherwise."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, role, content FROM messages WHERE conversation_id = ? ORDER BY id DESC",
+                (conversation_id,),
+            ).fetchall()
+            dropped = []
+            for row_id, role, content in rows:
+                if role != "user":
+                    break
+                dropped.append((row_id, content))
+            if dropped:
+                self._db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i, _ in dropped])
+        return [Message("user", content) for _, content in reversed(dropped)]
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, conversation_id: int) -> Conversation | None:
@@ -141,6 +274,7 @@ class HistoryStore:
         rows = self.list(limit=1)
         return rows[0] if rows else None
 
+    @_guarded
     def messages(self, conversation_id: int) -> list[Message]:
         with self._lock:
             rows = self._db.execute(
@@ -149,6 +283,7 @@ class HistoryStore:
             ).fetchall()
         return [Message(role, content) for role, content in rows]
 
+    @_guarded
     def _conversations(self, where: str, params: tuple) -> list[Conversation]:
         query = (
             "SELECT c.id, c.title, c.model, c.system_prompt, c.created_at, c.updated_at,"

@@ -7,11 +7,19 @@ fields, its weight formats, the target (with GPU architecture / CPU model), the 
 ``ENGINE_VERSION`` and the source of the model, quantization and pipeline modules.
 
 Libraries are written atomically (temp file, then rename); the ``.json`` beside the ``.so`` is
-written last and marks a complete entry.  A library runs with a runtime-only TVM.
+written last and marks a complete entry: it records the library's size and sha256, checked before
+every load, so a truncated or damaged library is rebuilt instead of crashing the process.  A library
+runs with a runtime-only TVM.
+
+The "source" part of the key is derived, not listed: every module reachable by imports from the
+compiler and the model, quantization and pipeline packages (plus the CUDA sources next to them).
+Host code is compiled for a portable CPU level on GPU targets; CPU libraries carry the host's
+ISA flags in the key.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -36,7 +44,11 @@ ENGINE_VERSION = "1"
 #: number of compilations done in this process (tests assert cache hits with it)
 COMPILE_COUNT = 0
 
+#: packages under app/inference whose modules build the IRModule and its kernels (roots of the
+#: import graph the cache key hashes)
 _SOURCE_DIRS = ("models", "quantization", "pipelines")
+#: suffixes of non-Python files compiled into libraries (read by the modules next to them)
+_KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".c", ".cc", ".ll")
 
 
 @dataclass(frozen=True)
@@ -62,9 +74,17 @@ def libs_dir() -> Path:
 # Targets
 # ------------------------------------------------------------------------------------------
 def _host() -> dict[str, Any]:
+    """The host CPU as the CPU back end compiles for it (its ISA flags are in the cache key)."""
     import tvm
 
     return {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+
+
+def _portable_host() -> dict[str, Any]:
+    """Host code of GPU libraries: LLVM's generic CPU of this architecture (no AVX-512 & co.), so a
+    cached library moved to another machine with the same GPU never dies of an illegal instruction
+    (the cache key of a GPU library records only the GPU)."""
+    return {"kind": "llvm"}
 
 
 def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
@@ -79,7 +99,7 @@ def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
         if arch is None:
             raise LlmchatError("No CUDA device found to compile for.", "pass the architecture, e.g. sm_90")
         return {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152,
-                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": _host()}
+                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": _portable_host()}
     if backend == "rocm":
         arch = arch or gpu_arch(device)
         if arch is None:
@@ -88,13 +108,13 @@ def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
         wave = 32 if arch.startswith(("gfx10", "gfx11", "gfx12")) else 64
         return {"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc",
                 "max_shared_memory_per_block": 65536, "max_threads_per_block": 1024,
-                "thread_warp_size": wave, "host": _host()}
+                "thread_warp_size": wave, "host": _portable_host()}
     if backend == "vulkan":
         # TVM's WGSL code generator (PyPI's TVM has no SPIR-V one), run by llmchat's WebGPU
         # device API on wgpu-native; sized to the adapter's limits
         from app.inference.backends import webgpu
 
-        return webgpu.target_dict(device.index, _host())
+        return webgpu.target_dict(device.index, _portable_host(), profile=arch)
     if backend == "metal":
         return {"kind": "metal", "max_threads_per_block": 1024, "max_shared_memory_per_block": 32768,
                 "thread_warp_size": 32, "host": {"kind": "llvm", "mtriple": "arm64-apple-macos"}}
@@ -117,15 +137,65 @@ def make_target(device: DeviceSpec, arch: str | None = None) -> Any:
 # ------------------------------------------------------------------------------------------
 # Cache key
 # ------------------------------------------------------------------------------------------
+def _module_file(name: str, root: Path) -> Path | None:
+    """The file of module ``app.X.Y`` (``root`` is the ``app`` package directory), or None."""
+    parts = name.split(".")
+    if parts[0] != "app":
+        return None
+    base = root.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """``app.*`` modules ``path`` imports (also inside functions) or names as strings
+    (``importlib.import_module("app.inference.models.llama")``)."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.startswith("app.") and node.value.replace(".", "").replace("_", "").isalnum():
+            found.add(node.value)
+    return {m for m in found if m == "app" or m.startswith("app.")}
+
+
+def library_sources() -> list[Path]:
+    """Every source file whose code can end up in a compiled library: the import closure of the
+    compiler and of the model, quantization and pipeline packages, plus kernel sources (``.cu`` …)
+    in the directories of those modules.  Derived from the code, so a new module is covered."""
+    here = Path(__file__).parent
+    app_root = here.parent
+    todo = [Path(__file__)]
+    for sub in _SOURCE_DIRS:
+        todo += sorted((here / sub).rglob("*.py"))
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imported_modules(path):
+            found = _module_file(name, app_root)
+            if found is not None and found.resolve() not in seen:
+                todo.append(found)
+    extra = {f.resolve() for d in {p.parent for p in seen} if d.is_relative_to(here.resolve())
+             for f in d.iterdir() if f.suffix in _KERNEL_SOURCE_SUFFIXES and f.is_file()}
+    return sorted(seen | extra)
+
+
 @functools.cache
 def _source_digest() -> str:
-    root = Path(__file__).parent
+    app_root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    files = [root / "config.py", root / "compiler.py"]
-    for sub in _SOURCE_DIRS:
-        files += sorted((root / sub).glob("*.py")) + sorted((root / sub).glob("*.cu"))
-    for f in files:
-        h.update(f.name.encode())
+    for f in library_sources():
+        h.update(str(f.relative_to(app_root)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
 
@@ -174,13 +244,13 @@ def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
 
     if device.backend == "cpu":
         return _cpu_fingerprint()
-    arch = arch or gpu_arch(device)
-    if arch:
-        return arch
     if device.backend == "vulkan":
         from app.inference.backends import webgpu
 
-        return webgpu.fingerprint(device.index)
+        return str(webgpu.Profile.parse(arch)) if arch else webgpu.fingerprint(device.index)
+    arch = arch or gpu_arch(device)
+    if arch:
+        return arch
     if device.backend == "metal":
         dev = tvm.device(device.backend, device.index)
         if dev.exist:
@@ -188,8 +258,9 @@ def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
     return device.backend
 
 
-def cache_key(cfg: ModelConfig, backend: str, fingerprint: str) -> str:
-    """Hex digest naming the library of ``cfg`` compiled for ``backend`` / ``fingerprint``."""
+def cache_key(cfg: ModelConfig, backend: str, fingerprint: str, plain_pipeline: bool | None = None) -> str:
+    """Hex digest naming the library of ``cfg`` compiled for ``backend`` / ``fingerprint``
+    (``plain_pipeline``: that of TVM's stock pipeline; default: as LLMCHAT_TVM_PIPELINE says)."""
     import tvm
 
     blob = json.dumps(
@@ -200,7 +271,7 @@ def cache_key(cfg: ModelConfig, backend: str, fingerprint: str) -> str:
             "tvm": tvm.__version__,
             "engine": ENGINE_VERSION,
             "source": _source_digest(),
-            "plain_pipeline": _plain_pipeline(),
+            "plain_pipeline": _plain_pipeline() if plain_pipeline is None else plain_pipeline,
             "switches": _kernel_switches(),
         },
         sort_keys=True,
@@ -350,33 +421,78 @@ def _without_device_argmax(mod: Any) -> Any:
     return relax.transform.DeadCodeElimination(entries)(pruned)
 
 
+@contextlib.contextmanager
+def _scratch_tempdir() -> Any:
+    """TVM's temporary files (export_library's object files) go to ``cache/tmp/build-PID`` instead
+    of /tmp, so those of a killed compile are found and removed (app.cleanup)."""
+    import shutil
+
+    scratch = paths.cache_dir() / "tmp" / f"build-{os.getpid()}"
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield  # an unwritable cache is reported when the library is written
+        return
+    old = tempfile.tempdir
+    tempfile.tempdir = str(scratch)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = old
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: ProgressCallback | None) -> None:
     """tvm.compile + export_library to ``out_path`` (written to a temp file, then renamed)."""
     import tvm
 
     if isinstance(pipeline, str) and pipeline == "default":
         mod = _without_device_argmax(mod)
-    with _build_hooks(target), tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
+    with _build_hooks(target), _scratch_tempdir(), \
+            tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
         executable = tvm.compile(mod, target, relax_pipeline=pipeline)
         if progress:
             progress(ProgressEvent("compile", "writing the library", 2, 3))
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=out_path.stem + ".", suffix=".so.tmp", dir=out_path.parent)
-        os.close(fd)
+        try:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f"{out_path.stem}.{os.getpid()}.", suffix=".so.tmp",
+                                       dir=out_path.parent)
+            os.close(fd)
+        except OSError as err:
+            raise cache_write_error(out_path.parent, err) from err
         try:
             executable.export_library(tmp)
             os.replace(tmp, out_path)
+        except OSError as err:  # full or read-only cache: not a schedule problem, no fallback
+            raise cache_write_error(out_path.parent, err) from err
+        except Exception as err:
+            # export_library runs the system compiler; a full disk surfaces as its failure
+            free = _free_bytes(out_path.parent)
+            if free is not None and free < (64 << 20):
+                raise cache_write_error(out_path.parent, OSError(28, "No space left on device")) from err
+            raise
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
 
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
                     progress: ProgressCallback | None = None,
-                    device_label: str | None = None) -> list[dict[str, Any]]:
-    """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic).
+                    device_label: str | None = None, report_pipeline: bool = False) -> Any:
+    """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic); the parameter
+    list (with ``report_pipeline``: ``(params, stock)``, ``stock`` True when TVM's stock pipeline
+    stood in for llmchat's failing schedules).
 
-    ``device_label`` (e.g. ``"vulkan:0"``) names the device in progress messages.
+    ``device_label`` (e.g. ``"vulkan:0"``) names the device in progress messages.  A cache that
+    cannot be written is reported as such (never as a schedule failure, never retried).
     """
     global COMPILE_COUNT
     import tvm
@@ -403,6 +519,7 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
                            "report this with the message above") from err
     if progress:
         progress(ProgressEvent("compile", "generating kernels", 1, 3))
+    stock = _plain_pipeline()
     try:
         _build(mod, target, "default" if _plain_pipeline() else pipeline_for(target), out_path, progress)
     except LlmchatError:
@@ -416,8 +533,11 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
         if progress:
             progress(ProgressEvent("compile", f"llmchat's schedules failed ({first[:200]}); "
                                    "retrying with TVM's stock pipeline (slower code)", 1, 3))
+        stock = True
         try:
             _build(mod, target, "default", out_path, progress)
+        except LlmchatError:
+            raise
         except Exception as err2:
             raise LlmchatError(
                 f"Compiling the model for {kind} failed: {first}",
@@ -426,7 +546,8 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
     COMPILE_COUNT += 1
     if progress:
         progress(ProgressEvent("compile", "compiled", 3, 3))
-    return param_list(named_params)
+    params = param_list(named_params)
+    return (params, stock) if report_pipeline else params
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -452,27 +573,80 @@ def compute_dtype_for(cfg: ModelConfig, backend: str) -> str | None:
     return None
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(4 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cached_entry(lib: Path, meta_path: Path) -> CompiledModel | None:
+    """The cache entry at ``lib``/``meta_path`` when it is complete and the library is exactly the
+    one written (size and sha256 recorded in the metadata); None otherwise.  Loading a truncated
+    library maps past its end and dies of SIGBUS, so nothing unverified is ever loaded."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if lib.stat().st_size != int(meta["size"]) or file_digest(lib) != meta["sha256"]:
+            return None
+        return CompiledModel(lib, meta["params"], meta["target"], meta["compute_dtype"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _drop_entry(lib: Path, meta_path: Path) -> None:
+    for path in (meta_path, lib):  # metadata first: a half-removed entry is never "complete"
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
                 progress: ProgressCallback | None = None) -> CompiledModel:
-    """The cached library for ``cfg`` on ``device``, compiling it first if needed."""
+    """The cached library for ``cfg`` on ``device``, compiling it first if needed (also when the
+    cached one fails its size/checksum check)."""
     cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend),
                               word_storage=device.backend == "vulkan")
-    key = cache_key(cfg, device.backend, device_fingerprint(device, arch))
+    fingerprint = device_fingerprint(device, arch)
+    key = cache_key(cfg, device.backend, fingerprint)
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
     lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")
-    if lib.is_file() and meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            return CompiledModel(lib, meta["params"], meta["target"], meta["compute_dtype"])
-        except (OSError, ValueError, KeyError):
-            pass  # damaged entry: rebuild it
+    if meta_path.exists() or lib.exists():
+        found = _cached_entry(lib, meta_path)
+        if found is not None:
+            return found
+        if progress:
+            progress(ProgressEvent("compile", f"the cached library {lib.name} is damaged or incomplete: "
+                                   "rebuilding it", 0, 3))
+        _drop_entry(lib, meta_path)
     target = make_target(device, arch)
     t0 = time.monotonic()
-    params = compile_library(cfg, target, lib, progress, device_label=str(device))
+    fallback_key = cache_key(cfg, device.backend, fingerprint, plain_pipeline=True)
+    params, stock = compile_library(cfg, target, lib, progress, device_label=str(device),
+                                    report_pipeline=True)
+    if stock and not _plain_pipeline():
+        # TVM's stock pipeline stood in for llmchat's schedules: that slower library is cached under
+        # the stock pipeline's key, never under this one, so a later start tries the schedules again
+        fallback = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{fallback_key}"
+        os.replace(lib, fallback.with_suffix(".so"))
+        lib, meta_path, key = fallback.with_suffix(".so"), fallback.with_suffix(".json"), fallback_key
     meta = {"params": params, "target": str(target), "compute_dtype": cfg.activation_dtype, "key": key,
-            "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key()}
-    _write_json_atomic(meta_path, meta)
+            "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key(),
+            "pipeline": "tvm-default" if stock else "llmchat",
+            "size": lib.stat().st_size, "sha256": file_digest(lib)}
+    try:
+        _write_json_atomic(meta_path, meta)
+    except OSError as err:
+        raise cache_write_error(libs_dir(), err) from err
     return CompiledModel(lib, params, meta["target"], cfg.activation_dtype)
+
+
+def cache_write_error(where: Path, err: OSError) -> LlmchatError:
+    """The message for a compile cache that cannot be written (full, read-only, not a directory)."""
+    from app.errors import os_error
+
+    return os_error(err, f"Cannot write the compiled model library to {where}",
+                    "free some disk space, or point LLMCHAT_CACHE_DIR at a writable directory")
 
 
 def parameter_specs(cfg: ModelConfig) -> list[dict[str, Any]]:

@@ -243,6 +243,7 @@ def load_engine(
     """Load ``model`` (a model directory or an installed id) on ``device``, compiling if needed."""
     from app.inference.chat_template import ChatFormatter
     from app.inference.compiler import get_library
+    from app.inference.config import check_tokenizer_fits
     from app.inference.devices import resolve_device, tvm_device
     from app.inference.tokenizer import Tokenizer
     from app.inference.weights import load_weights
@@ -250,10 +251,14 @@ def load_engine(
     model_id, model_dir = resolve_model_dir(model)
     cfg = ModelConfig.load(model_dir)
     tokenizer = Tokenizer.from_model_dir(model_dir)
+    check_tokenizer_fits(cfg, tokenizer.vocab_size, str(model_dir))
     formatter = ChatFormatter.from_model_dir(model_dir, cfg.raw)
     spec = resolve_device(device)
     compiled = get_library(cfg, spec, arch=arch, progress=progress)
 
+    if context_window is not None and not int(context_window) >= 2:
+        raise LlmchatError(f"A context window of {context_window} tokens is too small.",
+                           "use at least 64 (or leave it out for the model's default)")
     ctx = int(context_window) if context_window else min(cfg.context_window_size, DEFAULT_CONTEXT_CAP)
     if ctx < 2:
         raise LlmchatError(f"A context window of {ctx} tokens is too small.", "use at least 64")

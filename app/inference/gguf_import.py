@@ -20,6 +20,7 @@ end, so a failure (or Ctrl-C) leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -86,7 +87,18 @@ def _int(g: GGUFFile, key: str, default: int | None = None) -> int:
     if value is None:
         raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} is missing.",
                            "use a GGUF converted by a recent llama.cpp")
+    if isinstance(value, (bool, str, bytes, list)) or not float(value).is_integer():
+        raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} must be a whole number, "
+                           f"not {value!r}.", "the file is damaged; convert it again with a recent llama.cpp")
     return int(value)
+
+
+def _float(g: GGUFFile, key: str, default: float) -> float:
+    value = g.arch_value(key, default)
+    if isinstance(value, (bool, str, bytes, list)) or value is None:
+        raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} must be a number, not {value!r}.",
+                           "the file is damaged; convert it again with a recent llama.cpp")
+    return float(value)
 
 
 def _llama3_rope_scaling(g: GGUFFile, head_dim: int, theta: float) -> dict[str, Any] | None:
@@ -122,8 +134,9 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
     hidden = _int(g, "embedding_length")
     heads = _int(g, "attention.head_count")
     kv_heads = _int(g, "attention.head_count_kv", heads)
-    head_dim = _int(g, "attention.key_length", hidden // heads)
-    theta = float(g.arch_value("rope.freq_base", 10000.0))
+    # counts are validated (with the field named) by ModelConfig.from_dict; nothing here may divide by 0
+    head_dim = _int(g, "attention.key_length", hidden // heads if heads > 0 else 0)
+    theta = _float(g, "rope.freq_base", 10000.0)
     scaling_type = str(g.arch_value("rope.scaling.type", "none") or "none")
     if scaling_type not in ("none", ""):
         raise LlmchatError(f"{g.path}: RoPE scaling {scaling_type!r} is not supported.",
@@ -137,7 +150,7 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "num_hidden_layers": _int(g, "block_count"),
-        "rms_norm_eps": float(g.arch_value("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rms_norm_eps": _float(g, "attention.layer_norm_rms_epsilon", 1e-5),
         "vocab_size": vocab,
         "position_embedding_base": theta,
         "rope_theta": theta,
@@ -146,7 +159,7 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "hidden_act": "silu",
     }
-    scaling = _llama3_rope_scaling(g, head_dim, theta)
+    scaling = _llama3_rope_scaling(g, head_dim, theta) if head_dim > 0 and theta > 0 else None
     if scaling:
         mc["rope_scaling"] = scaling
     return {
@@ -317,8 +330,11 @@ def plan_groups(g: GGUFFile) -> list[_Group]:
 class _LazyParams(Mapping[str, np.ndarray]):
     """name -> array, converted group by group as ``write_tensor_cache`` asks for them."""
 
-    def __init__(self, groups: list[_Group], on_group: Callable[[int], None] | None = None) -> None:
+    def __init__(self, groups: list[_Group], on_group: Callable[[int], None] | None = None,
+                 source: str = "", tokens: list[str] | None = None) -> None:
         self.groups = groups
+        self.source = source
+        self.tokens = tokens or []
         self.on_group = on_group
         self.index: dict[str, int] = {}
         self.names: list[str] = []
@@ -347,9 +363,31 @@ class _LazyParams(Mapping[str, np.ndarray]):
 def _check_against_engine(config: dict[str, Any], params: _LazyParams) -> None:
     """The parameters the engine's model takes are exactly the ones written (names, shapes, dtypes)."""
     from app.inference.compiler import parameter_specs
-    from app.inference.config import ModelConfig
+    from app.inference.config import ModelConfig, check_tokenizer_fits
 
-    cfg = ModelConfig.from_dict(config)
+    source = f"{params.source}"
+    cfg = ModelConfig.from_dict(config, source=source)  # the validation layer: names the field
+    check_tokenizer_fits(cfg, len(params.tokens), source)
+    q_rows = cfg.num_attention_heads * cfg.head_dim
+    kv_rows = cfg.num_key_value_heads * cfg.head_dim
+    for grp in params.groups:
+        if grp.kind == "vector":
+            continue
+        for part in grp.parts:
+            if len(part.shape) != (2 if grp.kind == "matrix" else 1) or min(part.shape) <= 0:
+                raise LlmchatError(f"{source}: tensor {part.name!r} has the shape {tuple(part.shape)}.",
+                                   "the file is damaged; convert it again with a recent llama.cpp")
+        if grp.kind == "matrix" and len({p.shape[1] for p in grp.parts}) != 1:
+            shapes = ", ".join(f"{p.name} {tuple(p.shape)}" for p in grp.parts)
+            raise LlmchatError(f"{source}: the tensors fused into {grp.prefix} disagree in width ({shapes}).",
+                               "the file is damaged; convert it again with a recent llama.cpp")
+        if grp.prefix.endswith(QKV_NAMES[cfg.model_type]) or grp.prefix.endswith(".bias"):
+            rows = [p.shape[0] for p in grp.parts]
+            if len(rows) == 3 and rows != [q_rows, kv_rows, kv_rows]:
+                raise LlmchatError(
+                    f"{source}: Q/K/V of {grp.prefix} have {rows} rows; the metadata's heads and head_dim "
+                    f"make {[q_rows, kv_rows, kv_rows]}.",
+                    "the file is damaged; convert it again with a recent llama.cpp")
     expected = {p["name"]: (tuple(p["shape"]), str(p["dtype"])) for p in parameter_specs(cfg)}
     written: dict[str, tuple[tuple[int, ...], str]] = {}
     for grp in params.groups:
@@ -373,6 +411,19 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
+@contextlib.contextmanager
+def _as_message(path: Path) -> Iterator[None]:
+    """Whatever a malformed file makes numpy, gguf or the model code raise becomes an LlmchatError."""
+    try:
+        yield
+    except (LlmchatError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        raise LlmchatError(f"{path} cannot be imported: {type(err).__name__}: {str(err)[:300]}",
+                           "the file is damaged or of a variant llmchat does not know; convert it again "
+                           "with a recent llama.cpp") from err
+
+
 def import_gguf(
     path: str | Path, name: str | None = None, progress: ProgressCallback | None = None
 ) -> Path:
@@ -389,14 +440,16 @@ def import_gguf(
             progress(ProgressEvent("import", message, done, total))
 
     report(f"reading {path.name}")
-    g = read_gguf(path)
-    tok = build_tokenizer(g.metadata)
-    groups = plan_groups(g)
-    tensor_formats = {grp.prefix: grp.format for grp in groups if grp.kind == "matrix"}
-    config = model_config(g, tok, tensor_formats)
-    total = len(groups)
-    params = _LazyParams(groups, lambda gi: report(f"converting {groups[gi].prefix}", gi + 1, total))
-    _check_against_engine(config, params)
+    with _as_message(path):  # a damaged or odd file ends in a message, never a traceback
+        g = read_gguf(path)
+        tok = build_tokenizer(g.metadata)
+        groups = plan_groups(g)
+        tensor_formats = {grp.prefix: grp.format for grp in groups if grp.kind == "matrix"}
+        config = model_config(g, tok, tensor_formats)
+        total = len(groups)
+        params = _LazyParams(groups, lambda gi: report(f"converting {groups[gi].prefix}", gi + 1, total),
+                             source=str(path), tokens=list(tok.tokens))
+        _check_against_engine(config, params)
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{name}.importing-{os.getpid()}"
@@ -406,7 +459,8 @@ def import_gguf(
         staging.mkdir(parents=True)
         from app.inference.weights import write_tensor_cache
 
-        write_tensor_cache(params, staging, shard_bytes=SHARD_BYTES)
+        with _as_message(path):
+            write_tensor_cache(params, staging, shard_bytes=SHARD_BYTES)
         tok.tokenizer.save(str(staging / "tokenizer.json"))
         _write_json(staging / "tokenizer_config.json", tok.tokenizer_config(config["context_window_size"]))
         _write_json(staging / "generation_config.json",
@@ -425,8 +479,10 @@ def import_gguf(
             raise
     except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise LlmchatError(f"Writing the model to {target.parent} failed: {err}",
-                           "free some disk space or check the permissions of the data directory") from err
+        from app.errors import os_error
+
+        raise os_error(err, f"Writing the model to {target.parent} failed",
+                       "free some disk space or check the permissions of the data directory") from err
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -97,14 +97,27 @@ def read_gguf(path: str | Path, vocab_only: bool = False) -> GGUFFile:
 
     ``vocab_only``: accept a file without tensors and of any architecture (llama.cpp's vocab files).
     """
+    import stat
+
     import gguf
 
+    from app.errors import os_error
+
     path = Path(path)
-    if not path.is_file():
-        raise LlmchatError(f"{path} does not exist.", "give the path of a .gguf file")
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        head = fh.read(4)
+    try:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise LlmchatError(f"{path} is a directory, not a GGUF file.", "give the path of a .gguf file")
+        if not stat.S_ISREG(mode):
+            raise LlmchatError(f"{path} is not a regular file (a FIFO, socket or device).",
+                               "give the path of a .gguf file on disk")
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except FileNotFoundError:
+        raise LlmchatError(f"{path} does not exist.", "give the path of a .gguf file") from None
+    except OSError as err:
+        raise os_error(err, f"Cannot read {path}", "check the file's permissions") from err
     if head != _MAGIC:
         raise LlmchatError(
             f"{path} is not a GGUF file (it does not start with 'GGUF').",

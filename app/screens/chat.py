@@ -135,6 +135,7 @@ class ChatScreen(Screen):
         self._buffer: ReplyBuffer | None = None
         self._reply: tuple[AssistantMessage, StatsLine] | None = None
         self._timer: Timer | None = None
+        self._user_row: int | None = None  # history row of the user turn being answered
         self._idle = asyncio.Event()  # set while no reply is streaming
         self._idle.set()
 
@@ -204,7 +205,7 @@ class ChatScreen(Screen):
         self._idle.clear()
         log.anchor()
         await log.add_user(text)
-        self.llm_app.save_message("user", text)
+        self._user_row = self.llm_app.save_message("user", text)
         reply, stats = await log.add_reply()
         stats.add_class("live")
         buffer = ReplyBuffer()
@@ -273,6 +274,8 @@ class ChatScreen(Screen):
             self.llm_app.save_message("assistant", buffer.text, stats_dict)
         elif buffer.error is not None:
             await reply.remove()
+            # no reply: the user turn is not left in the history as an orphan
+            self.llm_app.forget_message(self._user_row)
         if buffer.trimmed is not None:
             await log.add_notice(
                 f"*The conversation no longer fitted the {buffer.trimmed.context_window}-token context: "

@@ -11,6 +11,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
+from app.errors import LlmchatError
+
 if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
 
@@ -39,7 +41,12 @@ class ConversationsScreen(ModalScreen):
     def _fill(self) -> None:
         options = self.query_one(OptionList)
         options.clear_options()
-        for conversation in self.llm_app.history.list(limit=200):
+        try:
+            conversations = self.llm_app.history.list(limit=200)
+        except LlmchatError as err:  # a damaged history: moved aside, the chat goes on
+            self.llm_app.show_error(err)
+            conversations = []
+        for conversation in conversations:
             when = datetime.fromtimestamp(conversation.updated_at).strftime("%Y-%m-%d %H:%M")
             label = f"{when}  {conversation.title or '(untitled)'}  · {conversation.model} · "
             label += f"{conversation.message_count} messages"
@@ -58,5 +65,8 @@ class ConversationsScreen(ModalScreen):
             return
         option = options.get_option_at_index(options.highlighted)
         if option.id and option.id != "none":
-            self.llm_app.history.delete(int(option.id))
+            try:
+                self.llm_app.history.delete(int(option.id))
+            except LlmchatError as err:
+                self.llm_app.show_error(err)
             self._fill()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +71,9 @@ def test_targets_are_dict_form_with_the_real_cpu():
     assert cpu["kind"] == "llvm" and cpu["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
     cuda = compiler.make_target(DeviceSpec("cuda"), arch="sm_90")
     assert cuda.kind.name == "cuda" and cuda.attrs["arch"] == "sm_90"
+    # GPU libraries' host code is for a portable CPU level: their key records only the GPU
+    assert "mcpu" not in cuda.host.attrs or not cuda.host.attrs["mcpu"]
+    assert compiler.target_dict(DeviceSpec("rocm"), arch="gfx1100")["host"] == {"kind": "llvm"}
     assert compiler.target_dict(DeviceSpec("rocm"), arch="gfx1100")["thread_warp_size"] == 32
 
 
@@ -154,3 +159,114 @@ def test_failing_schedules_fall_back_to_tvms_stock_pipeline(tiny_model_dir, tmp_
     compiler.compile_library(cfg, compiler.make_target(DeviceSpec("cpu")), tmp_path / "lib.so", events.append)
     assert (tmp_path / "lib.so").stat().st_size > 0
     assert any("schedule bug" in e.message and "stock pipeline" in e.message for e in events)
+
+
+def test_library_sources_are_derived_from_the_imports():
+    """Everything a library's code comes from is in the key (device_ops.py, cuda_support.py, the .cu);
+    what only runs the model (tokenizer, generation, the UI) is not."""
+    names = {p.name for p in compiler.library_sources()}
+    assert {"compiler.py", "config.py", "device_ops.py", "cuda_support.py", "cuda_kernels.cu",
+            "llama.py", "qwen2.py", "gpu.py", "cpu.py", "ggml.py"} <= names
+    assert not names & {"tokenizer.py", "generation.py", "chat_template.py", "engine.py", "chat_app.py"}
+
+
+def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, monkeypatch):
+    """The digest reads the files themselves: a copy of the package with device_ops.py edited keys apart."""
+    import shutil
+
+    app_copy = tmp_path / "app"
+    shutil.copytree(Path(compiler.__file__).resolve().parent.parent, app_copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys; sys.path.insert(0, {root!r}); from app.inference import compiler; "
+            "assert compiler.__file__.startswith({root!r}); print(compiler._source_digest())")
+    run = lambda: subprocess.run([sys.executable, "-c", code.format(root=str(tmp_path))],  # noqa: E731
+                                 capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    first = run()
+    assert first == run()
+    with open(app_copy / "inference" / "device_ops.py", "a") as f:
+        f.write("\n# an edit\n")
+    assert run() != first
+
+
+def _truncate(path, fraction=0.5):
+    os.truncate(path, int(path.stat().st_size * fraction))
+
+
+def test_truncated_library_is_rebuilt_not_loaded(tiny_model_dir, fresh_cache, monkeypatch):
+    """`truncate -s 50%` on a cached library: verified before loading, rebuilt; a fresh process then
+    generates with it (before: SIGBUS, and the broken entry reused forever)."""
+    cache = fresh_cache / "cache"
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(cache))
+    model = tiny_model_dir("llama", "q4f32_1")
+    cfg = ModelConfig.load(model)
+    lib = compiler.get_library(cfg, DeviceSpec("cpu"))
+    meta = json.loads(lib.lib_path.with_suffix(".json").read_text())
+    assert meta["size"] == lib.lib_path.stat().st_size and len(meta["sha256"]) == 64
+    _truncate(lib.lib_path)
+    code = textwrap.dedent(f"""
+        from app.inference import compiler
+        from app.inference.engine import load_engine
+        from app.inference.api import SamplingParams
+        e = load_engine({str(model)!r}, device="cpu")
+        stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3), ignore_eos=True))[-1]
+        print("RESULT", compiler.COMPILE_COUNT, stats.generated_tokens)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, LLMCHAT_CACHE_DIR=str(cache)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["1", "3"]
+    again = json.loads(lib.lib_path.with_suffix(".json").read_text())
+    assert again["sha256"] == compiler.file_digest(lib.lib_path)
+
+
+def test_same_size_corruption_is_rebuilt(tiny_model_dir, fresh_cache, monkeypatch):
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(fresh_cache / "cache"))
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    lib = compiler.get_library(cfg, DeviceSpec("cpu"))
+    with open(lib.lib_path, "r+b") as f:
+        f.seek(lib.lib_path.stat().st_size // 2)
+        f.write(b"\xde\xad\xbe\xef" * 8)
+    before = compiler.COMPILE_COUNT
+    events = []
+    compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
+    assert before + 1 == compiler.COMPILE_COUNT
+    assert any("damaged" in e.message for e in events)
+    before = compiler.COMPILE_COUNT
+    compiler.get_library(cfg, DeviceSpec("cpu"))
+    assert before == compiler.COMPILE_COUNT  # the rebuilt entry verifies
+
+
+def test_unwritable_cache_is_a_cache_error_not_a_schedule_failure(tiny_model_dir, tmp_path, monkeypatch):
+    """A cache that cannot be written (here `libs` is a file; also root cannot write there): one
+    compile, a message about the cache (no `--device cpu`, no retry with the stock pipeline)."""
+    from app.errors import LlmchatError
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "libs").write_text("not a directory")
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(cache))
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    events = []
+    before = compiler.COMPILE_COUNT
+    with pytest.raises(LlmchatError, match="Cannot write the compiled model library") as err:
+        compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
+    assert "LLMCHAT_CACHE_DIR" in err.value.fix and "--device cpu" not in str(err.value)
+    assert not any("stock pipeline" in e.message for e in events)
+    assert before == compiler.COMPILE_COUNT
+
+
+def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fresh_cache, monkeypatch):
+    from app.inference import pipelines
+
+    def broken(target):
+        raise RuntimeError("schedule bug")
+
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(fresh_cache / "fallback-cache"))
+    monkeypatch.setattr(pipelines, "pipeline_for", broken)
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    lib = compiler.get_library(cfg, DeviceSpec("cpu"))
+    normal = compiler.cache_key(dataclasses.replace(cfg, compute_dtype=lib.compute_dtype), "cpu",
+                                compiler.device_fingerprint(DeviceSpec("cpu")))
+    assert normal not in lib.lib_path.name
+    assert json.loads(lib.lib_path.with_suffix(".json").read_text())["pipeline"] == "tvm-default"
+    assert not list(lib.lib_path.parent.glob(f"*{normal}*"))

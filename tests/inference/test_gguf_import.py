@@ -253,7 +253,7 @@ def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(weights, "write_tensor_cache", full)
-    with pytest.raises(LlmchatError, match="No space left on device") as err:
+    with pytest.raises(LlmchatError, match="the disk is full") as err:
         import_gguf(path, name="full")
     assert "disk space" in err.value.fix
     _nothing_left("full")

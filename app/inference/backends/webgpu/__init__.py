@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,25 +139,48 @@ def adapter(index: int) -> Adapter:
     return adapters()[index]
 
 
-def target_dict(index: int, host: dict[str, Any], found: Adapter | None = None) -> dict[str, Any]:
-    """TVM's ``webgpu`` target sized to the adapter: workgroup memory and threads from its
-    limits (TVM assumes 32 KiB; a prefill attention of a 1B model wants more than WebGPU's
-    default 16 KiB); subgroups stay off (TVM's shuffles assume 32-wide subgroups, lavapipe's
-    are 8 wide, RADV may use 64)."""
-    a = found or adapter(index)
-    shared = min(int(a.limits.get("max_compute_workgroup_storage_size", 16384)), 65536)
-    threads = min(int(a.limits.get("max_compute_invocations_per_workgroup", 256)), MAX_THREADS)
-    return {"kind": "webgpu", "max_num_threads": threads, "max_shared_memory_per_block": shared,
+@dataclass(frozen=True)
+class Profile:
+    """What of an adapter decides the compiled WGSL: shader-f16, workgroup memory, threads. Its
+    text form (``wgsl-f16-wg32768-t256``) is the library's device fingerprint and what
+    ``--arch`` takes to build for an adapter that is not here (a prebuilt library, a benchmark)."""
+
+    f16: bool
+    workgroup_bytes: int
+    threads: int
+
+    def __str__(self) -> str:
+        return f"wgsl-{'f16' if self.f16 else 'f32'}-wg{self.workgroup_bytes}-t{self.threads}"
+
+    @classmethod
+    def of(cls, a: Adapter) -> Profile:
+        shared = min(int(a.limits.get("max_compute_workgroup_storage_size", 16384)), 65536)
+        threads = min(int(a.limits.get("max_compute_invocations_per_workgroup", 256)), MAX_THREADS)
+        return cls(a.shader_f16, shared, threads)
+
+    @classmethod
+    def parse(cls, text: str) -> Profile:
+        m = re.fullmatch(r"wgsl-(f16|f32)-wg(\d+)-t(\d+)", text.strip())
+        if not m:
+            raise LlmchatError(f"{text!r} is not a WGSL adapter profile.",
+                               "use the form wgsl-f16-wg32768-t256 (see `llmchat doctor`)")
+        return cls(m.group(1) == "f16", int(m.group(2)), int(m.group(3)))
+
+
+def target_dict(index: int, host: dict[str, Any], profile: str | None = None) -> dict[str, Any]:
+    """TVM's ``webgpu`` target sized to the adapter (or to ``profile``): workgroup memory and
+    threads from its limits (TVM assumes 32 KiB; a prefill attention of a 1B model wants more
+    than WebGPU's default 16 KiB); subgroups stay off (TVM's shuffles assume 32-wide subgroups,
+    lavapipe's are 8 wide, RADV may use 64)."""
+    p = Profile.parse(profile) if profile else Profile.of(adapter(index))
+    return {"kind": "webgpu", "max_num_threads": p.threads, "max_shared_memory_per_block": p.workgroup_bytes,
             "thread_warp_size": 1, "supports_subgroups": False, "host": host}
 
 
 def fingerprint(index: int) -> str:
-    """What of the adapter decides the compiled library: its name, f16 and the limits the
-    target uses (a library built for other adapter features is rebuilt, not reused)."""
-    a = adapter(index)
-    return (f"webgpu|{a.name}|{a.backend}|f16={int(a.shader_f16)}|"
-            f"wg={a.limits.get('max_compute_workgroup_storage_size', 0)}|"
-            f"thr={min(a.limits.get('max_compute_invocations_per_workgroup', 256), MAX_THREADS)}")
+    """The adapter's :class:`Profile`: a library built for other adapter features is rebuilt,
+    not reused; one built for the same features elsewhere is found."""
+    return str(Profile.of(adapter(index)))
 
 
 def device(index: int) -> Any:
