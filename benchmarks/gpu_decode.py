@@ -48,7 +48,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from app.inference.devices import DeviceSpec
     from app.inference.random_model import preset_config
 
-    backend = "rocm" if args.arch.startswith("gfx") else "cuda"
+    backend = ("rocm" if args.arch.startswith("gfx") else "vulkan" if args.arch.startswith("wgsl")
+               else "cuda")
     device = DeviceSpec(backend, 0)
     plain = set(filter(None, args.plain.split(",")))
     manifest_path = Path(args.cache) / "manifest.json"
@@ -66,7 +67,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                               "lib": str(lib.lib_path), "seconds": round(time.time() - t0, 1),
                               "lib_bytes": lib.lib_path.stat().st_size}), flush=True)
             fields = {k: (v.name if k == "lib_path" else v) for k, v in dataclasses.asdict(lib).items()}
-            manifest[f"{preset}|{args.quant}|{args.context}|{'plain' if use_plain else 'llmchat'}"] = fields
+            manifest[_manifest_key(backend, preset, args.quant, args.context, use_plain)] = fields
             manifest_path.write_text(json.dumps(manifest))
     os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
     return 0
@@ -191,6 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _set_cache(args.cache)
     import numpy as np
 
+    if args.backend == "vulkan":
+        return cmd_run_vulkan(args)
     from app.inference.cuda_support import prepare_cuda_runtime
 
     prepare_cuda_runtime()
@@ -265,6 +268,128 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _logit_check(a: list[Any], b: list[Any]) -> dict[str, Any]:
+    import numpy as np
+
+    pairs = list(zip(a, b, strict=True))
+    errs = [float(np.abs(x - y).max() / (np.abs(y).max() + 1e-9)) for x, y in pairs]
+    return {"steps": len(errs), "max_rel_err": max(errs),
+            "argmax_equal": sum(int(np.argmax(x) == np.argmax(y)) for x, y in pairs),
+            "finite": bool(all(np.isfinite(x).all() for x in a))}
+
+
+def cmd_run_vulkan(args: argparse.Namespace) -> int:
+    """Each preset on Vulkan (llmchat's WebGPU device API on wgpu-native): decode and prefill as
+    for CUDA; correctness against the CUDA library of the same preset and random weights (its
+    logits on the same teacher-forced tokens and prompts) where ``--reference cuda`` is given."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.random_model import load_random_engine
+
+    _use_manifest(Path(args.cache), args.quant, args.context)
+    dev = webgpu.device(0)
+    adapter = webgpu.adapters()[0]
+    results: dict[str, Any] = {"device": f"{adapter.name} ({adapter.backend}, {adapter.driver})",
+                               "tvm": tvm.__version__, "profile": str(webgpu.Profile.of(adapter)),
+                               "runtime_only": _runtime_only(), "copy_bw_TBps": args.copy_bw, "presets": {}}
+    del dev
+    for preset in args.presets.split(","):
+        res: dict[str, Any] = {}
+        try:
+            t0 = time.time()
+            engine = load_random_engine(preset, args.quant, device="vulkan", context_window=args.context)
+            res["load_s"] = round(time.time() - t0, 1)
+            res["weight_bytes"] = engine.info.weight_bytes
+            res.update(_bench_engine(engine, args.gen, args.prompt, args.repeats))
+            if args.copy_bw:
+                res["roofline_pct"] = round(100 * res["decode_tok_s"] * res["weight_bytes"]
+                                            / (args.copy_bw * 1e12), 1)
+            res["device_argmax"] = _check_device_argmax(engine, args.check_steps)
+            res["webgpu_stats"] = webgpu.stats(0)
+            if args.reference == "cuda":
+                logits, toks = _teacher_forced_logits(engine, args.check_steps, None)
+                prompt_logits = _prompt_logits(engine, 4)
+                engine.close()
+                del engine
+                from app.inference.cuda_support import prepare_cuda_runtime
+
+                prepare_cuda_runtime()
+                ref = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
+                ref_logits, _ = _teacher_forced_logits(ref, args.check_steps, toks)
+                ref_prompt = _prompt_logits(ref, 4)
+                res["check_vs_cuda"] = _logit_check(logits, ref_logits)
+                res["check_prompt_vs_cuda"] = _logit_check(prompt_logits, ref_prompt)
+                res["cuda"] = _bench_engine(ref, args.gen, args.prompt, args.repeats)
+                ref.close()
+                del ref
+            else:
+                engine.close()
+                del engine
+        except Exception as err:  # keep measuring the other presets
+            res["error"] = f"{type(err).__name__}: {err}"[:3000]
+        results["presets"][preset] = res
+        print("RESULT", json.dumps({preset: res}), flush=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def cmd_wgsl_copy(args: argparse.Namespace) -> int:
+    """WGSL copy bandwidth (bytes read + written per second) through llmchat's device API: a
+    vec4<f32> copy kernel TVM compiled for webgpu. ``--build LIB`` compiles it (needs the TVM
+    compiler); ``--lib LIB`` runs it (on the GPU machine)."""
+    import tvm
+
+    if args.build:
+        from tvm import s_tir, te
+
+        n = te.var("n")
+        a = te.placeholder((n, 4), name="A", dtype="float32")
+        b = te.compute((n, 4), lambda i, j: a[i, j], name="B")
+        mod = tvm.IRModule({"copy": te.create_prim_func([a, b]).with_attr("global_symbol", "copy")})
+        sch = s_tir.Schedule(mod)
+        sch.work_on("copy")
+        i, j = sch.get_loops(sch.get_sblock("B"))
+        bx, tx = sch.split(i, [None, 256])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(j)
+        lib = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "webgpu", "host": {"kind": "llvm"}}))
+        lib.export_library(args.build)
+        print(args.build)
+        return 0
+    import numpy as np
+
+    from app.inference.backends import webgpu
+
+    dev = webgpu.device(0)
+    lib = tvm.runtime.load_module(args.lib)
+    # 1 GiB each way where the adapter binds that much (NVIDIA: 2 GiB; lavapipe: 128 MiB)
+    rows = min(1 << 30, webgpu.adapters()[0].max_binding_bytes) // 16
+    x = tvm.runtime.empty((rows, 4), "float32", dev)
+    y = tvm.runtime.empty((rows, 4), "float32", dev)
+    small = np.arange(4096 * 4, dtype="float32").reshape(4096, 4)
+    xs, ys = tvm.runtime.tensor(small, dev), tvm.runtime.empty((4096, 4), "float32", dev)
+    lib["copy"](xs, ys)
+    assert np.array_equal(ys.numpy(), small), "the WGSL copy kernel copied wrongly"
+    sync = tvm.get_global_func("llmchat.webgpu.sync")
+    for _ in range(3):
+        lib["copy"](x, y)
+    sync(0)
+    reps = 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        lib["copy"](x, y)
+    sync(0)
+    seconds = (time.perf_counter() - t0) / reps
+    print(round(2 * rows * 16 / seconds / 1e12, 3))
+    return 0
+
+
+def _manifest_key(backend: str, preset: str, quant: str, context: int, plain: bool) -> str:
+    return f"{backend}|{preset}|{quant}|{context}|{'plain' if plain else 'llmchat'}"
+
+
 def _use_manifest(cache: Path, quant: str, context: int) -> None:
     """Load exactly the libraries ``compile`` built (recorded in manifest.json), even if the
     engine's sources changed since (which would change the cache key and force a rebuild)."""
@@ -279,9 +404,9 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
     def get_library(cfg: Any, device: Any, arch: str | None = None, progress: Any = None) -> Any:
         from app.inference.random_model import PRESETS
 
-        kind = "plain" if os.environ.get("LLMCHAT_TVM_PIPELINE") == "default" else "llmchat"
+        plain = os.environ.get("LLMCHAT_TVM_PIPELINE") == "default"
         for preset in PRESETS:
-            entry = manifest.get(f"{preset}|{quant}|{context}|{kind}")
+            entry = manifest.get(_manifest_key(device.backend, preset, quant, context, plain))
             if entry and cfg.code_key() == _preset_key(preset, quant, context):
                 fields = dict(entry, lib_path=compiler.libs_dir() / entry["lib_path"])
                 return compiler.CompiledModel(**fields)
@@ -401,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--plain", default="llama2-7b",
                         help="presets also built/checked with TVM's plain pipeline (comma list)")
     c = sub.add_parser("compile", parents=[common])
-    c.add_argument("--arch", default="sm_90")
+    c.add_argument("--arch", default="sm_90", help="sm_90, gfx1100, or a WGSL profile (wgsl-f16-wg49152-t256)")
     r = sub.add_parser("run", parents=[common])
     r.add_argument("--gen", type=int, default=512)
     r.add_argument("--prompt", type=int, default=512, help="prefill benchmark prompt length (0: skip)")
@@ -411,7 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--plain-prefill", action="store_true")
     r.add_argument("--forbid-nvcc", action="store_true")
     r.add_argument("--out", required=True)
+    r.add_argument("--backend", choices=("cuda", "vulkan"), default="cuda")
+    r.add_argument("--reference", choices=("none", "cuda"), default="none",
+                   help="vulkan: check the logits against the CUDA library of the same preset")
     sub.add_parser("copy-bw")
+    w = sub.add_parser("wgsl-copy")
+    w.add_argument("--build", default=None, metavar="LIB")
+    w.add_argument("--lib", default=None, metavar="LIB")
     g = sub.add_parser("make-gguf")
     g.add_argument("--preset", required=True, choices=list(GGUF_SHAPES))
     g.add_argument("--gguf-py", required=True, help="llama.cpp's gguf-py directory")
@@ -419,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     return {"compile": cmd_compile, "run": cmd_run, "copy-bw": cmd_copy_bw,
-            "make-gguf": cmd_make_gguf}[args.cmd](args)
+            "make-gguf": cmd_make_gguf, "wgsl-copy": cmd_wgsl_copy}[args.cmd](args)
 
 
 if __name__ == "__main__":
