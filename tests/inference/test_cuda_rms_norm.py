@@ -5,10 +5,9 @@ float16 row, with its epsilon) and which it leaves. The kernel runs on the H200 
 from __future__ import annotations
 
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm, match_rms_norm, reference_rms_norm  # noqa: E402
+from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm, match_rms_norm, reference_rms_norm
 
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
