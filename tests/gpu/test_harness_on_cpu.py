@@ -5,6 +5,8 @@ that). The engine's end-to-end checks (tests/gpu/engine_checks.py) run here on t
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -96,3 +98,34 @@ def test_paged_layout_and_reference_agree_with_dense_attention():
             p = np.exp(s - s.max())
             np.testing.assert_allclose(out[b, h], p @ v / p.sum())
             np.testing.assert_allclose(lse[b, h], np.log2(np.exp(s).sum()))
+
+
+def test_engine_checks_on_the_cpu_pipeline(tiny_model_dir, monkeypatch):
+    """The GPU suite's end-to-end checks on the CPU: llmchat's CPU pipeline against the float64
+    reference and against TVM's plain pipeline, greedy decoding through every path."""
+    from app.inference.engine import load_engine
+    from tests.gpu import engine_checks
+
+    model_dir = tiny_model_dir("llama", "q4f16_1")
+    vocab = json.loads((model_dir / "mlc-chat-config.json").read_text())["vocab_size"]
+    monkeypatch.delenv("LLMCHAT_TVM_PIPELINE", raising=False)
+    engine = load_engine(model_dir, device="cpu")
+    try:
+        assert engine_checks.check_against_reference(engine, model_dir, 1e-4) > 0
+        tokens = engine_checks.check_device_greedy(engine, steps=12)
+        assert len(set(tokens)) > 1
+        monkeypatch.setenv("LLMCHAT_TVM_PIPELINE", "default")
+        plain = load_engine(model_dir, device="cpu")
+        try:
+            assert engine_checks.check_against_engine(engine, plain, vocab, 1e-4) > 0
+            # and a check that fails: another model's logits
+            other = load_engine(tiny_model_dir("qwen2", "q4f16_1"), device="cpu")
+            try:
+                with pytest.raises(AssertionError, match="off the other engine"):
+                    engine_checks.check_against_engine(engine, other, vocab, 1e-2)
+            finally:
+                other.close()
+        finally:
+            plain.close()
+    finally:
+        engine.close()
