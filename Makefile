@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint clean
+.PHONY: run test test-gpu lint clean
 
 $(BIN)/llmchat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ run: $(BIN)/llmchat  ## install and start the chat app
 test: $(BIN)/llmchat  ## install and run the linter and the tests
 	$(BIN)/ruff check app tests
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-gpu: $(BIN)/llmchat  ## the GPU suite (tests/gpu, marker gpu) on an NVIDIA GPU; a skip fails it
+	LLMCHAT_NO_SKIP=1 $(BIN)/python -m pytest -q -m gpu -rs $(PYTEST_ARGS) tests/gpu
 
 lint: $(BIN)/llmchat
 	$(BIN)/ruff check app tests

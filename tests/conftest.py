@@ -8,6 +8,14 @@
   ``params_shard_*.bin`` with random weights, a real byte-level BPE ``tokenizer.json`` trained
   with the ``tokenizers`` library, and ``tokenizer_config.json`` with a ChatML chat template.
 * ``tiny_engine``: a CPU engine on the llama ``q4f32_1`` tiny model (compiled once per session).
+
+Two switches decide what runs:
+
+* ``LLMCHAT_NO_SKIP=1`` (set by ``.ci/run``): a skipped test FAILS the run. A test that needs
+  something of the environment (nvcc, lld and ROCm bitcode, tmux, ...) may skip on a user's machine
+  with its reason, never in CI, where the run must prove that every test ran.
+* ``-m gpu`` selects the GPU suite (tests/gpu, marker ``gpu``; ``make test-gpu``). Without it those
+  tests are deselected, not skipped: ``make test`` on a machine without a GPU runs everything else.
 """
 
 from __future__ import annotations
@@ -20,6 +28,57 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+#: environment switch: any skip fails the run (CI)
+NO_SKIP_ENV = "LLMCHAT_NO_SKIP"
+
+
+def no_skip() -> bool:
+    """Whether ``LLMCHAT_NO_SKIP`` is set (to anything but empty or 0)."""
+    return os.environ.get(NO_SKIP_ENV, "").strip() not in ("", "0")
+
+
+def _skip_reason(longrepr: Any) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
+        return f"{longrepr[2].removeprefix('Skipped: ')} ({longrepr[0]}:{longrepr[1]})"
+    return str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under ``LLMCHAT_NO_SKIP`` a skipped test is reported as failed, with the skip's reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if no_skip() and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = (f"{NO_SKIP_ENV} is set, and this test skipped: {_skip_reason(report.longrepr)}\n"
+                           "CI must run every test: install what it needs (see the README's "
+                           "'What the tests need') or make it run without it")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU suite (marker ``gpu``) runs only when asked for with ``-m gpu`` (``make test-gpu``);
+    otherwise its tests are deselected: not run, and not counted as skipped."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``LLMCHAT_NO_SKIP`` skips outside a test's run (a module skipped at collection) fail
+    the run too."""
+    if not no_skip():
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.write_line(f"{NO_SKIP_ENV} is set: {len(skipped)} skipped, failing the run", red=True)
+
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

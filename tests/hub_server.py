@@ -251,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
                     hub.counters.bytes_sent[filename] = hub.counters.bytes_sent.get(filename, 0) + n
             if stall is not None and sent < len(body):
                 self.wfile.flush()
-                hub.release_stall.wait(30)
+                hub.release_stall.wait(hub.stall_timeout_s)
                 return self._drop()
             if cut is not None and sent < len(body):
                 return self._drop()
@@ -281,6 +281,9 @@ class HubServer:
         self.counters = Counters()
         self.lock = threading.Lock()
         self.release_stall = threading.Event()
+        #: how long a stalled response waits for release_stall before it drops the connection
+        #: (None: until released; stop() releases every stall)
+        self.stall_timeout_s: float | None = 30
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference.pipelines import cpu_gemv  # noqa: E402
-from app.inference.quantization import get_format  # noqa: E402
-from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
+from app.inference.pipelines import cpu_gemv
+from app.inference.quantization import get_format
+from app.inference.quantization.base import dequant_matmul_te
 
 K, N = 96, 40  # three q4 groups; 40 rows = ten tasks of four
 

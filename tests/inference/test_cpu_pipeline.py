@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference.pipelines.cpu import (  # noqa: E402
+from app.inference.pipelines.cpu import (
     KERNEL_KIND_ATTR,
     configure_cpu_threads,
     cpu_pipeline,

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference import cuda_support  # noqa: E402
-from app.inference.device_ops import argmax_te, has_device_argmax  # noqa: E402
-from app.inference.pipelines import cuda_attention, cuda_gemm, cuda_gemv, cuda_kernels, gpu  # noqa: E402
-from app.inference.pipelines.cuda_argmax import CudaArgmax  # noqa: E402
-from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm  # noqa: E402
-from app.inference.quantization import get_format  # noqa: E402
-from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
+from app.inference import cuda_support
+from app.inference.device_ops import argmax_te, has_device_argmax
+from app.inference.pipelines import cuda_attention, cuda_gemm, cuda_gemv, cuda_kernels, gpu
+from app.inference.pipelines.cuda_argmax import CudaArgmax
+from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm
+from app.inference.quantization import get_format
+from app.inference.quantization.base import dequant_matmul_te
 
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}

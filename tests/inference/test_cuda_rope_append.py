@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference.compiler import export_model  # noqa: E402
-from app.inference.pipelines import cuda_rope_append as cra  # noqa: E402
-from app.inference.pipelines import gpu  # noqa: E402
-from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR  # noqa: E402
-from app.inference.random_model import preset_config  # noqa: E402
+from app.inference.compiler import export_model
+from app.inference.pipelines import cuda_rope_append as cra
+from app.inference.pipelines import gpu
+from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR
+from app.inference.random_model import preset_config
 
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}

@@ -4,13 +4,11 @@ the H200: benchmarks/kernels and ``benchmarks/gpu_decode.py run``)."""
 
 from __future__ import annotations
 
-import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference.pipelines import cuda_silu_gate  # noqa: E402
-from app.inference.quantization import get_format  # noqa: E402
-from app.inference.quantization.base import dequant_matmul_te  # noqa: E402
+from app.inference.pipelines import cuda_silu_gate
+from app.inference.quantization import get_format
+from app.inference.quantization.base import dequant_matmul_te
 
 K, N = 256, 1024  # a gate_up projection: 512 gate rows, 512 up rows
 

@@ -10,12 +10,11 @@ import re
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.inference.pipelines.cpu import KERNEL_KIND_ATTR, cpu_pipeline, scheduled_module  # noqa: E402
-from app.inference.quantization import get_format  # noqa: E402
-from app.inference.quantization.base import DEQUANTIZE_STAGE  # noqa: E402
+from app.inference.pipelines.cpu import KERNEL_KIND_ATTR, cpu_pipeline, scheduled_module
+from app.inference.quantization import get_format
+from app.inference.quantization.base import DEQUANTIZE_STAGE
 
 IN_F, OUT_F = 256, 64
 FORMATS = ["q4f16_1", "q4f32_1", "ggml_q4_0"]

@@ -12,12 +12,11 @@ import shutil
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from app.errors import LlmchatError  # noqa: E402
-from app.inference import cuda_support  # noqa: E402
-from app.inference.pipelines import gpu  # noqa: E402
+from app.errors import LlmchatError
+from app.inference import cuda_support
+from app.inference.pipelines import gpu
 
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from app.inference.hardware.runtimes import (
     tvm_runtimes_static,
 )
 from app.inference.hardware.sysfs import SysReader
+from tests import unprivileged
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,34 +135,21 @@ def test_probe_in_a_fresh_process_is_fast_and_never_imports_tvm():
     assert float(seconds) < 5.0  # sanity bound only; measured ~0.15 s here
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX only")
 def test_probe_needs_no_root():
-    if os.geteuid() != 0:
-        out = _run_fresh_probe()  # already unprivileged
-        assert out.returncode == 0, out.stderr
-        return
-
-    def drop() -> None:  # as root: run the probe as "nobody"
-        os.setgid(65534)
-        os.setgroups([])
-        os.setuid(65534)
-
-    # the probe is standard library only, so the system's Python can run it when the test
-    # interpreter lives somewhere "nobody" cannot read (e.g. under /root)
-    pythons = [sys.executable, shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3"]
-    env = {"HOME": "/tmp", "PYTHONPATH": str(REPO)}
-    for python in filter(None, pythons):
-        try:
-            out = _run_fresh_probe(python, preexec_fn=drop, env=env)
-        except (PermissionError, FileNotFoundError):
-            continue
-        if out.returncode == 0:
-            print(f"unprivileged probe ({python}): {out.stdout.strip()}")
-            assert out.stdout.split()[3] == "65534"
-            return
-        if "Permission denied" not in out.stderr and "No module named" not in out.stderr:
-            pytest.fail(out.stderr)
-    pytest.skip("no interpreter here can be run by an unprivileged user")
+    """The probe of this machine runs as an unprivileged user (``nobody`` when the tests run as
+    root, as in CI), from a copy of the package that user can read."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("LLMCHAT_") and k not in
+           ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES")}
+    with unprivileged.shared_dir() as shared:
+        env["LLMCHAT_CACHE_DIR"] = env["LLMCHAT_DATA_DIR"] = env["LLMCHAT_CONFIG_DIR"] = str(shared / "dirs")
+        out = unprivileged.run_python(FRESH_PROBE, shared, env=env)
+    if out is None:
+        pytest.skip("no Python interpreter here can be run by an unprivileged user")
+    assert out.returncode == 0, out.stderr
+    print(f"unprivileged probe: {out.stdout.strip()}")
+    _seconds, backend, tvm_imported, uid = out.stdout.split()
+    assert backend in ("rocm", "vulkan", "cuda", "metal", "cpu") and tvm_imported == "False"
+    assert int(uid) == (unprivileged.NOBODY if unprivileged.is_root() else os.geteuid())
 
 
 class _StandInDevice:

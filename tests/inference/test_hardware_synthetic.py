@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from app.inference.hardware import probe
+from tests import unprivileged
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysroots"
 GIB = 1 << 30
@@ -146,14 +147,26 @@ def test_kfd_not_openable_and_not_in_render_group_suggests_usermod(tmp_path):
     assert any("not in the render group" in r for r in report.reasons)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root opens a mode-000 file anyway")
-def test_kfd_permission_denied_suggests_usermod(tmp_path):
-    root = make_root(tmp_path, "amd-rx6900xt")
-    add_rocm(root)
-    (root / "dev" / "kfd").chmod(0)
-    report = probe(root, tvm_runtimes={"rocm"})
-    assert report.runtimes["rocm"]["kfd_error"] == "permission denied"
-    assert any("usermod" in f for f in report.fixes)
+def test_kfd_permission_denied_suggests_usermod():
+    """/dev/kfd without read-write permission for the user. Root opens a mode-000 file anyway, so
+    the probe runs in a child process as an unprivileged user (``nobody`` when the tests run as
+    root, as in CI) on a sysroot that user can read."""
+    code = ("import json\nfrom app.inference.hardware import probe\n"
+            "r = probe('root', tvm_runtimes={'rocm'})\n"
+            "print(json.dumps({'kfd_error': r.runtimes['rocm']['kfd_error'], 'fixes': r.fixes}))\n")
+    with unprivileged.shared_dir() as shared:
+        root = make_root(shared, "amd-rx6900xt")
+        add_rocm(root)
+        for path in root.rglob("*"):  # copied from the fixtures with their modes: readable by all
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        (root / "dev" / "kfd").chmod(0)
+        out = unprivileged.run_python(code, shared, env={"USER": USER, "LOGNAME": USER})
+    if out is None:
+        pytest.skip("no Python interpreter here can be run by an unprivileged user")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["kfd_error"] == "permission denied"
+    assert any("usermod" in f for f in report["fixes"])
 
 
 def test_rocm_without_hip_runtime_is_not_usable(tmp_path):

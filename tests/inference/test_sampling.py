@@ -55,6 +55,26 @@ def test_seed_reproducible_and_seeds_differ() -> None:
     assert draws(None) != draws(None)
 
 
+@pytest.mark.parametrize("seed", [0, 7])
+def test_seeded_draws_follow_the_temperature(seed: int) -> None:
+    """The same seed at two temperatures: each run's frequencies follow softmax(logits / T) for its
+    own T, and the two distributions are far apart (a sampler that ignored the temperature, or
+    applied it twice, would fail one of them)."""
+    logits = _logits(vocab=12, seed=2, scale=1.0)
+    n = 6000
+
+    def frequencies(temperature: float) -> np.ndarray:
+        sampler = Sampler(SamplingParams(temperature=temperature, top_p=1.0, seed=seed))
+        counts = np.bincount([sampler.sample(logits) for _ in range(n)], minlength=logits.size)
+        return counts / n
+
+    cold, hot = _softmax(logits / 0.4), _softmax(logits / 2.0)
+    assert 0.5 * np.abs(cold - hot).sum() > 0.4  # total variation: the temperatures matter
+    for temperature, expected in ((0.4, cold), (2.0, hot)):
+        got = frequencies(temperature)
+        assert 0.5 * np.abs(got - expected).sum() < 0.04, (temperature, got.round(3), expected.round(3))
+
+
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 0.5), (0.7, 0.9), (1.5, 0.3), (1.0, 0.05)])
 def test_top_p_keeps_exactly_the_nucleus(temperature: float, top_p: float) -> None:
     logits = _logits(vocab=300, seed=3, scale=1.5)

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from textual.command import CommandList, CommandPalette
+
 from app.screens.conversations import ConversationsScreen
 from app.widgets.chat_log import ChatLog, Notice, UserMessage
 from app.widgets.prompt_input import PromptInput
 from tests.screens.test_chat import open_chat, send_and_finish, wait_until
+
+
+def highlighted_command(app) -> str | None:
+    """The command the open palette would run on Enter: its highlighted search result."""
+    if not isinstance(app.screen, CommandPalette):
+        return None
+    results = app.screen.query_one(CommandList)
+    if results.highlighted is None:
+        return None
+    return str(results.get_option_at_index(results.highlighted).hit.text)
 
 
 async def test_palette_runs_stats_and_prefills_set(make_app):
@@ -13,16 +25,16 @@ async def test_palette_runs_stats_and_prefills_set(make_app):
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
         await pilot.press("ctrl+p")
-        await wait_until(pilot, lambda: type(app.screen).__name__ == "CommandPalette")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette))
         await pilot.press(*"/stats")
-        await pilot.pause(0.5)
+        await wait_until(pilot, lambda: highlighted_command(app) == "/stats")  # the search has answered
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.screen is chat and len(chat.query(Notice)) == 1)
         assert "memory in use" in chat.query_one(Notice).source
         await pilot.press("ctrl+p")
-        await wait_until(pilot, lambda: type(app.screen).__name__ == "CommandPalette")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette))
         await pilot.press(*"/set")
-        await pilot.pause(0.5)
+        await wait_until(pilot, lambda: highlighted_command(app) == "/set")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.screen is chat and chat.query_one(PromptInput).text == "/set ")
 

@@ -7,10 +7,7 @@ Update after an intended change with ``pytest tests/screens/test_snapshots.py --
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-
-from textual.css.query import NoMatches
 
 from app.chat_app import LlmchatApp, Services, StartOptions
 from app.history import HistoryStore
@@ -21,6 +18,7 @@ from app.screens.models import ModelsScreen
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import AssistantMessage
 from tests.screens.conftest import SharedEngine, probe_fixture
+from tests.screens.test_chat import wait_until
 
 SIZE = (100, 32)
 
@@ -36,19 +34,12 @@ CONVERSATION = [
 ]
 
 
-async def _until(predicate, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not _true(predicate):
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
-def _true(predicate) -> bool:
-    try:
-        return bool(predicate())
-    except NoMatches:  # the screen is not mounted yet
-        return False
+async def _settled(pilot) -> None:
+    """Wait until the app has nothing left to do: its workers (the catalog's fit, the hardware
+    report) finished, its animations done and its messages processed; not for time to pass."""
+    await pilot.app.workers.wait_for_complete()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
 
 
 def _no_models_services(probe_name: str) -> Services:
@@ -71,9 +62,9 @@ def test_chat_screen(snap_compare, chat_engine):
     app = LlmchatApp(StartOptions(continue_last=True, device="cpu"), services)
 
     async def ready(pilot):
-        await _until(lambda: isinstance(pilot.app.screen, ChatScreen))
-        await _until(lambda: len(pilot.app.screen.query(AssistantMessage)) == 2)
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, ChatScreen))
+        await wait_until(pilot, lambda: len(pilot.app.screen.query(AssistantMessage)) == 2)
+        await _settled(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=ready)
 
@@ -83,11 +74,11 @@ def test_models_screen(snap_compare):
     app = LlmchatApp(StartOptions(), _no_models_services("amd-rx7900xtx"))
 
     async def ready(pilot):
-        await _until(lambda: isinstance(pilot.app.screen, FirstRunScreen))
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, FirstRunScreen))
         pilot.app.action_open_models()
-        await _until(lambda: isinstance(pilot.app.screen, ModelsScreen))
-        await _until(lambda: pilot.app.screen.query_one(CatalogTable).row_count > 0)
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, ModelsScreen))
+        await wait_until(pilot, lambda: pilot.app.screen.query_one(CatalogTable).row_count > 0)
+        await _settled(pilot)
 
     assert snap_compare(app, terminal_size=(100, 40), run_before=ready)
 
@@ -97,9 +88,9 @@ def test_first_run_screen_on_a_steam_deck(snap_compare):
     app = LlmchatApp(StartOptions(), _no_models_services("amd-vangogh"))
 
     async def ready(pilot):
-        await _until(lambda: isinstance(pilot.app.screen, FirstRunScreen))
-        await _until(lambda: pilot.app.screen.query_one(CatalogTable).row_count > 0)
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, FirstRunScreen))
+        await wait_until(pilot, lambda: pilot.app.screen.query_one(CatalogTable).row_count > 0)
+        await _settled(pilot)
 
     assert snap_compare(app, terminal_size=(100, 44), run_before=ready)
 
@@ -109,10 +100,11 @@ def test_hardware_screen_on_a_steam_deck(snap_compare):
     app = LlmchatApp(StartOptions(), _no_models_services("amd-vangogh"))
 
     async def ready(pilot):
-        await _until(lambda: isinstance(pilot.app.screen, FirstRunScreen))
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, FirstRunScreen))
         pilot.app.action_open_hardware()
-        await _until(lambda: isinstance(pilot.app.screen, HardwareScreen))
-        await _until(lambda: "Steam Deck" in str(pilot.app.screen.query_one("#hardware-report").render()))
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, HardwareScreen))
+        report = lambda: str(pilot.app.screen.query_one("#hardware-report").render())  # noqa: E731
+        await wait_until(pilot, lambda: "Steam Deck" in report())
+        await _settled(pilot)
 
     assert snap_compare(app, terminal_size=(100, 40), run_before=ready)

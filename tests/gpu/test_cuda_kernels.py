@@ -1,0 +1,108 @@
+"""llmchat's CUDA kernels (app/inference/pipelines/cuda_kernels.cu) on the GPU against numpy in
+float64, on edge shapes: odd sizes, one row, the largest layers of the supported models, 1 to 8,192
+keys, page and tile boundaries. Each family is built into one module (one nvcc run) by the harness
+of tests/gpu/kernels.py, whose CPU side runs in ``make test`` (test_harness_on_cpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.inference.pipelines import gpu
+from tests.gpu import kernels
+
+pytestmark = pytest.mark.gpu
+
+#: decode attention: (query heads, kv heads, head dim) of Llama-2-7B, Llama-3-8B, Qwen2.5-3B,
+#: Qwen2.5-0.5B and a tiny model
+ATTENTION_SHAPES = [(32, 32, 128), (32, 8, 128), (16, 2, 128), (14, 2, 64), (4, 2, 64)]
+#: key counts: one, page boundaries (16), a chunk's worth, long contexts up to 8,192
+KEY_BATCHES = [[1], [15], [16], [17], [255], [256], [257], [1000], [4096], [8192], [1, 17, 300, 2048]]
+
+
+def matmul_cases() -> list[kernels.Case]:
+    """Decode GEMVs of every epilogue and layout, the SiLU-gated gate_up, prompt GEMMs."""
+    return [
+        kernels.gemv_case(32, 4, "f32"),  # one group, one row per warp
+        kernels.gemv_case(96, 12, "f16"),  # 3 groups (odd), 12 rows
+        kernels.gemv_case(896, 1152, "bias"),  # Qwen2.5-0.5B q/k/v with its bias
+        kernels.gemv_case(896, 896, "res"),  # Qwen2.5-0.5B o_proj + residual
+        kernels.gemv_case(4096, 12288, "f16"),  # Llama-2-7B q/k/v: split-K 4
+        kernels.gemv_case(11008, 4096, "res"),  # Llama-2-7B down: several steps per warp, 8 warps
+        kernels.gemv_case(2048, 22016, "f16"),  # split 2
+        kernels.gemv_case(4096, 32000, "f32"),  # Llama-2-7B lm_head (float32 logits)
+        kernels.gemv_case(896, 151936, "f32"),  # Qwen2.5 lm_head: the most rows
+        kernels.gemv_case(4096, 28672, "f16"),  # Llama-3-8B gate_up: the largest decode layer
+        kernels.silu_gate_case(256, 512),
+        kernels.silu_gate_case(896, 4864),  # Qwen2.5-0.5B
+        kernels.silu_gate_case(4096, 11008),  # Llama-2-7B
+        kernels.gemm_case(96, 64, "f16", rows=(1, 63, 64, 65, 200)),  # one q4 group per step
+        kernels.gemm_case(2048, 2560, "bias", rows=(1, 64, 130)),  # narrow: 64-row tiles
+        kernels.gemm_case(4096, 4096, "res", rows=(1, 127, 128, 129, 512)),  # wide: 128-row tiles
+        kernels.gemm_case(896, 151936, "f32", rows=(3,)),  # float32 out, 2,374 column tiles
+        kernels.gemm_case(11008, 4096, "res", rows=(7, 300)),  # Llama-2-7B down
+    ]
+
+
+def small_op_cases() -> list[kernels.Case]:
+    return [
+        *(kernels.argmax_case(v) for v in (1, 7, 300, 1024, 1025, 32000, 128256, 151936)),
+        *(kernels.rms_norm_case(k, eps) for k, eps in ((8, 1e-5), (64, 1e-5), (576, 1e-5), (896, 1e-6),
+                                                       (2048, 1e-6), (4096, 1e-5), (8192, 1e-5))),
+    ]
+
+
+def decode_attention_cases(max_cluster: int) -> list[kernels.Case]:
+    return [kernels.decode_attention_case(h_q, h_kv, d, KEY_BATCHES, max_cluster)
+            for h_q, h_kv, d in ATTENTION_SHAPES]
+
+
+def prefill_cases() -> list[kernels.Case]:
+    batches = [([1], [1], True), ([63], [63], True), ([64], [64], True), ([65], [65], True),
+               ([130], [130], True), ([5, 64, 100], [5, 64, 100], True), ([70], [220], True),
+               ([33], [33], False), ([512], [512], True)]
+    return [kernels.prefill_attention_case(h_q, h_kv, d, batches)
+            for h_q, h_kv, d in [(32, 32, 128), (14, 2, 64), (4, 2, 16)]]
+
+
+def _check(cases: list[kernels.Case], cuda, tmp_path) -> None:
+    device, target = cuda
+    lib = kernels.build(cases, target, tmp_path)
+    failures = kernels.run_all(lib, cases, device)
+    assert not failures, "\n".join(failures)
+
+
+def test_matmul_kernels(cuda, tmp_path):
+    _, target = cuda
+    if not (gpu.use_cuda_kernel_gemv(target) and gpu.use_cuda_gemm(target)):
+        pytest.skip(f"llmchat's matmul kernels are not used on {target.attrs['arch']}")
+    _check(matmul_cases(), cuda, tmp_path)
+
+
+def test_argmax_and_rms_norm_kernels(cuda, tmp_path):
+    _check(small_op_cases(), cuda, tmp_path)
+
+
+def test_decode_attention_merged_through_global_memory(cuda, tmp_path):
+    """The path before sm_90 (and for batches too large for a cluster's scratch-free merge)."""
+    _check(decode_attention_cases(0), cuda, tmp_path)
+
+
+def test_decode_attention_merged_in_a_cluster(cuda, tmp_path):
+    _, target = cuda
+    max_cluster = gpu.max_cluster_size(target)
+    if not max_cluster:
+        pytest.skip(f"no thread-block clusters on {target.attrs['arch']} (sm_90 and later)")
+    _check(decode_attention_cases(max_cluster), cuda, tmp_path)
+
+
+def test_decode_attention_batch_too_large_to_split(cuda, tmp_path):
+    """More (sequence, head, chunk) states than the scratch area holds: every sequence unsplit."""
+    batch = [[20 + i for i in range(40)]]  # 40 sequences x 32 heads x 8 chunks > 8,192 rows
+    _check([kernels.decode_attention_case(32, 32, 128, batch)], cuda, tmp_path)
+
+
+def test_prompt_attention_kernel(cuda, tmp_path):
+    _, target = cuda
+    if not gpu.attention_passes(target)[1:]:
+        pytest.skip(f"llmchat's prompt attention needs sm_80, this GPU is {target.attrs['arch']}")
+    _check(prefill_cases(), cuda, tmp_path)
