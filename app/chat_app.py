@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from app import chat_commands
 from app.history import HistoryStore
 from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
+from app.inference.model_defaults import ModelSampling, effective_params, model_sampling
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
@@ -164,7 +165,9 @@ class LlmchatApp(App):
         self.options = options or StartOptions()
         self.services = services or Services()
         self.engine: Engine | None = None
-        self.params = SamplingParams()
+        self.model_sampling = ModelSampling()  # the loaded model's defaults (set in engine_ready)
+        self.sampling_overrides: dict[str, Any] = {}  # the user's /set values: they win over the defaults
+        self._params = SamplingParams()
         self.system_prompt: str | None = None
         self.history: HistoryStore = HistoryStore(self.options.history_path)
         self.conversation_id: int | None = None
@@ -173,6 +176,25 @@ class LlmchatApp(App):
         self.hardware_report: Any = None
         self.cancel_events: set[threading.Event] = set()
         self._quitting = False
+
+    # -- sampling ------------------------------------------------------------------------------
+    @property
+    def params(self) -> SamplingParams:
+        """The sampling settings of the next reply: the model's defaults with the user's /set on top."""
+        return self._params
+
+    @params.setter
+    def params(self, value: SamplingParams) -> None:
+        """Set every field (as if each had been /set)."""
+        self.sampling_overrides = asdict(value)
+        self._params = value
+
+    def set_sampling(self, overrides: dict[str, Any] | None = None, *, reset: bool = False) -> None:
+        """Apply validated /set values (``reset``: drop every /set value first)."""
+        merged = {} if reset else dict(self.sampling_overrides)
+        merged.update(overrides or {})
+        self._params = effective_params(self.model_sampling.params, merged)  # raises on a bad value
+        self.sampling_overrides = merged
 
     # -- start ---------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -215,6 +237,8 @@ class LlmchatApp(App):
             await asyncio.to_thread(old.close)
         self.resumed_messages = []
         self.conversation_id = None
+        self.model_sampling = model_sampling(engine.info.model_path, engine.info.model_id)
+        self.set_sampling()
         if resume_id is not None:
             conversation = self.history.get(resume_id)
             if conversation is not None:

@@ -44,6 +44,7 @@ class SamplingParams:
     max_tokens: int = 512  # >= 1
     seed: int | None = None
     repetition_penalty: float = 1.0  # > 0; 1 = off (CTRL-style, divides positive logits)
+    repeat_last_n: int = 64  # the penalties count the last N generated tokens (Ollama's); 0 = all of them
     presence_penalty: float = 0.0  # -2..2
     frequency_penalty: float = 0.0  # -2..2
     stop: list[str] = field(default_factory=list)  # extra stop strings

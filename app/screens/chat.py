@@ -101,6 +101,14 @@ def final_stats_line(stats: ReplyStats) -> str:
     return line
 
 
+def _show_value(key: str, value: object) -> str:
+    if key == "seed" and value is None:
+        return "random"
+    if key == "stop":
+        return ", ".join(repr(v) for v in value) if value else "none"  # type: ignore[union-attr]
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def format_bytes(count: float | None) -> str:
     if count is None:
         return "unknown"
@@ -358,14 +366,28 @@ class ChatScreen(Screen):
         from app.inference import sampling
 
         log = self.query_one(ChatLog)
-        if arg.strip():
+        app = self.llm_app
+        if arg.strip().lower() == "reset":
+            app.set_sampling(reset=True)
+            back = "*Sampling settings back to this model's defaults.*\n\n"
+            await log.add_notice(back + self.sampling_markdown())
+        elif arg.strip():
             overrides = sampling.parse_set_command(arg)
-            self.llm_app.params = sampling.apply_overrides(self.llm_app.params, overrides)
-            changed = ", ".join(f"{key}={value!r}" for key, value in overrides.items())
+            app.set_sampling(overrides)
+            changed = ", ".join(f"{key}={_show_value(key, value)}" for key, value in overrides.items())
             await log.add_notice(f"*Set {changed}.*")
         else:
-            params = asdict(self.llm_app.params)
-            await log.add_notice("**Sampling**\n\n" + "\n".join(f"- {k} = {v!r}" for k, v in params.items()))
+            await log.add_notice(self.sampling_markdown())
+
+    def sampling_markdown(self) -> str:
+        """The /set text: every setting, with where its value comes from."""
+        app = self.llm_app
+        lines = ["**Sampling**", ""]
+        for key, value in asdict(app.params).items():
+            source = "/set" if key in app.sampling_overrides else app.model_sampling.describe(key)
+            lines.append(f"- {key} = {_show_value(key, value)} ({source})")
+        lines += ["", "`/set key=value` changes one, `/set reset` goes back to the model's defaults."]
+        return "\n".join(lines)
 
     async def _command_system(self, arg: str) -> None:
         await self.wait_reply_stopped()
