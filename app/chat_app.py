@@ -155,7 +155,7 @@ class LlmchatApp(App):
     CSS_PATH = str(CSS_FILE)
     COMMANDS: ClassVar = App.COMMANDS | {ChatCommandsProvider}
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+c", "quit", "Quit", priority=True),
+        Binding("ctrl+c", "interrupt", "Stop / quit", priority=True),
         Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
         Binding("q", "quit", "Quit", show=False),
     ]
@@ -345,6 +345,14 @@ class LlmchatApp(App):
         self.notify(error_markdown(err).replace("**", ""), severity="error", timeout=12, markup=False)
 
     # -- quit ----------------------------------------------------------------------------------
+    async def action_interrupt(self) -> None:
+        """Ctrl+C: stop what the screen is doing (a reply, its prefill, a download), as Ollama and
+        llama-cli do; with nothing to stop, or pressed again before it has stopped, quit."""
+        stop = getattr(self.screen, "interrupt", None)
+        if stop is not None and stop():
+            return
+        await self.action_quit()
+
     async def action_quit(self) -> None:
         """Quit cleanly, also mid-reply (cancel the engine) and mid-download (cancel event)."""
         if self._quitting:

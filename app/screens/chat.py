@@ -39,11 +39,12 @@ KEYS_HELP: list[tuple[str, str]] = [
     ("shift+enter / ctrl+j / alt+enter", "new line"),
     ("up / down", "previous / next prompt (on the first / last line)"),
     ("esc", "stop the reply, keeping what was generated"),
-    ("ctrl+p", "command palette (all the commands below)"),
+    ("ctrl+p", "command palette (all the commands above)"),
     ("f2", "models"),
     ("f3", "hardware"),
     ("ctrl+s", "export the conversation to Markdown"),
-    ("ctrl+c / ctrl+q", "quit"),
+    ("ctrl+c", "stop the reply; at an idle prompt, or pressed again while it stops: quit"),
+    ("ctrl+q", "quit"),
 ]
 
 
@@ -94,6 +95,8 @@ class ReplyBuffer:
 
 def final_stats_line(stats: ReplyStats) -> str:
     """The stats line kept under a finished reply."""
+    if stats.generated_tokens == 0:
+        return f"stopped during the prompt ({stats.prompt_tokens} tokens read)"
     line = f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
     notes = {"cancelled": "stopped", "length": "max_tokens reached", "context": "context window full"}
     if stats.finish_reason in notes:
@@ -145,6 +148,7 @@ class ChatScreen(Screen):
         self._timer: Timer | None = None
         self._idle = asyncio.Event()  # set while no reply is streaming
         self._idle.set()
+        self._stopping = False  # the running reply was asked to stop
 
     @property
     def llm_app(self) -> LlmchatApp:
@@ -290,6 +294,7 @@ class ChatScreen(Screen):
             await log.add_error(buffer.error)
         self._buffer = None
         self._reply = None
+        self._stopping = False
         self._idle.set()
 
     # -- actions -------------------------------------------------------------------------------
@@ -297,6 +302,17 @@ class ChatScreen(Screen):
         """Esc: stop the reply now, keeping what was generated."""
         if self.replying:
             self.engine.cancel()
+            self._stopping = True
+
+    def interrupt(self) -> bool:
+        """Ctrl+C (from the app): stop the reply (or its prefill); False when there is none to stop or
+        it is already stopping (then the app quits)."""
+        if not self.replying or self._stopping:
+            return False
+        self.engine.cancel()
+        self._stopping = True
+        self.notify("Stopping the reply. Ctrl+C again quits.", timeout=3)
+        return True
 
     async def action_export(self) -> None:
         await self.run_command(chat_commands.Command("export"))
