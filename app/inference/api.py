@@ -177,6 +177,10 @@ class Engine(Protocol):
     def cancel(self) -> None:
         """Stop the running chat()/generate() within one decode step (thread-safe)."""
 
+    # optional (the TVM engine has them; the UI checks with getattr):
+    # count_tokens(text) -> int: tokens of one message's text
+    # context_tokens() -> int: tokens of the conversation so far (system prompt and history)
+
     def reset(self) -> None:
         """Forget the conversation (keeps the system prompt) and clear the KV cache."""
 

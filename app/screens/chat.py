@@ -33,6 +33,10 @@ UI_REFRESH_S = 0.05
 #: UI_CPU_SHARE of one core: on a CPU backend every cycle the UI takes is a cycle the decoder loses
 UI_REFRESH_MAX_S = 0.5
 UI_CPU_SHARE = 0.04
+#: the context meter warns from this share of the window on
+CONTEXT_WARN = 0.8
+#: the meter counts the typed text this long after the last key
+METER_DELAY_S = 0.2
 
 KEYS_HELP: list[tuple[str, str]] = [
     ("enter", "send"),
@@ -149,6 +153,8 @@ class ChatScreen(Screen):
         self._idle = asyncio.Event()  # set while no reply is streaming
         self._idle.set()
         self._stopping = False  # the running reply was asked to stop
+        self._context_used: int | None = None  # tokens of the conversation so far
+        self._meter_timer: Timer | None = None
 
     @property
     def llm_app(self) -> LlmchatApp:
@@ -157,16 +163,20 @@ class ChatScreen(Screen):
     def compose(self) -> ComposeResult:
         info = self.engine.info
         yield Static(f"{info.model_id} · {info.device} ({info.backend})", id="chat-title")
+        yield Static("", id="system-line", markup=False)
         yield ChatLog(id="chat-log")
         yield PromptInput(
             id="prompt",
             placeholder="Message (Enter sends, Shift+Enter or Ctrl+J new line, /help for commands)",
             sent=self.llm_app.prompt_history,
         )
+        yield Static("", id="context-meter", markup=False)
         yield Footer()
 
     async def on_mount(self) -> None:
         self.query_one(PromptInput).focus()
+        self.show_system_prompt()
+        self.refresh_context()
         resumed = self.llm_app.resumed_messages
         if resumed:
             log = self.query_one(ChatLog)
@@ -175,7 +185,74 @@ class ChatScreen(Screen):
                     await log.add_user(message.content)
                 elif message.role == "assistant":
                     await log.add_saved_reply(message.content)
-            await log.add_notice(f"*Resumed conversation ({len(resumed)} messages).*")
+            n = len(resumed)
+            note = f"*Resumed conversation ({n} {'message' if n == 1 else 'messages'}).*"
+            if self.llm_app.system_prompt:
+                note += f"\n\n*With its system prompt:* {self.llm_app.system_prompt}"
+            await log.add_notice(note)
+
+    # -- system prompt and context meter ---------------------------------------------------------
+    def show_system_prompt(self) -> None:
+        """The line under the title: the system prompt in force (hidden when there is none)."""
+        text = self.llm_app.system_prompt
+        line = self.query_one("#system-line", Static)
+        line.display = bool(text)
+        if text:
+            line.update("system: " + " ".join(text.split()))
+
+    def refresh_context(self) -> None:
+        """Recount the conversation's tokens (after a reply, /reset, /system) and redraw the meter."""
+        count = getattr(self.engine, "context_tokens", None)
+        try:
+            if count is not None and not self.replying:
+                self._context_used = int(count())
+        except Exception:
+            self._context_used = None
+        self.update_context_meter()
+
+    def count_tokens(self, text: str) -> int | None:
+        count = getattr(self.engine, "count_tokens", None)
+        try:
+            return int(count(text)) if count is not None else None
+        except Exception:
+            return None
+
+    def update_context_meter(self) -> None:
+        """The line under the prompt: tokens used of the context window, with what is typed; a warning
+        from CONTEXT_WARN of the window on."""
+        window = self.engine.info.context_window
+        meter = self.query_one("#context-meter", Static)
+        used = self._context_used
+        if used is None:
+            meter.update(f"context window {window:,} tokens")
+            return
+        typed_text = self.query_one(PromptInput).text.strip()
+        typed = (self.count_tokens(typed_text) or 0) if typed_text else 0
+        total = used + typed
+        text = f"context {used:,}" + (f" + {typed:,} typed" if typed else "") + f" / {window:,} tokens"
+        text += f" ({total / window:.0%})"
+        full = total / window >= CONTEXT_WARN
+        if total >= window:
+            text += " — does not fit: the oldest messages will be dropped; /reset starts over"
+        elif full:
+            text += " — nearly full: the oldest messages will be dropped soon; /reset starts over"
+        meter.set_class(full, "warning")
+        meter.update(text)
+
+    @on(PromptInput.Changed, "#prompt")
+    def on_prompt_changed(self) -> None:
+        # counted a moment after the typing pauses, not on every key
+        if self._meter_timer is not None:
+            self._meter_timer.stop()
+        self._meter_timer = self.set_timer(METER_DELAY_S, self.update_context_meter)
+
+    @on(PromptInput.Pasted)
+    def on_pasted(self, event: PromptInput.Pasted) -> None:
+        lines = event.text.count("\n") + 1
+        tokens = self.count_tokens(event.text)
+        counted = f", {tokens:,} tokens" if tokens is not None else ""
+        self.notify(f"Pasted {lines:,} {'line' if lines == 1 else 'lines'}{counted}.", timeout=4)
+        self.update_context_meter()
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -296,6 +373,7 @@ class ChatScreen(Screen):
         self._reply = None
         self._stopping = False
         self._idle.set()
+        self.refresh_context()
 
     # -- actions -------------------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -376,7 +454,18 @@ class ChatScreen(Screen):
         self.llm_app.new_conversation()
         log = self.query_one(ChatLog)
         await log.clear()
-        await log.add_notice("*Conversation cleared (KV cache reset). New conversation started.*")
+        kept = []
+        if self.llm_app.system_prompt:
+            kept.append(f"the system prompt ({self.llm_app.system_prompt}; `/system clear` clears it)")
+        if self.llm_app.sampling_overrides:
+            overrides = self.llm_app.sampling_overrides
+            changed = ", ".join(f"{k}={_show_value(k, v)}" for k, v in overrides.items())
+            kept.append(f"your sampling settings ({changed}; `/set reset` drops them)")
+        note = "*Conversation cleared (KV cache reset). New conversation started.*"
+        if kept:
+            note += "\n\nKept: " + "; ".join(kept) + "."
+        await log.add_notice(note)
+        self.refresh_context()
 
     async def _command_set(self, arg: str) -> None:
         from app.inference import sampling
@@ -406,13 +495,25 @@ class ChatScreen(Screen):
         return "\n".join(lines)
 
     async def _command_system(self, arg: str) -> None:
+        log = self.query_one(ChatLog)
+        if not arg.strip():
+            current = self.llm_app.system_prompt
+            await log.add_notice(
+                f"**System prompt**\n\n{current}\n\n`/system TEXT` replaces it, `/system clear` clears it."
+                if current else
+                "*No system prompt is set (the model's chat template applies its own default, if any).* "
+                "`/system TEXT` sets one."
+            )
+            return
         await self.wait_reply_stopped()
-        text = arg.strip() or None
+        text = None if arg.strip().lower() == "clear" else arg.strip()
         self.engine.set_system_prompt(text)
         self.llm_app.system_prompt = text
         self.llm_app.save_system_prompt(text)
-        note = f"*System prompt set: {text}*" if text else "*System prompt cleared.*"
-        await self.query_one(ChatLog).add_notice(note)
+        note = f"*System prompt set:* {text}" if text else "*System prompt cleared.*"
+        await log.add_notice(note)
+        self.show_system_prompt()
+        self.refresh_context()
 
     async def _command_model(self, arg: str) -> None:
         if not arg.strip():
