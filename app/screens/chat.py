@@ -182,7 +182,7 @@ class ChatScreen(Screen):
             log = self.query_one(ChatLog)
             for message in resumed:
                 if message.role == "user":
-                    await log.add_user(message.content)
+                    await log.add_user(message.content, self.count_tokens(message.content))
                 elif message.role == "assistant":
                     await log.add_saved_reply(message.content)
             n = len(resumed)
@@ -292,7 +292,7 @@ class ChatScreen(Screen):
             return
         self._idle.clear()
         log.anchor()
-        await log.add_user(text)
+        await log.add_user(text, self.count_tokens(text))
         self.llm_app.save_message("user", text)
         reply, stats = await log.add_reply()
         stats.add_class("live")

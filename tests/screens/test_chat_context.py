@@ -113,3 +113,24 @@ async def test_a_paste_is_counted_and_a_nearly_full_window_warns(make_app):
         prompt.clear()
         await wait_until(pilot, lambda: not chat.query_one("#context-meter").has_class("warning"))
         assert not chat.query_one(ChatLog).query(Notice)  # nothing was sent
+
+
+async def test_a_long_message_is_folded_and_expands_on_click(make_app):
+    from app.widgets.chat_log import UserMessage
+
+    app = make_app()
+    async with app.run_test(size=(100, 40)) as pilot:
+        chat = await open_chat(pilot)
+        text = "\n".join(f"line {i}: {LONG_LINE.strip()}" for i in range(40))
+        tokens = chat.engine.count_tokens(text)
+        await send_and_finish(pilot, chat, text)
+        message = chat.query_one(ChatLog).query_one(UserMessage)
+        assert chat.engine.history[0].content == text  # the model got all of it
+        assert f"… 40 lines, {tokens:,} tokens — click to expand" in message.source
+        assert "line 5:" in message.source and "line 6:" not in message.source
+        await pilot.click(message)
+        await wait_until(pilot, lambda: message.source == text)
+        await pilot.click(message)
+        await wait_until(pilot, lambda: "click to expand" in message.source)
+        await send_and_finish(pilot, chat, "short")  # a short one is shown as it is
+        assert chat.query_one(ChatLog).query(UserMessage).last().source == "short"
