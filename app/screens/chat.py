@@ -439,7 +439,8 @@ class ChatScreen(Screen):
         session_decode = decode_steps / session.decode_s if session.decode_s > 0 else 0.0
         session_prefill = session.prompt_tokens / session.prefill_s if session.prefill_s > 0 else 0.0
         lines.append(
-            f"- session: {session.replies} replies, {session.prompt_tokens} prompt tokens, "
+            f"- session: {session.replies} {'reply' if session.replies == 1 else 'replies'}, "
+            f"{session.prompt_tokens} prompt tokens, "
             f"{session.generated_tokens} generated tokens "
             f"(prefill: {session_prefill:.1f} tok/s, decode: {session_decode:.1f} tok/s)"
         )

@@ -103,7 +103,8 @@ async def test_stats_command_shows_last_reply_session_device_memory(make_app):
         text = notices(chat)[0].source
         last = chat.engine.last_stats
         assert f"last reply: {last.format()}" in text
-        assert f"session: {chat.engine.session_stats.replies} replies" in text
+        replies = chat.engine.session_stats.replies
+        assert f"session: {replies} {'reply' if replies == 1 else 'replies'}," in text
         assert f"device: {chat.engine.info.device}, backend: {chat.engine.info.backend}" in text
         assert "memory in use:" in text
 
