@@ -134,3 +134,26 @@ async def test_a_long_message_is_folded_and_expands_on_click(make_app):
         await wait_until(pilot, lambda: "click to expand" in message.source)
         await send_and_finish(pilot, chat, "short")  # a short one is shown as it is
         assert chat.query_one(ChatLog).query(UserMessage).last().source == "short"
+
+
+async def test_set_lists_where_each_value_comes_from_and_reset_restores_the_models(make_app):
+    app = make_app()  # the fixture /set every value (greedy, 16 tokens)
+    async with app.run_test(size=(100, 40)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/set reset")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        text = notices(chat)[0].source
+        # the tiny model's mlc-chat-config.json says temperature 0.7, top_p 0.95 and no penalty
+        assert "- temperature = 0.7 (mlc-chat-config.json)" in text
+        assert "- repetition_penalty = 1.1 (repetition guard" in text
+        assert "- seed = random (llmchat default)" in text
+        assert app.params.temperature == 0.7 and app.params.repetition_penalty == 1.1
+        await type_and_send(pilot, "/set seed=3; repetition_penalty=1")
+        await type_and_send(pilot, "/set")
+        await wait_until(pilot, lambda: len(notices(chat)) == 3)
+        text = notices(chat)[-1].source
+        assert "- seed = 3 (/set)" in text and "- repetition_penalty = 1 (/set)" in text
+        assert app.params.repetition_penalty == 1.0 and app.params.temperature == 0.7
+        await type_and_send(pilot, "/reset")
+        await wait_until(pilot, lambda: len(notices(chat)) == 1)
+        assert "Kept: your sampling settings (seed=3, repetition_penalty=1" in notices(chat)[0].source
