@@ -161,7 +161,7 @@ class ModelRuntime:
     def prefill(self, ids: Sequence[int], cancel: threading.Event | None = None) -> np.ndarray | None:
         """Append ``ids`` to the sequence (in chunks); logits after the last one, float32 [vocab].
 
-        ``cancel`` is checked before each chunk: once set, the prefill stops there and returns None
+        ``cancel`` is checked between chunks: once set, the prefill stops there and returns None
         (the chunks done stay in the KV cache: ``sequence_length`` says how far it got)."""
         if not ids:
             raise ValueError("prefill needs at least one token")
@@ -175,7 +175,7 @@ class ModelRuntime:
         arr = np.asarray(ids, dtype=np.int32)
         logits = None
         for start in range(0, len(arr), self.prefill_chunk):
-            if cancel is not None and cancel.is_set():
+            if start and cancel is not None and cancel.is_set():
                 return None
             chunk = arr[start: start + self.prefill_chunk]
             n = len(chunk)
