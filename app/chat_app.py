@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,6 +22,7 @@ from app import chat_commands
 from app.errors import LlmchatError
 from app.history import HistoryDamaged, HistoryStore
 from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
+from app.inference.model_defaults import ModelSampling, effective_params, model_sampling
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
@@ -155,7 +156,7 @@ class LlmchatApp(App):
     CSS_PATH = str(CSS_FILE)
     COMMANDS: ClassVar = App.COMMANDS | {ChatCommandsProvider}
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+c", "quit", "Quit", priority=True),
+        Binding("ctrl+c", "interrupt", "Stop / quit", priority=True),
         Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
         Binding("q", "quit", "Quit", show=False),
     ]
@@ -165,7 +166,9 @@ class LlmchatApp(App):
         self.options = options or StartOptions()
         self.services = services or Services()
         self.engine: Engine | None = None
-        self.params = SamplingParams()
+        self.model_sampling = ModelSampling()  # the loaded model's defaults (set in engine_ready)
+        self.sampling_overrides: dict[str, Any] = {}  # the user's /set values: they win over the defaults
+        self._params = SamplingParams()
         self.system_prompt: str | None = None
         self.history: HistoryStore = HistoryStore(self.options.history_path)
         self.conversation_id: int | None = None
@@ -177,6 +180,25 @@ class LlmchatApp(App):
         self.hardware_report: Any = None
         self.cancel_events: set[threading.Event] = set()
         self._quitting = False
+
+    # -- sampling ------------------------------------------------------------------------------
+    @property
+    def params(self) -> SamplingParams:
+        """The sampling settings of the next reply: the model's defaults with the user's /set on top."""
+        return self._params
+
+    @params.setter
+    def params(self, value: SamplingParams) -> None:
+        """Set every field (as if each had been /set)."""
+        self.sampling_overrides = asdict(value)
+        self._params = value
+
+    def set_sampling(self, overrides: dict[str, Any] | None = None, *, reset: bool = False) -> None:
+        """Apply validated /set values (``reset``: drop every /set value first)."""
+        merged = {} if reset else dict(self.sampling_overrides)
+        merged.update(overrides or {})
+        self._params = effective_params(self.model_sampling.params, merged)  # raises on a bad value
+        self.sampling_overrides = merged
 
     # -- start ---------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -224,6 +246,8 @@ class LlmchatApp(App):
         self.resumed_messages = []
         self.conversation_id = None
         self.saved_messages = []
+        self.model_sampling = model_sampling(engine.info.model_path, engine.info.model_id)
+        self.set_sampling()
         if resume_id is not None:
             try:
                 conversation = self.history.get(resume_id)
@@ -384,6 +408,14 @@ class LlmchatApp(App):
         self.notify(error_markdown(err).replace("**", ""), severity="error", timeout=12, markup=False)
 
     # -- quit ----------------------------------------------------------------------------------
+    async def action_interrupt(self) -> None:
+        """Ctrl+C: stop what the screen is doing (a reply, its prefill, a download), as Ollama and
+        llama-cli do; with nothing to stop, or pressed again before it has stopped, quit."""
+        stop = getattr(self.screen, "interrupt", None)
+        if stop is not None and stop():
+            return
+        await self.action_quit()
+
     async def action_quit(self) -> None:
         """Quit cleanly, also mid-reply (cancel the engine) and mid-download (cancel event)."""
         if self._quitting:

@@ -37,9 +37,11 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec(
         "set",
         "/set key=value; …",
-        "sampling: temperature, top_p, max_tokens, seed, repetition_penalty, stop (no value: show)",
+        "sampling: temperature, top_p, max_tokens, seed, repetition_penalty, repeat_last_n, stop "
+        "(no value: show; reset: the model's defaults)",
     ),
-    CommandSpec("system", "/system TEXT", "set the system prompt (no text: clear it)"),
+    CommandSpec("system", "/system [TEXT|clear]",
+                "set the system prompt (no text: show it; clear: clear it)"),
     CommandSpec("model", "/model [ID]", "switch to model ID (no ID: open the models screen)"),
     CommandSpec("models", "/models", "open the models screen (catalog, download, remove)"),
     CommandSpec("hardware", "/hardware", "open the hardware report (llmchat doctor)"),

@@ -20,10 +20,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="catalog id or model directory (default: the built-in default model)")
     parser.add_argument("--device", default=argparse.SUPPRESS,
                         help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N")
-    parser.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
-    parser.add_argument("--max-tokens", type=int, default=512, help="most tokens to generate (default 512)")
+    # sampling: unset flags take the model's defaults (see app/inference/model_defaults.py), as in the chat
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 = greedy (default: the model's, else 0.7)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling mass (default: the model's, else 0.95)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (default 512)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    parser.add_argument("--repetition-penalty", type=float, default=None,
+                        help="1 = off (default: the model's, else 1.1 over the last 64 tokens)")
+    parser.add_argument("--repeat-last-n", type=int, default=None,
+                        help="tokens the penalties look back (default 64; 0 = the whole reply)")
+    parser.add_argument("--presence-penalty", type=float, default=None, help="-2 to 2 (default 0)")
+    parser.add_argument("--frequency-penalty", type=float, default=None, help="-2 to 2 (default 0)")
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="an extra stop string (repeatable)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
     parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
@@ -109,25 +120,36 @@ def read_prompt(parts: list[str]) -> str:
     return text
 
 
-def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
-    """SamplingParams from the command line, validated."""
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                            seed=args.seed)
-    try:
-        from app.inference.sampling import validate
-    except ImportError:
-        return params
-    return validate(params)
+#: the sampling flags (argparse dest = SamplingParams field)
+SAMPLING_FLAGS = ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty", "repeat_last_n",
+                  "presence_penalty", "frequency_penalty", "stop")
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags given on the command line, validated (they override the model's defaults)."""
+    from app.inference.sampling import validate_value
+
+    given = {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
+    return {key: validate_value(key, value) for key, value in given.items()}
+
+
+def sampling_for(engine: Any, overrides: dict[str, Any]) -> SamplingParams:
+    """The loaded model's sampling defaults with the command line's overrides on top."""
+    from app.inference.model_defaults import effective_params, model_sampling
+
+    info = engine.info
+    return effective_params(model_sampling(info.model_path, info.model_id).params, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
-    params = sampling_from_args(args)
+    overrides = sampling_from_args(args)
     progress = StderrProgress()
     check_device_first(args)
     model = resolve_model(getattr(args, "model", None), progress)
     engine = open_engine(args, model, progress, args.context_window)
     try:
+        params = sampling_for(engine, overrides)
         if args.system:
             engine.set_system_prompt(args.system)
         stats: ReplyStats | None = None

@@ -44,6 +44,7 @@ class SamplingParams:
     max_tokens: int = 512  # >= 1
     seed: int | None = None
     repetition_penalty: float = 1.0  # > 0; 1 = off (CTRL-style, divides positive logits)
+    repeat_last_n: int = 64  # the penalties count the last N generated tokens (Ollama's); 0 = all of them
     presence_penalty: float = 0.0  # -2..2
     frequency_penalty: float = 0.0  # -2..2
     stop: list[str] = field(default_factory=list)  # extra stop strings
@@ -175,6 +176,10 @@ class Engine(Protocol):
 
     def cancel(self) -> None:
         """Stop the running chat()/generate() within one decode step (thread-safe)."""
+
+    # optional (the TVM engine has them; the UI checks with getattr):
+    # count_tokens(text) -> int: tokens of one message's text
+    # context_tokens() -> int: tokens of the conversation so far (system prompt and history)
 
     def reset(self) -> None:
         """Forget the conversation (keeps the system prompt) and clear the KV cache."""

@@ -85,6 +85,7 @@ class CatalogEntry:
     head_dim: int
     vocab_size: int
     prebuilt_libs: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, float] = field(default_factory=dict)  # sampling defaults chosen for this model
     origin: str = "builtin"  # "builtin", "user" (config dir) or "hf" (an HF:// repo outside the catalog)
 
 
@@ -106,7 +107,11 @@ _ENTRY_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "head_dim": (int, True),
     "vocab_size": (int, True),
     "prebuilt_libs": (dict, False),
+    "sampling": (dict, False),
 }
+#: the keys of an entry's ``sampling`` table (checked like /set values)
+_SAMPLING_KEYS = ("temperature", "top_p", "repetition_penalty", "repeat_last_n", "presence_penalty",
+                  "frequency_penalty")
 _HF_SOURCE_KEYS = {"hf": True, "revision": False}
 _PYPI_SOURCE_KEYS = {"pypi": True, "version": True, "sha256": True, "file": True}
 
@@ -177,8 +182,23 @@ def _parse_entry(where: str, index: int, raw: Any, origin: str) -> CatalogEntry:
             raise _fail(where, label, f"unknown key 'prebuilt_libs.{backend}' (allowed: {allowed})")
         if not isinstance(url, str) or not url.startswith("https://"):
             raise _fail(where, label, f"prebuilt_libs.{backend} must be an https:// URL")
-    fields = {k: raw[k] for k in _ENTRY_KEYS if k not in ("source", "prebuilt_libs")}
-    return CatalogEntry(**fields, source=source, prebuilt_libs=dict(libs), origin=origin)
+    sampling = _parse_sampling(where, label, raw.get("sampling", {}))
+    fields = {k: raw[k] for k in _ENTRY_KEYS if k not in ("source", "prebuilt_libs", "sampling")}
+    return CatalogEntry(**fields, source=source, prebuilt_libs=dict(libs), sampling=sampling, origin=origin)
+
+
+def _parse_sampling(where: str, label: str, raw: dict[str, Any]) -> dict[str, Any]:
+    from app.inference.sampling import validate_value
+
+    checked = {}
+    for key, value in raw.items():
+        if key not in _SAMPLING_KEYS:
+            raise _fail(where, label, f"unknown key 'sampling.{key}' (allowed: {', '.join(_SAMPLING_KEYS)})")
+        try:
+            checked[key] = validate_value(key, value)
+        except LlmchatError as err:
+            raise _fail(where, label, f"sampling.{err.problem}") from None
+    return checked
 
 
 def parse_registry(text: str, where: str, origin: str) -> list[CatalogEntry]:

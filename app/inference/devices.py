@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from app.errors import LlmchatError
@@ -20,10 +21,11 @@ BACKENDS = ("cpu", "cuda", "rocm", "vulkan", "metal")
 _DEVICE_RE = re.compile(r"^(auto|cpu|llvm|cuda|rocm|vulkan|metal)(?::(\d+))?$")
 
 MLC_WHEELS_HINT = (
-    "install a TVM runtime built with {what}: MLC's TVM wheels, e.g. "
-    "`pip install --pre -f https://mlc.ai/wheels mlc-ai-nightly-rocm62` (includes ROCm and Vulkan), "
-    "or run on the CPU with --device cpu"
+    "run on the CPU with --device cpu (or --device auto); a TVM runtime built with {what} comes with MLC's "
+    "TVM wheels (`pip install --pre -f https://mlc.ai/wheels mlc-ai-nightly-rocm62`, ROCm and Vulkan), "
+    "which replace apache-tvm: install them in a separate virtual environment"
 )
+METAL_ELSEWHERE = "Metal exists only on macOS (Apple GPUs): use --device auto or --device cpu on this machine"
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,13 @@ def check_device(spec: DeviceSpec) -> None:
         raise LlmchatError(f"Cannot use --device {spec}: {problem}.", webgpu.fix_for(problem))
     if problem:
         what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "cuda": "CUDA"}[spec.backend]
-        fix = (
-            "install the CUDA 13 runtime (`pip install nvidia-cuda-runtime`) and an NVIDIA driver, "
-            "or run on the CPU with --device cpu"
-            if spec.backend == "cuda"
-            else MLC_WHEELS_HINT.format(what=what)
-        )
+        if spec.backend == "cuda":
+            fix = ("install the CUDA 13 runtime (`pip install nvidia-cuda-runtime`) and an NVIDIA driver, "
+                   "or run on the CPU with --device cpu")
+        elif spec.backend == "metal" and sys.platform != "darwin":
+            fix = METAL_ELSEWHERE
+        else:
+            fix = MLC_WHEELS_HINT.format(what=what)
         raise LlmchatError(f"Cannot use --device {spec}: {problem}.", fix)
     if spec.backend in ("cpu", "vulkan"):
         return  # vulkan: webgpu.problem() has seen the adapter

@@ -60,6 +60,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def _too_long_fix(tokens: int, ctx: int, model_max: int) -> str:
+    """What a user can do about a prompt that does not fit the context window."""
+    fix = f"shorten the message (by {tokens - ctx + 1} tokens or more) or the system prompt (/system clear)"
+    if model_max > ctx:
+        larger = min(model_max, 1 << (tokens - 1).bit_length())
+        fix += f"; `llmchat ask --context-window {larger}` runs with a larger window"
+    return fix
+
+
 class TVMEngine(ConversationState):
     """A compiled model, its weights and one conversation (implements ``app.inference.api.Engine``)."""
 
@@ -105,6 +114,23 @@ class TVMEngine(ConversationState):
         """Tokens of the conversation held in the KV cache."""
         return self.runtime.sequence_length
 
+    # -- token counts (the UI's context meter) ------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as a message would add them (the text alone, without the template)."""
+        if self.tokenizer is None or not text:
+            return 0
+        return len(self.tokenizer.encode(text, add_bos=False))
+
+    def context_tokens(self) -> int:
+        """Tokens of the conversation so far (system prompt and history, rendered with the template):
+        what the next message comes on top of, in a window of ``info.context_window`` tokens."""
+        if self.tokenizer is None or self.formatter is None:
+            return 0
+        messages = self._messages(self._history)
+        if not messages:
+            return 0
+        return len(self.formatter.encode_prompt(self.tokenizer, messages, add_generation_prompt=False))
+
     # -- prompt building ----------------------------------------------------------------------
     def _messages(self, history: list[Message]) -> list[Message]:
         return with_system(self._system, history)
@@ -126,7 +152,7 @@ class TVMEngine(ConversationState):
         if len(ids) >= ctx:
             raise LlmchatError(
                 f"The prompt is {len(ids)} tokens long; the context window holds {ctx}.",
-                "shorten the message or the system prompt, or load the model with a larger context window",
+                _too_long_fix(len(ids), ctx, self.config.context_window_size),
             )
         return ids, history, dropped
 

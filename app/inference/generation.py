@@ -133,12 +133,18 @@ def generate(
     batches = GreedyBatches(runtime, greedy_ahead) if device_greedy else None
     next_token: int | None = None
     t_start = time.perf_counter()
-    logits = runtime.prefill(list(new_ids))
-    kv_ids.extend(new_ids)
+    before = runtime.sequence_length
+    logits = runtime.prefill(list(new_ids), cancel=cancel)
+    kv_ids.extend(new_ids[: runtime.sequence_length - before])
     t_prefilled = time.perf_counter()
     stats.prefill_s = t_prefilled - t_start
     finish = "stop"
     stopped_by_string = False
+    if logits is None:  # cancelled during the prefill: no token generated
+        stats.prompt_tokens = runtime.sequence_length - before
+        stats.finish_reason = "cancelled"
+        yield stats
+        return
     try:
         while True:
             token = sampler.sample(logits, generated) if next_token is None else next_token

@@ -8,6 +8,7 @@ One sequence (id 0) holds the conversation.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -157,8 +158,11 @@ class ModelRuntime:
 
         return self._f_embed(tvm.runtime.tensor(ids, device=self.device), self.params)
 
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Append ``ids`` to the sequence (in chunks); logits after the last one, float32 [vocab]."""
+    def prefill(self, ids: Sequence[int], cancel: threading.Event | None = None) -> np.ndarray | None:
+        """Append ``ids`` to the sequence (in chunks); logits after the last one, float32 [vocab].
+
+        ``cancel`` is checked between chunks: once set, the prefill stops there and returns None
+        (the chunks done stay in the KV cache: ``sequence_length`` says how far it got)."""
         if not ids:
             raise ValueError("prefill needs at least one token")
         if self._length + len(ids) > self.context_window:
@@ -171,6 +175,8 @@ class ModelRuntime:
         arr = np.asarray(ids, dtype=np.int32)
         logits = None
         for start in range(0, len(arr), self.prefill_chunk):
+            if start and cancel is not None and cancel.is_set():
+                return None
             chunk = arr[start: start + self.prefill_chunk]
             n = len(chunk)
             emb = self._f_reshape(self._embed(chunk), self._ShapeTuple([1, n, self.hidden_size]))

@@ -6,6 +6,7 @@ Also the validation of sampling settings, shared by the CLI flags and the TUI's 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -28,6 +29,7 @@ ALLOWED_RANGES: dict[str, str] = {
     "max_tokens": "a whole number of at least 1",
     "seed": "a whole number of at least 0, or 'none'",
     "repetition_penalty": "a number greater than 0 (typically 1 to 2; 1 = off)",
+    "repeat_last_n": "a whole number of at least 0 (0 = the whole reply)",
     "presence_penalty": "a number from -2 to 2",
     "frequency_penalty": "a number from -2 to 2",
     "stop": "a list of non-empty strings (in /set: separated by commas)",
@@ -64,8 +66,8 @@ def validate_value(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise _range_error(key, value)
         return value
-    if key == "max_tokens":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if key in ("max_tokens", "repeat_last_n"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (key == "max_tokens"):
             raise _range_error(key, value)
         return value
     if not _is_number(value):
@@ -96,12 +98,15 @@ def _parse_value(key: str, text: str) -> Any:
         return [part for part in text.split(",") if part != ""]
     if key == "seed" and text.lower() in ("none", "null", ""):
         return None
+    whole = key in ("max_tokens", "seed", "repeat_last_n")
     try:
-        if key in ("max_tokens", "seed"):
-            return int(text)
-        return float(text)
+        return int(text) if whole else float(text)
     except ValueError:
-        raise _range_error(key, text) from None
+        raise LlmchatError(
+            f"{key}={text!r} is not a {'whole number' if whole else 'number'}: {key} must be "
+            f"{ALLOWED_RANGES[key]}.",
+            f"use {key}=<{ALLOWED_RANGES[key]}>",
+        ) from None
 
 
 def parse_set_command(text: str) -> dict[str, Any]:
@@ -135,7 +140,8 @@ def apply_overrides(params: SamplingParams, overrides: dict[str, Any]) -> Sampli
 class Sampler:
     """Samples one token per call from float32 logits, for one sequence.
 
-    Penalties count the token ids the caller says were generated so far. ``sample`` takes
+    Penalties count the token ids the caller says were generated so far, the last
+    ``params.repeat_last_n`` of them (0: all). ``sample`` takes
     them as ``previous_ids``, treated as an append-only history: only the ids past the
     length seen on the last call are counted (O(new ids) per step), so pass the same
     growing list each step. A shorter list than last time starts the counts over.
@@ -151,17 +157,28 @@ class Sampler:
         self.params = validate(params)
         self.rng = np.random.default_rng(params.seed)
         self._counts: dict[int, int] = {}
+        self._window: deque[int] = deque()  # the counted ids, oldest first
         self._history_len = 0
 
     # -- penalty bookkeeping -------------------------------------------------------------
     def observe(self, token_id: int) -> None:
-        """Count one generated token for the penalties."""
+        """Count one generated token for the penalties (the oldest leaves past repeat_last_n)."""
         self._counts[token_id] = self._counts.get(token_id, 0) + 1
+        self._window.append(token_id)
         self._history_len += 1
+        last_n = self.params.repeat_last_n
+        if last_n and len(self._window) > last_n:
+            old = self._window.popleft()
+            left = self._counts[old] - 1
+            if left:
+                self._counts[old] = left
+            else:
+                del self._counts[old]
 
     def reset(self) -> None:
         """Forget the generated tokens (a new sequence)."""
         self._counts.clear()
+        self._window.clear()
         self._history_len = 0
 
     def _sync(self, previous_ids: Sequence[int]) -> None:

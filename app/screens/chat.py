@@ -33,17 +33,22 @@ UI_REFRESH_S = 0.05
 #: UI_CPU_SHARE of one core: on a CPU backend every cycle the UI takes is a cycle the decoder loses
 UI_REFRESH_MAX_S = 0.5
 UI_CPU_SHARE = 0.04
+#: the context meter warns from this share of the window on
+CONTEXT_WARN = 0.8
+#: the meter counts the typed text this long after the last key
+METER_DELAY_S = 0.2
 
 KEYS_HELP: list[tuple[str, str]] = [
     ("enter", "send"),
     ("shift+enter / ctrl+j / alt+enter", "new line"),
     ("up / down", "previous / next prompt (on the first / last line)"),
     ("esc", "stop the reply, keeping what was generated"),
-    ("ctrl+p", "command palette (all the commands below)"),
+    ("ctrl+p", "command palette (all the commands above)"),
     ("f2", "models"),
     ("f3", "hardware"),
     ("ctrl+s", "export the conversation to Markdown"),
-    ("ctrl+c / ctrl+q", "quit"),
+    ("ctrl+c", "stop the reply; at an idle prompt, or pressed again while it stops: quit"),
+    ("ctrl+q", "quit"),
 ]
 
 
@@ -94,11 +99,21 @@ class ReplyBuffer:
 
 def final_stats_line(stats: ReplyStats) -> str:
     """The stats line kept under a finished reply."""
+    if stats.generated_tokens == 0:
+        return f"stopped during the prompt ({stats.prompt_tokens} tokens read)"
     line = f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
     notes = {"cancelled": "stopped", "length": "max_tokens reached", "context": "context window full"}
     if stats.finish_reason in notes:
         line += f" · {notes[stats.finish_reason]}"
     return line
+
+
+def _show_value(key: str, value: object) -> str:
+    if key == "seed" and value is None:
+        return "random"
+    if key == "stop":
+        return ", ".join(repr(v) for v in value) if value else "none"  # type: ignore[union-attr]
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def format_bytes(count: float | None) -> str:
@@ -138,6 +153,9 @@ class ChatScreen(Screen):
         self._user_row: int | None = None  # history row of the user turn being answered
         self._idle = asyncio.Event()  # set while no reply is streaming
         self._idle.set()
+        self._stopping = False  # the running reply was asked to stop
+        self._context_used: int | None = None  # tokens of the conversation so far
+        self._meter_timer: Timer | None = None
 
     @property
     def llm_app(self) -> LlmchatApp:
@@ -146,25 +164,96 @@ class ChatScreen(Screen):
     def compose(self) -> ComposeResult:
         info = self.engine.info
         yield Static(f"{info.model_id} · {info.device} ({info.backend})", id="chat-title")
+        yield Static("", id="system-line", markup=False)
         yield ChatLog(id="chat-log")
         yield PromptInput(
             id="prompt",
             placeholder="Message (Enter sends, Shift+Enter or Ctrl+J new line, /help for commands)",
             sent=self.llm_app.prompt_history,
         )
+        yield Static("", id="context-meter", markup=False)
         yield Footer()
 
     async def on_mount(self) -> None:
         self.query_one(PromptInput).focus()
+        self.show_system_prompt()
+        self.refresh_context()
         resumed = self.llm_app.resumed_messages
         if resumed:
             log = self.query_one(ChatLog)
             for message in resumed:
                 if message.role == "user":
-                    await log.add_user(message.content)
+                    await log.add_user(message.content, self.count_tokens(message.content))
                 elif message.role == "assistant":
                     await log.add_saved_reply(message.content)
-            await log.add_notice(f"*Resumed conversation ({len(resumed)} messages).*")
+            n = len(resumed)
+            note = f"*Resumed conversation ({n} {'message' if n == 1 else 'messages'}).*"
+            if self.llm_app.system_prompt:
+                note += f"\n\n*With its system prompt:* {self.llm_app.system_prompt}"
+            await log.add_notice(note)
+
+    # -- system prompt and context meter ---------------------------------------------------------
+    def show_system_prompt(self) -> None:
+        """The line under the title: the system prompt in force (hidden when there is none)."""
+        text = self.llm_app.system_prompt
+        line = self.query_one("#system-line", Static)
+        line.display = bool(text)
+        if text:
+            line.update("system: " + " ".join(text.split()))
+
+    def refresh_context(self) -> None:
+        """Recount the conversation's tokens (after a reply, /reset, /system) and redraw the meter."""
+        count = getattr(self.engine, "context_tokens", None)
+        try:
+            if count is not None and not self.replying:
+                self._context_used = int(count())
+        except Exception:
+            self._context_used = None
+        self.update_context_meter()
+
+    def count_tokens(self, text: str) -> int | None:
+        count = getattr(self.engine, "count_tokens", None)
+        try:
+            return int(count(text)) if count is not None else None
+        except Exception:
+            return None
+
+    def update_context_meter(self) -> None:
+        """The line under the prompt: tokens used of the context window, with what is typed; a warning
+        from CONTEXT_WARN of the window on."""
+        window = self.engine.info.context_window
+        meter = self.query_one("#context-meter", Static)
+        used = self._context_used
+        if used is None:
+            meter.update(f"context window {window:,} tokens")
+            return
+        typed_text = self.query_one(PromptInput).text.strip()
+        typed = (self.count_tokens(typed_text) or 0) if typed_text else 0
+        total = used + typed
+        text = f"context {used:,}" + (f" + {typed:,} typed" if typed else "") + f" / {window:,} tokens"
+        text += f" ({total / window:.0%})"
+        full = total / window >= CONTEXT_WARN
+        if total >= window:
+            text += " — does not fit: the oldest messages will be dropped; /reset starts over"
+        elif full:
+            text += " — nearly full: the oldest messages will be dropped soon; /reset starts over"
+        meter.set_class(full, "warning")
+        meter.update(text)
+
+    @on(PromptInput.Changed, "#prompt")
+    def on_prompt_changed(self) -> None:
+        # counted a moment after the typing pauses, not on every key
+        if self._meter_timer is not None:
+            self._meter_timer.stop()
+        self._meter_timer = self.set_timer(METER_DELAY_S, self.update_context_meter)
+
+    @on(PromptInput.Pasted)
+    def on_pasted(self, event: PromptInput.Pasted) -> None:
+        lines = event.text.count("\n") + 1
+        tokens = self.count_tokens(event.text)
+        counted = f", {tokens:,} tokens" if tokens is not None else ""
+        self.notify(f"Pasted {lines:,} {'line' if lines == 1 else 'lines'}{counted}.", timeout=4)
+        self.update_context_meter()
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -204,7 +293,7 @@ class ChatScreen(Screen):
             return
         self._idle.clear()
         log.anchor()
-        await log.add_user(text)
+        await log.add_user(text, self.count_tokens(text))
         self._user_row = self.llm_app.save_message("user", text)
         reply, stats = await log.add_reply()
         stats.add_class("live")
@@ -285,13 +374,26 @@ class ChatScreen(Screen):
             await log.add_error(buffer.error)
         self._buffer = None
         self._reply = None
+        self._stopping = False
         self._idle.set()
+        self.refresh_context()
 
     # -- actions -------------------------------------------------------------------------------
     def action_stop(self) -> None:
         """Esc: stop the reply now, keeping what was generated."""
         if self.replying:
             self.engine.cancel()
+            self._stopping = True
+
+    def interrupt(self) -> bool:
+        """Ctrl+C (from the app): stop the reply (or its prefill); False when there is none to stop or
+        it is already stopping (then the app quits)."""
+        if not self.replying or self._stopping:
+            return False
+        self.engine.cancel()
+        self._stopping = True
+        self.notify("Stopping the reply. Ctrl+C again quits.", timeout=3)
+        return True
 
     async def action_export(self) -> None:
         await self.run_command(chat_commands.Command("export"))
@@ -340,7 +442,8 @@ class ChatScreen(Screen):
         session_decode = decode_steps / session.decode_s if session.decode_s > 0 else 0.0
         session_prefill = session.prompt_tokens / session.prefill_s if session.prefill_s > 0 else 0.0
         lines.append(
-            f"- session: {session.replies} replies, {session.prompt_tokens} prompt tokens, "
+            f"- session: {session.replies} {'reply' if session.replies == 1 else 'replies'}, "
+            f"{session.prompt_tokens} prompt tokens, "
             f"{session.generated_tokens} generated tokens "
             f"(prefill: {session_prefill:.1f} tok/s, decode: {session_decode:.1f} tok/s)"
         )
@@ -355,29 +458,66 @@ class ChatScreen(Screen):
         self.llm_app.new_conversation()
         log = self.query_one(ChatLog)
         await log.clear()
-        await log.add_notice("*Conversation cleared (KV cache reset). New conversation started.*")
+        kept = []
+        if self.llm_app.system_prompt:
+            kept.append(f"the system prompt ({self.llm_app.system_prompt}; `/system clear` clears it)")
+        if self.llm_app.sampling_overrides:
+            overrides = self.llm_app.sampling_overrides
+            changed = ", ".join(f"{k}={_show_value(k, v)}" for k, v in overrides.items())
+            kept.append(f"your sampling settings ({changed}; `/set reset` drops them)")
+        note = "*Conversation cleared (KV cache reset). New conversation started.*"
+        if kept:
+            note += "\n\nKept: " + "; ".join(kept) + "."
+        await log.add_notice(note)
+        self.refresh_context()
 
     async def _command_set(self, arg: str) -> None:
         from app.inference import sampling
 
         log = self.query_one(ChatLog)
-        if arg.strip():
+        app = self.llm_app
+        if arg.strip().lower() == "reset":
+            app.set_sampling(reset=True)
+            back = "*Sampling settings back to this model's defaults.*\n\n"
+            await log.add_notice(back + self.sampling_markdown())
+        elif arg.strip():
             overrides = sampling.parse_set_command(arg)
-            self.llm_app.params = sampling.apply_overrides(self.llm_app.params, overrides)
-            changed = ", ".join(f"{key}={value!r}" for key, value in overrides.items())
+            app.set_sampling(overrides)
+            changed = ", ".join(f"{key}={_show_value(key, value)}" for key, value in overrides.items())
             await log.add_notice(f"*Set {changed}.*")
         else:
-            params = asdict(self.llm_app.params)
-            await log.add_notice("**Sampling**\n\n" + "\n".join(f"- {k} = {v!r}" for k, v in params.items()))
+            await log.add_notice(self.sampling_markdown())
+
+    def sampling_markdown(self) -> str:
+        """The /set text: every setting, with where its value comes from."""
+        app = self.llm_app
+        lines = ["**Sampling**", ""]
+        for key, value in asdict(app.params).items():
+            source = "/set" if key in app.sampling_overrides else app.model_sampling.describe(key)
+            lines.append(f"- {key} = {_show_value(key, value)} ({source})")
+        lines += ["", "`/set key=value` changes one, `/set reset` goes back to the model's defaults."]
+        return "\n".join(lines)
 
     async def _command_system(self, arg: str) -> None:
+        log = self.query_one(ChatLog)
+        if not arg.strip():
+            current = self.llm_app.system_prompt
+            await log.add_notice(
+                f"**System prompt**\n\n{current}\n\n`/system TEXT` replaces it, `/system clear` clears it."
+                if current else
+                "*No system prompt is set (the model's chat template applies its own default, if any).* "
+                "`/system TEXT` sets one."
+            )
+            return
         await self.wait_reply_stopped()
-        text = arg.strip() or None
+        text = None if arg.strip().lower() == "clear" else arg.strip()
         self.engine.set_system_prompt(text)
         self.llm_app.system_prompt = text
         self.llm_app.save_system_prompt(text)
-        note = f"*System prompt set: {text}*" if text else "*System prompt cleared.*"
-        await self.query_one(ChatLog).add_notice(note)
+        note = f"*System prompt set:* {text}" if text else "*System prompt cleared.*"
+        await log.add_notice(note)
+        self.show_system_prompt()
+        self.refresh_context()
 
     async def _command_model(self, arg: str) -> None:
         if not arg.strip():

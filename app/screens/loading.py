@@ -157,6 +157,16 @@ class LoadingScreen(Screen):
         self.query_one("#loading-status", Static).update(f"Could not prepare {self.model}.")
         self.query_one("#loading-progress", ProgressBar).update(total=100, progress=0)
 
+    def interrupt(self) -> bool:
+        """Ctrl+C (from the app): cancel a download; anything else (a compile cannot be interrupted,
+        or a download already cancelled) is False, and the app quits."""
+        if self.failed or self.cancel_event.is_set() or not self.stages or not self.stages[-1].startswith(
+                STAGE_NAMES["download"]):
+            return False
+        self.action_cancel()
+        self.notify("Cancelling the download. Ctrl+C again quits.", timeout=3)
+        return True
+
     def action_cancel(self) -> None:
         if not self.failed and not self.cancel_event.is_set():
             self.cancel_event.set()

@@ -161,6 +161,14 @@ class ModelsScreen(LoadsCatalog, Screen):
         status.update(self.last_result)
         self.load_catalog()
 
+    def interrupt(self) -> bool:
+        """Ctrl+C (from the app): cancel the running download; False when there is none (the app quits)."""
+        if self.cancel_event is None or self.cancel_event.is_set():
+            return False
+        self.action_cancel_download()
+        self.notify("Cancelling the download. Ctrl+C again quits.", timeout=3)
+        return True
+
     def action_cancel_download(self) -> None:
         if self.cancel_event is not None:
             self.cancel_event.set()

@@ -3,16 +3,51 @@ each reply and notices (help, stats, errors). The view follows new text unless t
 
 from __future__ import annotations
 
+import re
+
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
 from app.errors import LlmchatError
 
+#: a prompt longer than this many lines (or characters) is shown folded: its first FOLD_SHOW_LINES lines
+FOLD_LINES = 12
+FOLD_CHARS = 2000
+FOLD_SHOW_LINES = 6
+
 
 class UserMessage(Markdown):
-    """A prompt the user sent."""
+    """A prompt the user sent; a long one (a paste) is folded to its first lines until clicked."""
 
     DEFAULT_CLASSES = "message user"
+
+    def __init__(self, text: str, tokens: int | None = None) -> None:
+        self.full_text = text
+        self.tokens = tokens
+        lines = text.splitlines()
+        self.foldable = len(lines) > FOLD_LINES or len(text) > FOLD_CHARS
+        self.folded = self.foldable
+        super().__init__(self.shown_text())
+
+    def shown_text(self) -> str:
+        if not self.folded:
+            return self.full_text
+        lines = self.full_text.splitlines()
+        head = "\n".join(lines[:FOLD_SHOW_LINES])
+        if len(head) > FOLD_CHARS // 4:
+            head = head[: FOLD_CHARS // 4]
+        size = f"{len(lines):,} {'line' if len(lines) == 1 else 'lines'}"
+        if self.tokens is not None:
+            size += f", {self.tokens:,} tokens"
+        # the head as plain text (a cut-off paste is rarely valid Markdown), then the fold line
+        fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", head)), default=0))
+        return f"{fence}text\n{head}\n{fence}\n\n*… {size} — click to expand*"
+
+    async def on_click(self) -> None:
+        if self.foldable:
+            self.folded = not self.folded
+            self.set_class(self.folded, "folded")
+            await self.update(self.shown_text())
 
 
 class AssistantMessage(Markdown):
@@ -41,8 +76,9 @@ class ChatLog(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
-    async def add_user(self, text: str) -> UserMessage:
-        widget = UserMessage(text)
+    async def add_user(self, text: str, tokens: int | None = None) -> UserMessage:
+        """A prompt (folded when long: its ``tokens`` are shown on the fold line)."""
+        widget = UserMessage(text, tokens)
         await self.mount(widget)
         return widget
 

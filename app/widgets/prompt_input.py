@@ -26,6 +26,17 @@ class PromptInput(TextArea):
         def control(self) -> PromptInput:
             return self.prompt_input
 
+    @dataclass
+    class Pasted(Message):
+        """Text was pasted into the prompt (counted before it is sent)."""
+
+        prompt_input: PromptInput
+        text: str
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
     def __init__(self, *, placeholder: str = "", id: str | None = None, sent: list[str] | None = None):
         super().__init__(
             "",
@@ -53,6 +64,11 @@ class PromptInput(TextArea):
             self.insert("\n")
             return
         await super()._on_key(event)
+
+    def on_paste(self, event: events.Paste) -> None:
+        # TextArea._on_paste inserts the text (Textual calls it too); this only reports it
+        if event.text and not self.read_only:
+            self.post_message(self.Pasted(self, event.text))
 
     def submit(self) -> None:
         """Send the text (if any), remember it and clear the input."""

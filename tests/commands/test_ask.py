@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.cli import main
-from app.inference.api import SamplingParams, TextDelta
+from app.inference.api import TextDelta
+from app.inference.model_defaults import model_sampling
 
 
 def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):
@@ -15,12 +18,31 @@ def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):
     out, err = capsys.readouterr()
     assert code == 0
     tiny_engine.set_system_prompt(None)
-    expected = "".join(e.text for e in tiny_engine.chat("Hello! How are you?",
-                                                        SamplingParams(temperature=0, max_tokens=10))
+    # the flags given override the model's defaults (here: its config's, plus the repetition guard)
+    params = replace(model_sampling(model).params, temperature=0, max_tokens=10)
+    assert params.repetition_penalty == 1.1
+    expected = "".join(e.text for e in tiny_engine.chat("Hello! How are you?", params)
                        if isinstance(e, TextDelta))
     tiny_engine.reset()
     assert out == expected + "\n"
     assert "[load]" in err and "prefill:" in err and "decode:" in err
+
+
+def test_ask_penalty_flags_reach_the_sampler(tiny_model_dir, tiny_engine, capsys):
+    model = tiny_model_dir("llama", "q4f32_1")
+    code = main(["ask", "--model", str(model), "--device", "cpu", "--temperature", "0", "--max-tokens", "12",
+                 "--repetition-penalty", "1", "--repeat-last-n", "8", "--presence-penalty", "0.5",
+                 "Hello! How are you?"])
+    out = capsys.readouterr().out
+    assert code == 0
+    params = replace(model_sampling(model).params, temperature=0, max_tokens=12, repetition_penalty=1.0,
+                     repeat_last_n=8, presence_penalty=0.5)
+    tiny_engine.set_system_prompt(None)
+    tiny_engine.reset()
+    expected = "".join(e.text for e in tiny_engine.chat("Hello! How are you?", params)
+                       if isinstance(e, TextDelta))
+    tiny_engine.reset()
+    assert out == expected + "\n"
 
 
 def test_ask_model_before_subcommand_and_prompt_from_stdin(tiny_model_dir, capsys, monkeypatch):

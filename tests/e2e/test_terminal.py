@@ -201,3 +201,35 @@ def test_ctrl_c_during_compile_quits_at_once(installed_tiny_model, tmp_path):
         assert "Traceback" not in screen and "terminate called" not in screen
     finally:
         terminal.close()
+
+
+@pytest.mark.parametrize("kind", ["tmux", "pty"])
+def test_ctrl_c_in_a_terminal_stops_the_reply_and_again_quits(kind, installed_tiny_model):
+    """Ctrl+C as the terminal sends it (byte 0x03): the first stops the reply, keeping the app; at the
+    idle prompt the next one quits."""
+    if kind == "tmux" and shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (the pty variant covers this)")
+    terminal_class = TmuxTerminal if kind == "tmux" else PtyTerminal
+    command = [*llmchat_command(), "--model", MODEL_ID, "--device", "cpu"]
+    terminal = terminal_class(command, installed_tiny_model)
+    try:
+        wait_for(terminal, lambda s: PROMPT_READY in s, 120, "the chat prompt")
+        # greedy, no penalty: the random-weight model then never picks its stop token (a long reply)
+        terminal.type("/set temperature=0; repetition_penalty=1; max_tokens=8000")
+        terminal.key("Enter")
+        wait_for(terminal, lambda s: "max_tokens=8000." in s, 30, "the /set notice")
+        terminal.type("Tell me a very long story")
+        terminal.key("Enter")
+        wait_for(terminal, lambda s: "▍ ~" in s, 60, "the reply streaming (its live stats line)")
+        terminal.key("C-c")
+        stopped = re.compile(r"TTFT [\d.]+ s ·\s+stopped")  # the stats line (it may wrap)
+        screen = wait_for(terminal, lambda s: stopped.search(s) is not None, 30, "the reply to stop")
+        assert terminal.alive(), "the first Ctrl+C quit llmchat instead of stopping the reply"
+        assert "Traceback" not in screen
+        terminal.key("C-c")
+        deadline = time.monotonic() + 15
+        while terminal.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not terminal.alive(), "llmchat did not quit on Ctrl+C at the idle prompt"
+    finally:
+        terminal.close()

@@ -250,3 +250,49 @@ def test_model_or_default(local_index):
     assert not (paths.models_dir() / DEFAULT_MODEL_ID).exists()  # nothing fetched for another model
     assert model_or_default(None) == paths.models_dir() / DEFAULT_MODEL_ID
     assert model_or_default(DEFAULT_MODEL_ID) == paths.models_dir() / DEFAULT_MODEL_ID
+
+
+#: everyday first questions; with the old fixed defaults (temperature 0.7, top_p 0.95, no penalty) the
+#: default model looped until max_tokens on two of the first three ("no, no, no, …", a repeated verse)
+EVERYDAY_PROMPTS = [
+    "Hello! Who are you?", "What is the capital of France?", "Write a short poem about autumn.",
+    "Give me three tips for sleeping better.", "Explain what a CPU does in simple words.",
+    "Tell me a joke.", "How do I make a cup of tea?", "Summarize the plot of Romeo and Juliet.",
+]
+
+
+@pytest.mark.slow
+async def test_default_model_with_default_settings_does_not_loop_in_the_app(smollm2_wheel, smollm2_env,
+                                                                             monkeypatch):
+    """The app, the default model, the default settings (only the seed fixed, for a repeatable run):
+    every everyday reply ends by itself, none runs on to max_tokens."""
+    from app.chat_app import LlmchatApp, StartOptions
+    from app.screens.chat import ChatScreen
+    from app.widgets.chat_log import StatsLine
+    from tests.screens.test_chat import open_chat, send_and_finish, type_and_send, wait_until
+
+    _use(smollm2_env, monkeypatch)
+    wheels_dir().mkdir(parents=True, exist_ok=True)
+    if not (wheels_dir() / smollm2_wheel.name).exists():
+        shutil.copy2(smollm2_wheel, wheels_dir() / smollm2_wheel.name)
+    ensure_default_model()
+    app = LlmchatApp(StartOptions(model=DEFAULT_MODEL_ID, device="cpu"))
+    async with app.run_test(size=(100, 40)) as pilot:
+        chat: ChatScreen = await open_chat(pilot)
+        params = app.params
+        assert (params.temperature, params.top_p, params.repetition_penalty, params.repeat_last_n) == (
+            0.2, 0.9, 1.1, 64)
+        assert params.max_tokens == 512
+        finished = []
+        for seed in (0, 1):
+            await type_and_send(pilot, f"/set seed={seed}")
+            for prompt in EVERYDAY_PROMPTS:
+                await type_and_send(pilot, "/reset")
+                await wait_until(pilot, lambda: not chat.engine.history)
+                await send_and_finish(pilot, chat, prompt)
+                stats = chat.engine.last_stats
+                line = str(chat.query(StatsLine).last().render())
+                finished.append((seed, prompt, stats.finish_reason, stats.generated_tokens, line))
+        loops = [f for f in finished if f[2] != "stop"]
+        assert not loops, loops
+        assert all("max_tokens reached" not in f[4] for f in finished)

@@ -79,3 +79,12 @@ def test_auto_uses_the_probe_choice_when_it_is_cpu(monkeypatch):
     fake.probe = lambda sysroot=None: types.SimpleNamespace(backend="cpu", device="cpu:0")
     monkeypatch.setitem(sys.modules, "app.inference.hardware", fake)
     assert resolve_device("auto") == DeviceSpec("cpu", 0)
+
+
+def test_metal_off_macos_suggests_what_runs_here_not_a_rocm_wheel():
+    if sys.platform == "darwin":
+        pytest.skip("on macOS Metal is the right suggestion")
+    with pytest.raises(LlmchatError) as err:
+        devices.check_device(resolve_device("metal"))
+    assert "macOS" in err.value.fix and "--device cpu" in err.value.fix
+    assert "rocm" not in err.value.fix.lower()

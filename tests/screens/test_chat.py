@@ -103,7 +103,8 @@ async def test_stats_command_shows_last_reply_session_device_memory(make_app):
         text = notices(chat)[0].source
         last = chat.engine.last_stats
         assert f"last reply: {last.format()}" in text
-        assert f"session: {chat.engine.session_stats.replies} replies" in text
+        replies = chat.engine.session_stats.replies
+        assert f"session: {replies} {'reply' if replies == 1 else 'replies'}," in text
         assert f"device: {chat.engine.info.device}, backend: {chat.engine.info.backend}" in text
         assert "memory in use:" in text
 
@@ -229,7 +230,7 @@ async def test_system_prompt_and_export(make_app, tmp_path):
         assert "You are terse." in text and "## You\n\nHello" in text and "## Assistant" in text
 
 
-async def test_quit_mid_reply_cancels_engine(make_app):
+async def test_ctrl_q_quits_mid_reply_and_cancels_the_engine(make_app):
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
@@ -237,11 +238,65 @@ async def test_quit_mid_reply_cancels_engine(make_app):
         await type_and_send(pilot, "go on forever")
         await wait_until(pilot, lambda: chat.replying and chat.query_one(ChatLog).query(AssistantMessage))
         replies_before = chat.engine.session_stats.replies
-        await pilot.press("ctrl+c")
+        await pilot.press("ctrl+q")
         await wait_until(pilot, lambda: not app.is_running, timeout=10)
     assert chat.engine.session_stats.replies == replies_before + 1
     assert chat.engine.last_stats.finish_reason == "cancelled"
     assert app.return_code == 0
+
+
+async def start_long_reply(pilot, app, chat: ChatScreen) -> AssistantMessage:
+    app.params.max_tokens = 8000
+    await type_and_send(pilot, "go on forever")
+    await wait_until(pilot, lambda: chat.replying and chat.query_one(ChatLog).query(AssistantMessage)
+                     and chat.query_one(ChatLog).query(AssistantMessage).last().source.strip())
+    return chat.query_one(ChatLog).query(AssistantMessage).last()
+
+
+async def test_ctrl_c_stops_the_reply_and_ctrl_c_at_the_idle_prompt_quits(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        reply = await start_long_reply(pilot, app, chat)
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: not chat.replying, timeout=10)
+        assert app.is_running and app.screen is chat  # stopped, not quit
+        stats = chat.engine.last_stats
+        assert stats.finish_reason == "cancelled" and stats.generated_tokens < 8000
+        assert reply.source.strip()  # what was generated is kept
+        assert "stopped" in str(chat.query_one(ChatLog).query(StatsLine).last().render())
+        await send_and_finish(pilot, chat, "still here?")  # the chat goes on
+        await pilot.press("ctrl+c")  # nothing to stop: quit
+        await wait_until(pilot, lambda: not app.is_running, timeout=10)
+    assert app.return_code == 0
+
+
+async def test_two_ctrl_c_mid_reply_quit(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await start_long_reply(pilot, app, chat)
+        await pilot.press("ctrl+c", "ctrl+c")
+        await wait_until(pilot, lambda: not app.is_running, timeout=10)
+    assert chat.engine.last_stats.finish_reason == "cancelled"
+
+
+async def test_ctrl_c_stops_a_long_prompt_during_its_prefill(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        replies = chat.engine.session_stats.replies
+        # ~6,000 tokens: seconds of prefill on the tiny model (chunks of 32 tokens)
+        await type_and_send(pilot, "The quick brown fox jumps over the lazy dog. " * 170)
+        await wait_until(pilot, lambda: chat.replying)
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: not chat.replying, timeout=10)
+        assert app.is_running
+        assert chat.engine.session_stats.replies == replies  # no token was generated
+        line = str(chat.query_one(ChatLog).query(StatsLine).last().render())
+        assert line.startswith("stopped during the prompt"), line
+        await send_and_finish(pilot, chat, "short one")  # the KV cache is consistent again
+        assert chat.engine.last_stats.finish_reason == "length"
 
 
 async def test_continue_resumes_the_latest_conversation(make_app):
@@ -251,7 +306,7 @@ async def test_continue_resumes_the_latest_conversation(make_app):
         app.params.max_tokens = 4
         await send_and_finish(pilot, chat, "remember me")
         saved_id = app.conversation_id
-        await pilot.press("ctrl+c")
+        await pilot.press("ctrl+q")
     chat.engine.reset()
     again = make_app(engine=chat.engine, continue_last=True, model=None)
     async with again.run_test(size=(100, 30)) as pilot:

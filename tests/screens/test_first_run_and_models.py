@@ -139,7 +139,8 @@ async def test_load_errors_are_messages_with_the_fix(error, expected):
         assert "retry" in panel
 
 
-async def test_quit_mid_download_cancels_it(hub):
+@pytest.mark.parametrize("keys", [["ctrl+q"], ["ctrl+c", "ctrl+c"]])
+async def test_quit_mid_download_cancels_it(hub, keys):
     hub.faults.stall_after[SHARD] = 50_000
     app = LlmchatApp(StartOptions(device="cpu"), real_services())
     async with app.run_test(size=(110, 40)) as pilot:
@@ -149,10 +150,30 @@ async def test_quit_mid_download_cancels_it(hub):
         await wait_until(pilot, lambda: hub.counters.bytes_sent.get(SHARD, 0) >= 50_000)
         events = set(app.cancel_events)
         assert events
-        await pilot.press("ctrl+c")
+        await pilot.press(*keys)
         await wait_until(pilot, lambda: not app.is_running, timeout=15)
     assert all(event.is_set() for event in events)
     assert list_installed() == []
+
+
+async def test_ctrl_c_mid_download_stops_the_download_not_the_app(hub):
+    hub.faults.stall_after[SHARD] = 50_000
+    app = LlmchatApp(StartOptions(device="cpu"), real_services())
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).selected_id == TINY_ID)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: hub.counters.bytes_sent.get(SHARD, 0) >= 50_000)
+        events = set(app.cancel_events)
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed,
+                         timeout=15)
+        assert app.is_running
+        assert all(event.is_set() for event in events)
+        assert "cancelled" in str(app.screen.query_one("#loading-error").render())
+        assert list_installed() == []
+        await pilot.press("ctrl+c")  # nothing running now: quit
+        await wait_until(pilot, lambda: not app.is_running, timeout=15)
 
 
 async def test_probe_errors_are_messages_and_the_catalog_still_shows():

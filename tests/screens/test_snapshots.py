@@ -49,9 +49,9 @@ def _no_models_services(probe_name: str) -> Services:
 
 
 def test_chat_screen(snap_compare, chat_engine):
-    """A resumed conversation with Markdown and a code block."""
+    """A resumed conversation with a system prompt, Markdown and a code block; the context meter."""
     store = HistoryStore()
-    conversation = store.new_conversation("tiny-llama")
+    conversation = store.new_conversation("tiny-llama", "You are a concise coding assistant.")
     for role, content in CONVERSATION:
         store.add_message(conversation, role, content)
     store.close()
