@@ -18,8 +18,9 @@ from app.errors import LlmchatError
 
 PAGE_SIZE = 16
 SEQ_ID = 0
-#: DLPack's device type of CUDA GPUs
+#: DLPack's device types of CUDA GPUs and of WebGPU (llmchat's Vulkan path)
 CUDA_DEVICE_TYPE = 2
+WEBGPU_DEVICE_TYPE = 15
 #: token ids one greedy call gathers on the device before they are copied back (more: grown)
 PICKED_CAPACITY = 64
 
@@ -285,10 +286,16 @@ class ModelRuntime:
         return wait
 
     def _readback(self, steps: int) -> Any:
-        """The next of two pinned readback buffers on CUDA (None elsewhere, or where the CUDA
-        runtime does not offer them: the ids are then read with a synchronous copy)."""
-        if self.device.dlpack_device_type() != CUDA_DEVICE_TYPE or steps > PICKED_CAPACITY:
+        """The next of two readbacks that wait for their own copy only: pinned buffers on CUDA,
+        the add-on's read-back slots on Vulkan (None elsewhere, or where the runtime does not
+        offer them: the ids are then read with a synchronous copy)."""
+        kind = int(self.device.dlpack_device_type())
+        if kind not in (CUDA_DEVICE_TYPE, WEBGPU_DEVICE_TYPE) or steps > PICKED_CAPACITY:
             return None
+        if self._readbacks is None and kind == WEBGPU_DEVICE_TYPE:
+            from app.inference.backends.webgpu.readback import WebGPUReadback
+
+            self._readbacks = [WebGPUReadback(self.device, slot, PICKED_CAPACITY) for slot in range(2)]
         if self._readbacks is None:
             try:
                 from app.inference.cuda_readback import PinnedReadback

@@ -128,3 +128,35 @@ def test_workgroup_argmax_matches_numpy_first_index_on_ties(vocab, tmp_path):
         out = tvm.runtime.empty((1,), "int32", dev)
         lib["argmax"](tvm.runtime.tensor(logits.reshape(1, 1, vocab), dev), out)
         assert int(out.numpy()[0]) == int(np.argmax(logits))
+
+
+def test_the_chats_generation_loop_on_vulkan_gives_the_host_argmax_tokens(tiny_model_dir):
+    """generate(): greedy batches queued ahead of the one being read (read back behind queued
+    work through the add-on's read-back slots) — the same tokens as numpy's argmax step by step."""
+    import threading
+
+    from app.inference.api import SamplingParams
+    from app.inference.backends import webgpu
+    from app.inference.generation import GenerationResult, generate
+
+    engine = load_engine(tiny_model_dir("qwen2", "q4f16_1"), device="vulkan")
+    try:
+        rt = engine.runtime
+        prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+        steps = 40
+        before = webgpu.stats(rt.device.index)
+        result = GenerationResult()
+        for _ in generate(rt, prompt, SamplingParams(temperature=0.0, max_tokens=steps + 1), kv_ids=[],
+                          cancel=threading.Event(), result=result):
+            pass
+        after = webgpu.stats(rt.device.index)
+        rt.clear()
+        logits = rt.prefill(prompt)
+        host = [int(np.argmax(logits))]
+        for _ in range(steps):
+            host.append(int(np.argmax(rt.decode(host[-1]))))
+        assert result.token_ids[: steps + 1] == host[: steps + 1]
+        # ids came back in batches, not one read back per token
+        assert after["readbacks"] - before["readbacks"] < steps // 2
+    finally:
+        engine.close()

@@ -243,6 +243,17 @@ struct Context {
   // bind groups by (pipeline, buffers)
   std::unordered_map<std::string, WGPUBindGroup> bind_groups;
 
+  // asynchronous read-backs (llmchat.webgpu.readback_*): a copy queued behind the work recorded so
+  // far, waited for by its own submission, not by the work queued after it
+  struct Readback {
+    WGPUBuffer staging = nullptr;
+    size_t size = 0, nbytes = 0;
+    WGPUSubmissionIndex submission = 0;
+    bool pending = false, mapped = false, failed = false;
+  };
+  std::vector<Readback> readbacks_async;
+  WGPUSubmissionIndex last_submission = 0;
+
   // counters (llmchat.webgpu.stats)
   int64_t dispatches = 0, submits = 0, syncs = 0, readbacks = 0, allocated = 0, peak = 0,
           bind_group_misses = 0;
@@ -396,7 +407,7 @@ static void flush(Context* ctx) {
   wgpuCommandEncoderRelease(ctx->encoder);
   ctx->encoder = nullptr;
   if (ctx->uniform_used) wgpuQueueWriteBuffer(ctx->queue, ctx->uniform, 0, ctx->uniform_host.data(), ctx->uniform_used);
-  wgpuQueueSubmit(ctx->queue, 1, &cmd);
+  ctx->last_submission = wgpuQueueSubmitForIndex(ctx->queue, 1, &cmd);
   wgpuCommandBufferRelease(cmd);
   ctx->uniform_used = 0;
   ctx->upload_used = 0;
@@ -522,6 +533,61 @@ static void copy_within(Context* ctx, WGPUBuffer src, size_t src_off, WGPUBuffer
   std::vector<uint8_t> tmp(nbytes);
   read_back(ctx, src, src_off, tmp.data(), nbytes);
   write_to(ctx, dst, dst_off, tmp.data(), nbytes);
+}
+
+// Queue the copy of ``nbytes`` from ``src`` (offset 0) into read-back slot ``slot`` behind the
+// recorded work, submit, and map it asynchronously; :func:`readback_wait` returns the bytes.
+static void readback_start(Context* ctx, int slot, WGPUBuffer src, size_t nbytes) {
+  if (slot < 0 || slot > 15) LLMCHAT_FAIL("read-back slot " << slot << " out of range");
+  if (static_cast<size_t>(slot) >= ctx->readbacks_async.size()) ctx->readbacks_async.resize(slot + 1);
+  Context::Readback& rb = ctx->readbacks_async[slot];
+  if (rb.pending) LLMCHAT_FAIL("read-back slot " << slot << " is still in use");
+  size_t span = round_up(std::max<size_t>(nbytes, 4), 4);
+  if (rb.size < span) {
+    if (rb.staging) wgpuBufferRelease(rb.staging);
+    WGPUBufferDescriptor bd = {};
+    bd.size = round_up(span, 256);
+    bd.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+    rb.staging = wgpuDeviceCreateBuffer(ctx->device, &bd);
+    rb.size = bd.size;
+    check(ctx, "allocating a read-back buffer");
+  }
+  end_pass(ctx);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder(ctx), src, 0, rb.staging, 0, span);
+  flush(ctx);
+  rb.submission = ctx->last_submission;
+  rb.nbytes = nbytes;
+  rb.pending = true;
+  rb.mapped = rb.failed = false;
+  WGPUBufferMapCallbackInfo cb = {};
+  cb.mode = WGPUCallbackMode_AllowProcessEvents;
+  cb.callback = [](WGPUMapAsyncStatus status, WGPUStringView, void* ud1, void*) {
+    Context::Readback* r = static_cast<Context::Readback*>(ud1);
+    r->mapped = status == WGPUMapAsyncStatus_Success;
+    r->failed = !r->mapped;
+  };
+  cb.userdata1 = &rb;
+  wgpuBufferMapAsync(rb.staging, WGPUMapMode_Read, 0, span, cb);
+}
+
+static std::string readback_wait(Context* ctx, int slot) {
+  if (slot < 0 || static_cast<size_t>(slot) >= ctx->readbacks_async.size() || !ctx->readbacks_async[slot].pending) {
+    LLMCHAT_FAIL("read-back slot " << slot << " has nothing queued");
+  }
+  Context::Readback& rb = ctx->readbacks_async[slot];
+  while (!rb.mapped && !rb.failed && !ctx->lost) {
+    wgpuDevicePoll(ctx->device, true, &rb.submission);  // that submission only
+    wgpuInstanceProcessEvents(instance());
+  }
+  rb.pending = false;
+  ctx->readbacks++;
+  check(ctx, "reading token ids back from the GPU");
+  if (!rb.mapped) LLMCHAT_FAIL("reading token ids back from the GPU failed");
+  const char* data = static_cast<const char*>(wgpuBufferGetConstMappedRange(rb.staging, 0, round_up(std::max<size_t>(rb.nbytes, 4), 4)));
+  std::string out(data, rb.nbytes);
+  wgpuBufferUnmap(rb.staging);
+  rb.mapped = false;
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1072,6 +1138,18 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         get_context(static_cast<int>(index));
         WebGPUModule::current_device_ = static_cast<int>(index);
       })
+      .def("llmchat.webgpu.readback_start",
+           [](int64_t index, int64_t slot, int64_t buffer, int64_t nbytes) {
+             std::lock_guard<std::recursive_mutex> guard(lock());
+             readback_start(get_context(static_cast<int>(index)), static_cast<int>(slot),
+                            as_buffer(reinterpret_cast<void*>(static_cast<intptr_t>(buffer))),
+                            static_cast<size_t>(nbytes));
+           })
+      .def("llmchat.webgpu.readback_wait",
+           [](int64_t index, int64_t slot) -> ffi::Bytes {
+             std::lock_guard<std::recursive_mutex> guard(lock());
+             return ffi::Bytes(readback_wait(get_context(static_cast<int>(index)), static_cast<int>(slot)));
+           })
       .def("llmchat.webgpu.sync", [](int64_t index) {
         std::lock_guard<std::recursive_mutex> guard(lock());
         wait_idle(get_context(static_cast<int>(index)));
