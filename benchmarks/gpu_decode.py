@@ -526,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--plain", default="llama2-7b",
                         help="presets also built/checked with TVM's plain pipeline (comma list)")
     c = sub.add_parser("compile", parents=[common])
-    c.add_argument("--arch", default="sm_90", help="sm_90, gfx1100, or a WGSL profile (wgsl-f16-wg49152-t256)")
+    c.add_argument("--arch", default="sm_90",
+                   help="sm_90, gfx1100, or a WGSL profile (wgsl-f16-wg49152-t256)")
     r = sub.add_parser("run", parents=[common])
     r.add_argument("--gen", type=int, default=512)
     r.add_argument("--prompt", type=int, default=512, help="prefill benchmark prompt length (0: skip)")
