@@ -45,13 +45,16 @@ class GreedyBatches:
         self.max_steps = max(1, max_steps)
         self.steps = min(self.max_steps, FIRST_AHEAD)  # the next batch's length
         self.ahead: deque[int] = deque()  # decoded, read, not used yet
-        self.queued: tuple[int, Callable[[], list[int]]] | None = None  # queued, not read yet
+        self.queued: deque[tuple[int, Callable[[], list[int]]]] = deque()  # queued, not read yet
+        # two batches in flight where the runtime reads ids behind queued work (CUDA, Vulkan): the
+        # host records batch k+1 while the GPU runs batch k
+        self.depth = 2 if getattr(runtime, "reads_behind_queued_work", False) else 1
         self._t_batch = 0.0
 
     @property
     def unused(self) -> int:
         """Steps in the KV cache that the reply has not used (yet)."""
-        return len(self.ahead) + (self.queued[0] if self.queued else 0)
+        return len(self.ahead) + sum(steps for steps, _ in self.queued)
 
     def _room(self, tokens_left: int) -> int:
         return min(self.steps, tokens_left, self.runtime.context_window - self.runtime.sequence_length)
@@ -60,29 +63,33 @@ class GreedyBatches:
         """The greedy token after ``token`` (the last one the reply used); ``tokens_left``: how
         many more the reply may still take, this one included."""
         if not self.ahead:
-            if self.queued is None:
+            if not self.queued:
                 steps = max(1, self._room(tokens_left))
-                self.queued = (steps, self.runtime.start_greedy_ahead(token, steps))
+                self.queued.append((steps, self.runtime.start_greedy_ahead(token, steps)))
                 self._t_batch = time.perf_counter()
-            steps, wait = self.queued
+            while len(self.queued) < self.depth:  # queued before the oldest batch is read
+                more = self._room(tokens_left - self.unused)
+                if more <= 0:
+                    break
+                self.queued.append((more, self.runtime.start_greedy_ahead(None, more)))
+            steps, wait = self.queued.popleft()
             ids = wait()
-            self.queued = None
             now = time.perf_counter()
             per_step = max(now - self._t_batch, 1e-6) / steps
             self.steps = max(1, min(self.max_steps, int(AHEAD_BURST_S / per_step)))
             self._t_batch = now
-            more = self._room(tokens_left - len(ids))  # queued before this batch is used
-            if more > 0:
-                self.queued = (more, self.runtime.start_greedy_ahead(None, more))
+            if not self.queued:
+                more = self._room(tokens_left - len(ids))  # queued before this batch is used
+                if more > 0:
+                    self.queued.append((more, self.runtime.start_greedy_ahead(None, more)))
             self.ahead.extend(ids)
         return self.ahead.popleft()
 
     def rollback(self) -> None:
         """Take the steps the reply did not use out of the KV cache (waits for a queued batch)."""
         unused = self.unused
-        if self.queued is not None:
-            self.queued[1]()  # its steps are in the KV cache once they have run
-            self.queued = None
+        while self.queued:
+            self.queued.popleft()[1]()  # their steps are in the KV cache once they have run
         self.ahead.clear()
         if unused:
             self.runtime.popn(unused)

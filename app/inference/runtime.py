@@ -210,6 +210,14 @@ class ModelRuntime:
         return self._decode_step(token).numpy().reshape(-1)
 
     @property
+    def reads_behind_queued_work(self) -> bool:
+        """Whether greedy ids are read back without waiting for work queued after them (CUDA's
+        pinned read-backs, the Vulkan add-on's read-back slots), so a second batch may be queued
+        before the first is read."""
+        return self._f_argmax is not None and int(self.device.dlpack_device_type()) in (
+            CUDA_DEVICE_TYPE, WEBGPU_DEVICE_TYPE)
+
+    @property
     def has_device_argmax(self) -> bool:
         """Whether :meth:`decode_greedy` picks the token on the device (CUDA libraries)."""
         return self._f_argmax is not None

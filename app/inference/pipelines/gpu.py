@@ -383,7 +383,9 @@ def use_llmchat_gemv(target: Any) -> bool:
     choice = os.environ.get("LLMCHAT_GPU_GEMV", "").strip().lower()
     if choice in ("llmchat", "tvm"):
         return choice == "llmchat"
-    return target.kind.name == "cuda"  # also behind the CUDA kernel, for the shapes it declines
+    # also behind the CUDA kernel, for the shapes it declines; WGSL (H200, NVIDIA's Vulkan driver,
+    # 7B shape: 6.1 -> 5.3 ms of GPU time per decode step against dlight's GEMV; BENCHMARKS.md)
+    return target.kind.name in ("cuda", "webgpu")
 
 
 #: the GEMV's ``ld.global.nc.L1::no_allocate`` loads and the prompt GEMM's WMMA need Volta (sm_70)

@@ -160,3 +160,47 @@ def test_the_chats_generation_loop_on_vulkan_gives_the_host_argmax_tokens(tiny_m
         assert after["readbacks"] - before["readbacks"] < steps // 2
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("case", ["max_tokens", "stop_token", "cancel"])
+def test_stopping_inside_queued_batches_leaves_exactly_the_conversation_on_vulkan(tiny_model_dir, case):
+    """Two greedy batches in flight (the ids read behind queued work): a reply that stops inside
+    them rolls every unused step back; the KV cache then equals a fresh prefill of what was kept."""
+    import threading
+
+    from app.inference.api import SamplingParams
+    from app.inference.generation import GenerationResult, generate
+
+    engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="vulkan")
+    try:
+        rt = engine.runtime
+        assert rt.reads_behind_queued_work
+        prompt = [1, 5, 9, 2]
+        rt.clear()
+        first = GenerationResult()
+        for _ in generate(rt, prompt, SamplingParams(temperature=0.0, max_tokens=30), kv_ids=[],
+                          cancel=threading.Event(), result=first, greedy_ahead=4):
+            pass
+        stop_ids = (first.token_ids[9],) if case == "stop_token" else ()
+
+        class CancelAfter(threading.Event):
+            checks = 7
+
+            def is_set(self) -> bool:
+                self.checks -= 1
+                return self.checks < 0
+
+        rt.clear()
+        kv_ids: list[int] = []
+        result = GenerationResult()
+        for _ in generate(rt, prompt, SamplingParams(temperature=0.0, max_tokens=12), kv_ids=kv_ids,
+                          cancel=CancelAfter() if case == "cancel" else threading.Event(),
+                          stop_token_ids=stop_ids, result=result, greedy_ahead=4):
+            pass
+        assert rt.sequence_length == len(kv_ids) == rt.kv_sequence_length()
+        assert result.token_ids == first.token_ids[: len(result.token_ids)]
+        cont = rt.decode(3)
+        rt.clear()
+        np.testing.assert_allclose(cont, rt.prefill([*kv_ids, 3]), rtol=1e-4, atol=1e-4)
+    finally:
+        engine.close()

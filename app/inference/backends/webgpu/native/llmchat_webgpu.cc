@@ -31,6 +31,7 @@
 #include <wgpu.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -257,7 +258,14 @@ struct Context {
   // counters (llmchat.webgpu.stats)
   int64_t dispatches = 0, submits = 0, syncs = 0, readbacks = 0, allocated = 0, peak = 0,
           bind_group_misses = 0;
+  // host time (ns): recording launches, finishing + submitting encoders, waiting for the GPU
+  int64_t record_ns = 0, submit_ns = 0, wait_ns = 0;
 };
+
+static int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 static std::vector<std::unique_ptr<Context>>& contexts() {
   static std::vector<std::unique_ptr<Context>> all;
@@ -402,6 +410,7 @@ static WGPUComputePassEncoder pass(Context* ctx) {
 // command buffers submitted after them), then the encoder.
 static void flush(Context* ctx) {
   if (ctx->encoder == nullptr) return;
+  int64_t t0 = now_ns();
   end_pass(ctx);
   WGPUCommandBuffer cmd = wgpuCommandEncoderFinish(ctx->encoder, nullptr);
   wgpuCommandEncoderRelease(ctx->encoder);
@@ -412,12 +421,15 @@ static void flush(Context* ctx) {
   ctx->uniform_used = 0;
   ctx->upload_used = 0;
   ctx->submits++;
+  ctx->submit_ns += now_ns() - t0;
   check(ctx, "submitting GPU work");
 }
 
 static void wait_idle(Context* ctx) {
   flush(ctx);
+  int64_t t0 = now_ns();
   wgpuDevicePoll(ctx->device, true, nullptr);
+  ctx->wait_ns += now_ns() - t0;
   ctx->syncs++;
   check(ctx, "waiting for the GPU");
 }
@@ -479,11 +491,13 @@ static void read_back(Context* ctx, WGPUBuffer src, size_t offset, void* dst, si
   };
   cb.userdata1 = &state;
   wgpuBufferMapAsync(ctx->staging, WGPUMapMode_Read, 0, span, cb);
+  int64_t t0 = now_ns();
   while (!state.done) {
     wgpuDevicePoll(ctx->device, true, nullptr);
     wgpuInstanceProcessEvents(instance());
     if (ctx->lost) break;
   }
+  ctx->wait_ns += now_ns() - t0;
   ctx->readbacks++;
   check(ctx, "reading a result back from the GPU");
   if (state.status != WGPUMapAsyncStatus_Success) {
@@ -575,10 +589,12 @@ static std::string readback_wait(Context* ctx, int slot) {
     LLMCHAT_FAIL("read-back slot " << slot << " has nothing queued");
   }
   Context::Readback& rb = ctx->readbacks_async[slot];
+  int64_t t0 = now_ns();
   while (!rb.mapped && !rb.failed && !ctx->lost) {
     wgpuDevicePoll(ctx->device, true, &rb.submission);  // that submission only
     wgpuInstanceProcessEvents(instance());
   }
+  ctx->wait_ns += now_ns() - t0;
   rb.pending = false;
   ctx->readbacks++;
   check(ctx, "reading token ids back from the GPU");
@@ -964,6 +980,7 @@ class WebGPUModule final : public ffi::ModuleObj {
 
   static void launch(Kernel* k, ffi::PackedArgs args) {
     Context* ctx = k->ctx;
+    int64_t t0 = now_ns();
     if (ctx->lost) check(ctx, ("running kernel " + k->name).c_str());
     size_t nargs = k->buffer_args.size() + k->pod_args.size();
     if (static_cast<size_t>(args.size()) != nargs + k->dim_of_tag.size()) {
@@ -1064,6 +1081,7 @@ class WebGPUModule final : public ffi::ModuleObj {
     wgpuComputePassEncoderDispatchWorkgroups(p, static_cast<uint32_t>(gx), static_cast<uint32_t>(work[1]),
                                              static_cast<uint32_t>(gz));
     ctx->dispatches++;
+    ctx->record_ns += now_ns() - t0;
   }
 
   std::unordered_map<std::string, FunctionInfo> fmap_;
@@ -1113,7 +1131,8 @@ static std::string stats_json(int index) {
   os << "{\"dispatches\":" << ctx->dispatches << ",\"submits\":" << ctx->submits << ",\"syncs\":" << ctx->syncs
      << ",\"readbacks\":" << ctx->readbacks << ",\"allocated_bytes\":" << ctx->allocated
      << ",\"peak_bytes\":" << ctx->peak << ",\"bind_groups\":" << ctx->bind_groups.size()
-     << ",\"bind_group_misses\":" << ctx->bind_group_misses << ",\"f16\":" << (ctx->f16 ? "true" : "false")
+     << ",\"bind_group_misses\":" << ctx->bind_group_misses << ",\"record_ns\":" << ctx->record_ns
+     << ",\"submit_ns\":" << ctx->submit_ns << ",\"wait_ns\":" << ctx->wait_ns << ",\"f16\":" << (ctx->f16 ? "true" : "false")
      << ",\"max_storage_buffer_binding_size\":" << ctx->limits.maxStorageBufferBindingSize
      << ",\"max_buffer_size\":" << ctx->limits.maxBufferSize
      << ",\"max_compute_workgroup_storage_size\":" << ctx->limits.maxComputeWorkgroupStorageSize

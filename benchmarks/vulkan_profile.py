@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Where a Vulkan decode step goes: host time recording launches, submitting, waiting (the
+add-on's counters) and the floor of one dispatch, for random-weight presets compiled by
+``gpu_decode.py compile`` (manifest in --cache). Prints one JSON line per preset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", required=True)
+    ap.add_argument("--presets", default="qwen2.5-0.5b")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--copy-lib", default=None, help="wgsl_copy.so for the dispatch floor")
+    args = ap.parse_args()
+    import gpu_decode
+
+    gpu_decode._set_cache(args.cache)
+    gpu_decode._use_manifest(Path(args.cache), "q4f16_1", 2048)
+    import numpy as np
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.random_model import load_random_engine
+
+    dev = webgpu.device(0)
+    if args.copy_lib:
+        lib = tvm.runtime.load_module(args.copy_lib)
+        x = tvm.runtime.empty((256, 4), "float32", dev)
+        y = tvm.runtime.empty((256, 4), "float32", dev)
+        sync = tvm.get_global_func("llmchat.webgpu.sync")
+        lib["copy"](x, y)
+        sync(0)
+        for n in (100, 1000):
+            a = webgpu.stats(0)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                lib["copy"](x, y)
+            t1 = time.perf_counter()
+            sync(0)
+            t2 = time.perf_counter()
+            b = webgpu.stats(0)
+            print(json.dumps({"floor_dispatches": n, "us_per_dispatch_total": round((t2 - t0) / n * 1e6, 2),
+                              "us_per_dispatch_python_call": round((t1 - t0) / n * 1e6, 2),
+                              "record_us": round((b["record_ns"] - a["record_ns"]) / n / 1e3, 2),
+                              "submit_us": round((b["submit_ns"] - a["submit_ns"]) / n / 1e3, 2),
+                              "wait_us": round((b["wait_ns"] - a["wait_ns"]) / n / 1e3, 2)}), flush=True)
+    for preset in args.presets.split(","):
+        engine = load_random_engine(preset, "q4f16_1", device="vulkan", context_window=2048)
+        rt = engine.runtime
+        tok = int(np.argmax(rt.prefill([1, 2, 3])))
+        rt.decode_greedy_ahead(tok, 8)
+        for _ in range(2):
+            rt.clear()
+            tok = int(np.argmax(rt.prefill([1, 2, 3])))
+            a = webgpu.stats(0)
+            t0 = time.perf_counter()
+            ids = rt.decode_greedy_ahead(tok, args.steps)
+            wall = time.perf_counter() - t0
+            b = webgpu.stats(0)
+            d = {k: b[k] - a[k] for k in ("dispatches", "submits", "syncs", "readbacks", "record_ns", "submit_ns",
+                                          "wait_ns", "bind_group_misses")}
+            steps = args.steps
+            print(json.dumps({"preset": preset, "steps": steps, "ms_per_step": round(wall / steps * 1e3, 3),
+                              "dispatches_per_step": d["dispatches"] / steps,
+                              "record_ms_per_step": round(d["record_ns"] / steps / 1e6, 3),
+                              "submit_ms_per_step": round(d["submit_ns"] / steps / 1e6, 3),
+                              "wait_ms_per_step": round(d["wait_ns"] / steps / 1e6, 3),
+                              "other_host_ms_per_step": round((wall * 1e9 - d["record_ns"] - d["submit_ns"]
+                                                               - d["wait_ns"]) / steps / 1e6, 3),
+                              "submits": d["submits"], "bind_group_misses": d["bind_group_misses"],
+                              "ids": ids[:4]}), flush=True)
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
