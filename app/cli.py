@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "import": "import_gguf",
     "ask": "ask",
     "bench": "bench",
+    "serve": "serve",
 }
 
 
