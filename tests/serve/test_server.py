@@ -280,3 +280,40 @@ def test_eight_concurrent_clients_get_their_own_complete_replies(engine):
     assert len(results) == 24
     for (i, _), (text, reason) in results.items():
         assert text == expected[prompts[i]] and reason == "length"
+
+
+def _raw_request(served, body: dict):
+    """A chat request on a plain socket (a client that can vanish at any moment)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(served.url)
+    raw = json.dumps(body).encode()
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    return sock
+
+
+def test_non_streamed_and_queued_clients_that_leave_are_dropped(engine):
+    model = engine.info.model_id
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "temperature": 0,
+            "max_tokens": 200}
+    with serving(engine) as served, DecodeGate(engine, at_step=3) as gate:
+        scheduler = served.state.scheduler
+        running = _raw_request(served, body)  # not streamed: the reply would come at the end
+        assert gate.reached.wait(30)
+        job = scheduler.running
+        queued = _raw_request(served, {**body, "stream": True})
+        assert queued.recv(12).startswith(b"HTTP/1.1 200")  # headers sent: it waits in the queue
+        waiting = scheduler._queue[0]
+        queued.close()
+        running.close()
+        assert job.cancel.wait(30) and waiting.cancel.wait(30)
+        gate.release.set()
+        after = client(served.url).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert job.done.stats.finish_reason == "cancelled" and job.done.stats.generated_tokens == 4
+    assert waiting.done is not None and waiting.done.stats is None  # it never ran
+    assert after.usage.completion_tokens == 3
+    assert scheduler.cancelled == 2
