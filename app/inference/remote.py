@@ -293,7 +293,8 @@ class RemoteEngine(ConversationState):
                 cut = err
         finally:
             self._stream = None
-            stream.close()
+            with contextlib.suppress(Exception):
+                stream.close()
             if pieces or cut is None:  # a reply that never started leaves no turn behind
                 self._history = [*history, Message("assistant", "".join(pieces))]
         if cut is not None and not pieces:

@@ -287,8 +287,8 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if stream:
-            return StreamingResponse(
-                _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage),
+            return JobStream(
+                job, _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _complete(request, job, request_id, created, state.model_id, prompt_tokens)
@@ -319,6 +319,21 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
     )
     app.state.llmchat = state
     return app
+
+
+class JobStream(StreamingResponse):
+    """A streamed reply whose job is cancelled however the response ends (finished, or the client
+    gone while a chunk was being sent, where the generator itself may not see it until collected)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()
 
 
 def _error_from(err: BaseException) -> ApiError:
