@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 
 .PHONY: run test test-gpu lint clean
 
+# llama.cpp's OpenAI-compatible server (llama-cpp-python[server], compiled from source: minutes) in
+# a virtual environment of its own, for the remote engine's test against a third-party server
+LLAMACPP_VENV := .venv-llamacpp
+
 $(BIN)/llmchat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -14,6 +18,12 @@ $(BIN)/llmchat: pyproject.toml
 		|| $(BIN)/python -m pip install --quiet ziglang
 	-$(BIN)/python -m app.inference.backends.webgpu.addon --optional
 	touch $@
+
+$(LLAMACPP_VENV)/bin/python:
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install --quiet --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLAMACPP_VENV)/bin/python -m pip install --quiet \
+		'llama-cpp-python[server]==0.3.36'
 
 run: $(BIN)/llmchat  ## install and start the chat app
 	$(BIN)/llmchat $(ARGS)
@@ -30,4 +40,4 @@ lint: $(BIN)/llmchat
 	$(BIN)/ruff format --check app tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LLAMACPP_VENV) build *.egg-info

@@ -103,6 +103,26 @@ class Services:
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
     fit: Callable[[Any, Any], str] = _fit
     default_model_id: str = DEFAULT_MODEL_ID
+    #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
+    remote_endpoint: str | None = None
+
+
+def remote_services(endpoint: str, api_key: str | None = None) -> Services:
+    """Services for ``llmchat --endpoint URL``: the models are the server's (``/v1/models``), loading
+    one connects to it; nothing is downloaded or compiled here."""
+    from app.inference.remote import RemoteEngine, list_models, normalize_endpoint
+
+    endpoint = normalize_endpoint(endpoint)
+
+    def load(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
+        return RemoteEngine(endpoint, api_key=api_key, model=str(model) or None)
+
+    def no_download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
+        raise LlmchatError(f"{model_id} is not on the server at {endpoint}.", "pick one of its models")
+
+    return Services(load_engine=load, list_installed=lambda: list_models(endpoint, api_key),
+                    installed_model_path=lambda model_id: None, download_model=no_download,
+                    default_model_id="", remote_endpoint=endpoint)
 
 
 class ChatCommandsProvider(Provider):
@@ -213,6 +233,10 @@ class LlmchatApp(App):
             if resume is None:
                 self.notify("There is no saved conversation to continue: starting a new one.")
         model = options.model or (resume.model if resume else None)
+        if self.services.remote_endpoint is not None:
+            # the server's model: the one asked for, the resumed one, else the first it lists
+            self.start_model(model or "", resume_id=resume.id if resume else None)
+            return
         if model:
             self.start_model(model, resume_id=resume.id if resume else None)
             return

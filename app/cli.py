@@ -26,7 +26,19 @@ SUBCOMMANDS: dict[str, str] = {
     "import": "import_gguf",
     "ask": "ask",
     "bench": "bench",
+    "serve": "serve",
 }
+
+
+def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
+    """``--endpoint URL`` and ``--api-key KEY``: chat with a model on an OpenAI-compatible server."""
+    parser.add_argument("--endpoint", default=default, metavar="URL",
+                        help="chat with a model on an OpenAI-compatible server (vLLM, SGLang, llama.cpp, "
+                        "Ollama, mlc_llm serve, llmchat serve), e.g. http://127.0.0.1:8000/v1; --model "
+                        "then names one of its models (default: the first it lists)")
+    parser.add_argument("--api-key", default=default, metavar="KEY",
+                        help="the server's API key (default: $LLMCHAT_API_KEY; $OPENAI_API_KEY only for "
+                        "api.openai.com); sent to that host only, never printed")
 
 
 def _command_module(name: str):
@@ -60,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, where the mlc_llm package "
         "(MLC's wheels) is installed",
     )
+    add_endpoint_arguments(parser)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = _command_module(name)

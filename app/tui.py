@@ -14,9 +14,10 @@ def run_tui(args: argparse.Namespace) -> int:
 
     ``--model ID`` goes straight to the chat with that model, ``--continue`` resumes the latest
     conversation, ``--device`` picks the GPU backend (default: auto), ``--engine mlc`` chats through
-    MLC-LLM's engine where the mlc_llm package is installed.
+    MLC-LLM's engine where the mlc_llm package is installed, ``--endpoint URL`` chats with a model
+    on an OpenAI-compatible server.
     """
-    from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine
+    from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine, remote_services
 
     options = StartOptions(
         model=getattr(args, "model", None),
@@ -24,6 +25,8 @@ def run_tui(args: argparse.Namespace) -> int:
         continue_last=bool(getattr(args, "continue_last", False)),
     )
     services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
+    if getattr(args, "endpoint", None):
+        services = remote_services(args.endpoint, getattr(args, "api_key", None))
     app = LlmchatApp(options, services)
     code = app.run()
     code = int(code or 0) if app.return_code is None else int(app.return_code)

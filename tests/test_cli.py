@@ -12,7 +12,7 @@ import pytest
 from app import __version__
 from app.cli import SUBCOMMANDS, main
 
-EXPECTED = ["doctor", "models", "download", "ask", "bench"]
+EXPECTED = ["doctor", "models", "download", "ask", "bench", "serve"]
 
 
 def _llmchat() -> str:

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_engine_argument(parser)
+    from app.cli import add_endpoint_arguments
+
+    add_endpoint_arguments(parser, default=argparse.SUPPRESS)
     parser.add_argument("--stats", action="store_true", help="print MLC-style speed stats to stderr")
     parser.add_argument("prompt", nargs="*", help="the prompt (read from stdin when omitted or '-')")
 
@@ -145,9 +148,16 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
     overrides = sampling_from_args(args)
     progress = StderrProgress()
-    check_device_first(args)
-    model = resolve_model(getattr(args, "model", None), progress)
-    engine = open_engine(args, model, progress, args.context_window)
+    endpoint = getattr(args, "endpoint", None)
+    if endpoint:
+        from app.inference.remote import RemoteEngine
+
+        engine = RemoteEngine(endpoint, api_key=getattr(args, "api_key", None),
+                              model=getattr(args, "model", None))
+    else:
+        check_device_first(args)
+        model = resolve_model(getattr(args, "model", None), progress)
+        engine = open_engine(args, model, progress, args.context_window)
     try:
         params = sampling_for(engine, overrides)
         if args.system:
@@ -164,10 +174,17 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             engine.cancel()
             raise
+        except LlmchatError:  # e.g. the server went away mid-reply: what arrived stays printed
+            out.write("\n")
+            out.flush()
+            raise
         out.write("\n")
         out.flush()
         if stats is not None and args.stats:
             print(stats.format(), file=sys.stderr)
+            server = getattr(stats, "server_line", lambda: None)()
+            if server:
+                print(server, file=sys.stderr)
         if stats is not None and stats.finish_reason == "context":
             print("llmchat: the reply stopped at the end of the context window", file=sys.stderr)
     finally:

@@ -37,6 +37,16 @@ from app.inference.runtime import ModelRuntime
 DEFAULT_CONTEXT_CAP = 8192
 
 
+class ContextLengthExceeded(LlmchatError):
+    """A prompt that does not fit the context window (the server's 400 ``context_length_exceeded``)."""
+
+    def __init__(self, prompt_tokens: int, context_window: int, fix: str) -> None:
+        super().__init__(f"The prompt is {prompt_tokens} tokens long; the context window holds "
+                         f"{context_window}.", fix)
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
+
 def resolve_model_dir(model: str | Path) -> tuple[str, Path]:
     """(model id, directory) for a model directory path or an installed model id."""
     path = Path(model).expanduser()
@@ -150,9 +160,8 @@ class TVMEngine(ConversationState):
             dropped += cut
             ids = self._encode(self._messages(history))
         if len(ids) >= ctx:
-            raise LlmchatError(
-                f"The prompt is {len(ids)} tokens long; the context window holds {ctx}.",
-                _too_long_fix(len(ids), ctx, self.config.context_window_size),
+            raise ContextLengthExceeded(
+                len(ids), ctx, _too_long_fix(len(ids), ctx, self.config.context_window_size),
             )
         return ids, history, dropped
 
@@ -196,6 +205,53 @@ class TVMEngine(ConversationState):
             finally:
                 # the turn joins the history even when the consumer stopped early or it was cancelled
                 self._history = [*history, Message("assistant", result.text)]
+                if result.stats.generated_tokens:
+                    self.last_stats = result.stats
+                    self.session_stats.add(result.stats)
+        finally:
+            self._lock.release()
+
+    def count_prompt_tokens(self, messages: list[Message]) -> int:
+        """Tokens of ``messages`` rendered with the chat template (with the assistant's cue)."""
+        if self.tokenizer is None or self.formatter is None:
+            raise LlmchatError("This engine has no tokenizer or chat template (random weights).",
+                               "load a real model")
+        return len(self._encode(list(messages)))
+
+    def complete(self, messages: list[Message], params: SamplingParams, *,
+                 cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """One reply to a whole conversation given by the caller (``llmchat serve``).
+
+        Nothing is dropped to make it fit: a prompt beyond the context window raises
+        ``ContextLengthExceeded``. The engine's own conversation (``history``) is not touched; the
+        KV cache keeps the longest prefix it shares with the previous prompt, so a client that
+        resends its growing conversation only prefills the new turns. ``cancel`` (default: the
+        one ``cancel()`` sets) stops it within one decode step."""
+        if self.tokenizer is None or self.formatter is None:
+            raise LlmchatError("This engine has no tokenizer or chat template (random weights).",
+                               "load a real model")
+        if not self._lock.acquire(blocking=False):
+            raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
+        try:
+            if cancel is None:
+                self._cancel.clear()
+                cancel = self._cancel
+            ids = self._encode(list(messages))
+            ctx = self.runtime.context_window
+            if len(ids) >= ctx:
+                raise ContextLengthExceeded(len(ids), ctx, "shorten the conversation")
+            new_ids = self._prepare_kv(ids)
+            result = GenerationResult()
+            try:
+                yield from generate(
+                    self.runtime, new_ids, params, kv_ids=self._kv_ids, cancel=cancel,
+                    tokenizer=self.tokenizer, stop_token_ids=self.stop_token_ids,
+                    stop_strings=self.stop_strings, result=result,
+                )
+            except Exception:
+                self._clear_kv()  # the KV state may be partly written: rebuild it next time
+                raise
+            finally:
                 if result.stats.generated_tokens:
                     self.last_stats = result.stats
                     self.session_stats.add(result.stats)

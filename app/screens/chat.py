@@ -436,6 +436,10 @@ class ChatScreen(Screen):
                 f"- last reply tokens: {last.prompt_tokens} prompt, {last.generated_tokens} generated, "
                 f"TTFT {last.time_to_first_token_s:.2f} s, finish: {last.finish_reason}"
             )
+            server_line = getattr(last, "server_line", None)
+            server = server_line() if callable(server_line) else None
+            if server:  # a remote engine: the figures above are measured here, these by the server
+                lines.append(f"- {server}")
         else:
             lines.append("- last reply: none yet")
         decode_steps = max(session.generated_tokens - session.replies, 0)
@@ -447,7 +451,12 @@ class ChatScreen(Screen):
             f"{session.generated_tokens} generated tokens "
             f"(prefill: {session_prefill:.1f} tok/s, decode: {session_decode:.1f} tok/s)"
         )
-        lines.append(f"- model: {info.model_id} ({info.quantization}, context {info.context_window} tokens)")
+        context = f"context {info.context_window} tokens" if info.context_window else "context unknown"
+        if info.backend == "remote":
+            lines.append(f"- model: {info.model_id} on the server {info.model_path} ({context})")
+            lines.append("- speeds measured here: time to first token and decode tok/s over the stream")
+            return "\n".join(lines)
+        lines.append(f"- model: {info.model_id} ({info.quantization}, {context})")
         lines.append(f"- device: {info.device}, backend: {info.backend}")
         lines.append(f"- memory in use: {format_bytes(engine.memory_in_use_bytes())}")
         return "\n".join(lines)

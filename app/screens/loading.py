@@ -89,7 +89,12 @@ class LoadingScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#loading-title", Static).update(f"Preparing {self.model} on {self.device}")
+        endpoint = self.llm_app.services.remote_endpoint
+        if endpoint is not None:
+            title = f"Connecting to {self.model or 'the model'} on {endpoint}"
+        else:
+            title = f"Preparing {self.model} on {self.device}"
+        self.query_one("#loading-title", Static).update(title)
         self._start()
 
     def _start(self) -> None:
@@ -109,7 +114,8 @@ class LoadingScreen(Screen):
         try:
             model: str | Path = self.model
             is_directory = Path(self.model).expanduser().is_dir()
-            if not is_directory and services.installed_model_path(self.model) is None:
+            remote = services.remote_endpoint is not None
+            if not remote and not is_directory and services.installed_model_path(self.model) is None:
                 progress(ProgressEvent("download", f"downloading {self.model}"))
                 model = services.download_model(self.model, progress, self.cancel_event)
                 if self.cancel_event.is_set():
