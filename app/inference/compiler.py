@@ -601,13 +601,29 @@ def _drop_entry(lib: Path, meta_path: Path) -> None:
             path.unlink()
 
 
+#: float16 formats and their float32 twins (same layout, float32 where float16 was)
+F32_TWINS = {"q4f16_1": "q4f32_1", "q0f16": "q0f32", "ggml_f16": "q0f32"}
+
+
+def without_f16_storage(cfg: ModelConfig, fingerprint: str) -> ModelConfig:
+    """``cfg`` for a WGSL adapter without shader-f16 (profile ``wgsl-f32-…``): float16 weights
+    become their float32 twins (widened exactly at load) and the model computes in float32."""
+    if not fingerprint.startswith("wgsl-f32"):
+        return cfg
+    formats = {k: F32_TWINS.get(v, v) for k, v in cfg.tensor_formats.items()}
+    return dataclasses.replace(cfg, quantization=F32_TWINS.get(cfg.quantization, cfg.quantization),
+                               tensor_formats=formats)
+
+
 def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
                 progress: ProgressCallback | None = None) -> CompiledModel:
     """The cached library for ``cfg`` on ``device``, compiling it first if needed (also when the
     cached one fails its size/checksum check)."""
+    fingerprint = device_fingerprint(device, arch)
+    if device.backend == "vulkan":
+        cfg = without_f16_storage(cfg, fingerprint)
     cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend),
                               word_storage=device.backend == "vulkan")
-    fingerprint = device_fingerprint(device, arch)
     key = cache_key(cfg, device.backend, fingerprint)
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
     lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")

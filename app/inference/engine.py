@@ -346,6 +346,11 @@ def load_engine(
         raise LlmchatError(f"A context window of {ctx} tokens is too small.", "use at least 64")
     ctx = min(ctx, cfg.context_window_size)
     dev = tvm_device(spec)
+    if spec.backend == "vulkan":  # before any weight is uploaded: the adapter's buffer limits
+        from app.inference.backends import webgpu
+
+        layer_kv = 2 * cfg.num_key_value_heads * cfg.head_dim * compiled.kv_itemsize
+        ctx = webgpu.check_fits(spec.index, compiled.params, layer_kv, ctx, explicit=bool(context_window))
 
     def on_load(done: int, total: int) -> None:
         if progress:

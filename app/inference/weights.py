@@ -166,7 +166,8 @@ def check_params(manifest: Manifest, params: Iterable[Mapping[str, Any]]) -> Non
             raise LlmchatError(
                 f"{manifest.path} has no tensor {p['name']!r} that this model needs (wrong or incomplete "
                 "weights).", _REDOWNLOAD)
-        if (tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype) and not _as_words(rec, p):
+        if (tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype) and not _as_words(rec, p) \
+                and not _widened(rec, p):
             raise LlmchatError(
                 f"{manifest.path}: tensor {rec.name} is {rec.dtype}{list(rec.shape)}, the model expects "
                 f"{p['dtype']}{list(p['shape'])} (weights from a different model or quantization).",
@@ -208,6 +209,11 @@ def _as_words(rec: Any, p: Mapping[str, Any]) -> bool:
     return spec is not None and (tuple(p["shape"]), p["dtype"]) == (tuple(spec[0]), spec[1])
 
 
+def _widened(rec: Any, p: Mapping[str, Any]) -> bool:
+    """Whether the library takes float16 record ``rec`` as float32 (WGSL without shader-f16)."""
+    return rec.dtype == "float16" and p["dtype"] == "float32" and tuple(p["shape"]) == tuple(rec.shape)
+
+
 def load_weights(
     model_dir: str | Path,
     params: list[Mapping[str, Any]],
@@ -233,6 +239,8 @@ def load_weights(
             arr = np.ascontiguousarray(read_array(model_dir, rec, shard_cache))
             if _as_words(rec, p):  # narrow integers stored as uint32 words (WGSL): same bytes
                 arr = to_words(arr)
+            elif _widened(rec, p):  # float16 weights for a GPU without float16 shaders: exact
+                arr = arr.astype(np.float32)
             uploaded.append(tvm.runtime.tensor(arr, device=device))
             done += arr.nbytes
             if progress:

@@ -199,3 +199,35 @@ def stats(index: int = 0) -> dict[str, Any]:
     import tvm
 
     return json.loads(str(tvm.get_global_func("llmchat.webgpu.stats")(index)))
+
+
+#: the KV cache keeps one page more than the context needs (runtime.ModelRuntime)
+_PAGE = 16
+
+
+def check_fits(index: int, params: list[dict[str, Any]], kv_bytes_per_token_layer: int, context: int,
+               explicit: bool = False) -> int:
+    """Say before loading whether a model fits the adapter's buffer limits: every weight tensor
+    is one buffer and must fit one binding (lavapipe: 128 MiB, NVIDIA: 2 GiB); each layer's KV
+    pages are one buffer too, so the context window is shortened to fit (or, when the user asked
+    for that window, refused). Returns the context window to use."""
+    import numpy as np
+
+    a = adapters()[index]
+    limit = min(a.max_binding_bytes, a.max_buffer_bytes)
+    for p in params:
+        nbytes = int(np.prod(p["shape"], dtype=np.int64)) * np.dtype(
+            "float16" if p["dtype"] == "bfloat16" else p["dtype"]).itemsize
+        if nbytes > limit:
+            raise LlmchatError(
+                f"The weight {p['name']} ({nbytes / 2**20:,.0f} MiB) is larger than {a.name} can bind "
+                f"in one buffer ({limit / 2**20:,.0f} MiB), so this model cannot run on it.",
+                "use a smaller model or a more compact quantization, or --device cpu")
+    fits = limit // max(1, kv_bytes_per_token_layer) // _PAGE * _PAGE - 2 * _PAGE
+    if context <= fits:
+        return context
+    if explicit or fits < 64:
+        raise LlmchatError(
+            f"A context window of {context} tokens needs KV-cache buffers larger than {a.name} can bind "
+            f"({limit / 2**20:,.0f} MiB per layer).", f"use --context-window {max(64, fits)} or less")
+    return int(fits)

@@ -135,7 +135,10 @@ static std::vector<Adapter>& adapters() {
       a.handle = h;
       wgpuAdapterGetInfo(h, &a.info);
       wgpuAdapterGetLimits(h, &a.limits);
-      a.f16 = wgpuAdapterHasFeature(h, WGPUFeatureName_ShaderF16);
+      // LLMCHAT_WEBGPU_F16=0 treats the adapter as one without shader-f16 (a driver whose f16 is
+      // broken, and the tests of the float32 fallback)
+      const char* f16_env = getenv("LLMCHAT_WEBGPU_F16");
+      a.f16 = wgpuAdapterHasFeature(h, WGPUFeatureName_ShaderF16) && !(f16_env && std::string(f16_env) == "0");
       a.subgroups = wgpuAdapterHasFeature(h, WGPUFeatureName_Subgroups);
       out.push_back(a);
     }
