@@ -56,7 +56,7 @@ def test_a_weight_larger_than_a_binding_is_refused_before_loading():
     a = webgpu.adapters()[0]
     limit = min(a.max_binding_bytes, a.max_buffer_bytes)
     huge = [{"name": "lm_head.q_weight", "shape": [limit // 4 + 1024, 1], "dtype": "uint32"}]
-    with pytest.raises(LlmchatError, match="lm_head.q_weight") as err:
+    with pytest.raises(LlmchatError, match=r"lm_head\.q_weight") as err:
         webgpu.check_fits(0, huge, 1024, 2048)
     assert "--device cpu" in err.value.fix
     # a KV cache whose per-layer buffer would not fit: shortened, or refused when asked for
