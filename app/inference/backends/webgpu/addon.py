@@ -28,7 +28,7 @@ from app.errors import LlmchatError
 SOURCE = Path(__file__).parent / "native" / "llmchat_webgpu.cc"
 LIB_NAME = "libllmchat_webgpu"
 #: bump when the compiler or linker flags change (part of the add-on's cache key)
-BUILD_FLAGS = "2"
+BUILD_FLAGS = "3"
 
 _lock = threading.Lock()
 _loaded: Path | None = None
@@ -155,8 +155,9 @@ def build(force: bool = False, verbose: bool = False) -> Path:
         f"-Wl,-rpath,{rpath}",
     ]
     if is_zig:
-        # zig's clang links its own libc++; TVM's libraries use the system's libstdc++ ABI
-        argv += ["-target", "native-linux-gnu", "-lstdc++"]
+        # zig's clang links its own libc++ (TVM's libraries use libstdc++): the add-on passes no
+        # C++ types across, but an exception from a device-API call cannot cross (printed first)
+        argv += ["-target", "native-linux-gnu", "-DLLMCHAT_PRINT_ERRORS"]
     else:
         argv += ["-Wl,--no-undefined"]
     try:

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -56,10 +57,18 @@ constexpr size_t kUniformRingBytes = 1 << 20;  // scalar arguments of up to 4,09
 constexpr size_t kUploadRingBytes = 8 << 20;   // host->device copies recorded into one encoder
 constexpr uint32_t kMaxGridDim = 65535;
 
+// Built by zig's clang (libc++), an exception thrown inside a device-API call cannot unwind through
+// TVM's libstdc++ frames: the message is printed first, so it is seen even then.
+#ifdef LLMCHAT_PRINT_ERRORS
+#define LLMCHAT_REPORT(text) fprintf(stderr, "llmchat: WebGPU: %s\n", (text).c_str())
+#else
+#define LLMCHAT_REPORT(text) (void)0
+#endif
 #define LLMCHAT_FAIL(msg)                                   \
   do {                                                      \
     std::ostringstream os_;                                 \
     os_ << msg;                                             \
+    LLMCHAT_REPORT(os_.str());                              \
     TVM_FFI_THROW(RuntimeError) << "WebGPU: " << os_.str(); \
   } while (0)
 
