@@ -460,6 +460,14 @@ def fuse_rope_append(target: Any) -> bool:
             and use_cuda_gemm(target))
 
 
+def use_wgsl_gemm(target: Any) -> bool:
+    """Whether the prompt's matmuls on WGSL use :class:`~.gpu_gemm.WgslGemm` (register-tiled,
+    256 threads) instead of dlight's Matmul default (64 threads, 4x4 outputs each): on webgpu
+    unless ``LLMCHAT_WGSL_GEMM=tvm``."""
+    choice = os.environ.get("LLMCHAT_WGSL_GEMM", "").strip().lower()
+    return target.kind.name == "webgpu" and choice != "tvm"
+
+
 def schedule_rules(target: Any) -> list[Any]:
     """The dlight rules, in order, for ``target``."""
     from tvm.s_tir import dlight as dl
@@ -475,6 +483,10 @@ def schedule_rules(target: Any) -> list[Any]:
         from app.inference.pipelines.gpu_argmax import GpuArgmax
 
         first = [GpuArgmax(), *first]
+        if use_wgsl_gemm(target):
+            from app.inference.pipelines.gpu_gemm import WgslGemm
+
+            first = [*first, WgslGemm()]
     return [
         *first,
         dl.gpu.Matmul(),

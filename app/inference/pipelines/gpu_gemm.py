@@ -163,7 +163,7 @@ class WgslGemm:
             min_workgroups=self.min_workgroups)
         if cfg is None or cfg.shared_bytes() > int(target.attrs.get("max_shared_memory_per_block", 16384)):
             return None
-        if THREADS_F * THREADS_T > int(target.attrs.get("max_num_threads", 256)):
+        if int(target.attrs.get("max_num_threads", 256)) < THREADS_F * THREADS_T:
             return None
         # the token side first in the padded einsum is not required: pad each side to its tile
         pads = [1, 0, 0, cfg.bk]
