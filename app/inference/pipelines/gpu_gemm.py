@@ -165,7 +165,7 @@ class WgslGemm:
             return None
         if int(target.attrs.get("max_num_threads", 256)) < THREADS_F * THREADS_T:
             return None
-        # the token side first in the padded einsum is not required: pad each side to its tile
+        # pad the features to the feature tile, the tokens to the token tile, K to the K step
         pads = [1, 0, 0, cfg.bk]
         pads[feature_side] = cfg.tile_f
         pads[3 - feature_side] = cfg.tile_t
