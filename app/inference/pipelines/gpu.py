@@ -12,6 +12,10 @@ ROCm, Vulkan and Metal), plus:
   of 32 values), the activation vector staged once per block as fp32 in padded (bank-conflict
   free) shared memory and read with 16-byte loads, the group scale converted once, warp-shuffle
   reduction. Used on CUDA (see ``use_llmchat_gemv``); rows it cannot tile go to dlight's GEMV.
+- on WGSL (webgpu/Vulkan), ``WgslGemm`` (:mod:`.gpu_gemm`) for the prompt's matmuls: 256 threads,
+  8x4 or 8x8 fp32 accumulators each, weight and activation tiles in workgroup memory, the weight
+  decoded one packed word per thread (dlight's Matmul default there: 64 threads, 4x4 each, one
+  word load per 4-bit value); ``LLMCHAT_WGSL_GEMM=tvm`` gives dlight's back;
 - on CUDA, llmchat's hand-written kernels (``cuda_kernels.cu``) in place of TVM's for the decode
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
   decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
@@ -460,6 +464,14 @@ def fuse_rope_append(target: Any) -> bool:
             and use_cuda_gemm(target))
 
 
+def use_wgsl_gemm(target: Any) -> bool:
+    """Whether the prompt's matmuls on WGSL use :class:`~.gpu_gemm.WgslGemm` (register-tiled,
+    256 threads) instead of dlight's Matmul default (64 threads, 4x4 outputs each): on webgpu
+    unless ``LLMCHAT_WGSL_GEMM=tvm``."""
+    choice = os.environ.get("LLMCHAT_WGSL_GEMM", "").strip().lower()
+    return target.kind.name == "webgpu" and choice != "tvm"
+
+
 def schedule_rules(target: Any) -> list[Any]:
     """The dlight rules, in order, for ``target``."""
     from tvm.s_tir import dlight as dl
@@ -475,6 +487,10 @@ def schedule_rules(target: Any) -> list[Any]:
         from app.inference.pipelines.gpu_argmax import GpuArgmax
 
         first = [GpuArgmax(), *first]
+        if use_wgsl_gemm(target):
+            from app.inference.pipelines.gpu_gemm import WgslGemm
+
+            first = [*first, WgslGemm()]
     return [
         *first,
         dl.gpu.Matmul(),
