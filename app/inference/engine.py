@@ -296,15 +296,18 @@ class TVMEngine(ConversationState):
             self.runtime = None
 
 
-def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per_token: int) -> int:
+def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per_token: int,
+                       memory_budget: int | None = None) -> int:
     """Shrink a default context window so that weights + KV cache fit the GPU's memory.
 
-    Uses 85 % of the device's memory (MLC's gpu_memory_utilization) less a 512 MiB workspace;
-    CPUs are left alone.  Never below 512 tokens (a load that cannot fit then fails loudly)."""
+    Uses 85 % of the device's memory (MLC's gpu_memory_utilization) less a 512 MiB workspace —
+    or ``memory_budget`` where the probe computed one (Vulkan, which does not report the device's
+    memory: on a Steam Deck or an APU the unified-memory budget, carve-out + GTT bounded by free
+    RAM); CPUs are left alone.  Never below 512 tokens (a load that cannot fit then fails loudly)."""
     try:
         if int(device.dlpack_device_type()) == 1:
             return ctx
-        total = int(device.total_global_memory)
+        total = int(memory_budget / 0.85) if memory_budget else int(device.total_global_memory)
     except Exception:
         return ctx
     if total <= 0:
@@ -312,6 +315,20 @@ def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per
     budget = int(total * 0.85) - weight_bytes - (512 << 20)
     fits = budget // max(1, kv_bytes_per_token)
     return max(min(ctx, 512), min(ctx, int(fits) // 16 * 16))
+
+
+def _vulkan_memory_budget() -> int | None:
+    """The probe's memory budget for the GPU (the unified-memory path on a Steam Deck or an APU);
+    None when the probe finds no GPU (a CPU Vulkan device such as lavapipe: system RAM)."""
+    try:
+        from app.inference.hardware import probe
+
+        report = probe()
+    except Exception:  # the probe is best effort
+        return None
+    if report.gpu is None:
+        return None
+    return int(report.memory_budget_bytes) or None
 
 
 def load_engine(
@@ -360,7 +377,8 @@ def load_engine(
                                         progress=on_load if progress else None)
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * compiled.kv_itemsize
     if not context_window:
-        ctx = fit_context_window(ctx, dev, weight_bytes, kv_per_token)
+        ctx = fit_context_window(ctx, dev, weight_bytes, kv_per_token,
+                                 _vulkan_memory_budget() if spec.backend == "vulkan" else None)
     runtime = ModelRuntime(
         str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=compiled.compute_dtype,
         context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
