@@ -442,8 +442,20 @@ def max_cluster_size(target: Any) -> int:
     return 16 if cuda_arch(target) in WIDE_CLUSTER_ARCHS else 8
 
 
+def use_wgsl_attention(target: Any) -> bool:
+    """Whether decode attention splits the keys over workgroups on WebGPU/Vulkan
+    (:mod:`.wgsl_attention`): unless ``LLMCHAT_WGSL_ATTENTION=tvm``."""
+    choice = os.environ.get("LLMCHAT_WGSL_ATTENTION", "").strip().lower()
+    return target.kind.name == "webgpu" and choice != "tvm"
+
+
 def attention_passes(target: Any) -> list[Any]:
     """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
+    if use_wgsl_attention(target):
+        from app.inference.pipelines.wgsl_attention import split_decode_attention_pass as wgsl_split
+
+        return [wgsl_split(max_threads=int(target.attrs["max_num_threads"]),
+                           shared_bytes=int(target.attrs["max_shared_memory_per_block"]))]
     if not use_cuda_attention(target):
         return []
     passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]

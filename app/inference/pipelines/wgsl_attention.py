@@ -62,7 +62,8 @@ class SplitLayout:
     max_chunks: int
 
 
-def split_layout(h_qo: int, h_kv: int, d: int, page: int, max_threads: int, shared_bytes: int) -> SplitLayout | None:
+def split_layout(h_qo: int, h_kv: int, d: int, page: int, max_threads: int,
+                 shared_bytes: int) -> SplitLayout | None:
     """The layout for these shapes within the target's limits, or None (TVM's kernel stays)."""
     if h_qo % h_kv or d > max_threads or d & (d - 1) or d < 4:
         return None
@@ -136,6 +137,7 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
             by = T.launch_thread("blockIdx.y", head_groups * B)  # WebGPU: no blockIdx.z
             hg = T.meta_var(by % head_groups)
             b = T.meta_var(by // head_groups)
+            hk = T.meta_var(hg * heads // group)  # the KV head of the workgroup's query heads
             tx = T.launch_thread("threadIdx.x", threads)
             q_sh = T.decl_buffer((threads,), "float32", scope="shared")
             kv_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
@@ -162,14 +164,12 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
             for t in range(T.ceildiv(info[3], tile)):
                 T.tvm_storage_sync("shared")
                 for i in T.unroll(loads):
-                    kv_sh[(i * threads + tx) // d * row + (i * threads + tx) % d] = T.if_then_else(
-                        t * tile + (i * threads + tx) // d < info[3],
-                        T.Cast("float32", pages[
-                            page_table_values[info[0] + T.max(T.min(info[2] + t * tile + (i * threads + tx) // d,
-                                                                    info[1] - 1), 0) // page],
-                            0, (hg * heads) // group,
-                            T.max(T.min(info[2] + t * tile + (i * threads + tx) // d, info[1] - 1), 0) % page,
-                            (i * threads + tx) % d]),
+                    key = T.meta_var((i * threads + tx) // d)  # of the tile
+                    col = T.meta_var((i * threads + tx) % d)
+                    pos = T.meta_var(T.max(T.min(info[2] + t * tile + key, info[1] - 1), 0))  # clamped
+                    slot = T.meta_var(page_table_values[info[0] + pos // page])
+                    kv_sh[key * row + col] = T.if_then_else(
+                        t * tile + key < info[3], T.Cast("float32", pages[slot, 0, hk, pos % page, col]),
                         T.float32(0))
                 T.tvm_storage_sync("shared")
                 part[0] = T.float32(0)
@@ -183,20 +183,18 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
                     part[0] = part[0] + red[tx % pairs * tpp + i]
                 s_sh[tx] = part[0]
                 for i in T.unroll(loads):
-                    kv_sh[(i * threads + tx) // d * row + (i * threads + tx) % d] = T.if_then_else(
-                        t * tile + (i * threads + tx) // d < info[3],
-                        T.Cast("float32", pages[
-                            page_table_values[info[0] + T.max(T.min(info[2] + t * tile + (i * threads + tx) // d,
-                                                                    info[1] - 1), 0) // page],
-                            1, (hg * heads) // group,
-                            T.max(T.min(info[2] + t * tile + (i * threads + tx) // d, info[1] - 1), 0) % page,
-                            (i * threads + tx) % d]),
+                    key = T.meta_var((i * threads + tx) // d)  # of the tile
+                    col = T.meta_var((i * threads + tx) % d)
+                    pos = T.meta_var(T.max(T.min(info[2] + t * tile + key, info[1] - 1), 0))  # clamped
+                    slot = T.meta_var(page_table_values[info[0] + pos // page])
+                    kv_sh[key * row + col] = T.if_then_else(
+                        t * tile + key < info[3], T.Cast("float32", pages[slot, 1, hk, pos % page, col]),
                         T.float32(0))
                 T.tvm_storage_sync("shared")
                 m_new[0] = m[0]
                 for k in range(tile):
-                    m_new[0] = T.max(m_new[0], T.if_then_else(t * tile + k < info[3], s_sh[tx // d * tile + k],
-                                                              T.float32(NEG)))
+                    m_new[0] = T.max(m_new[0], T.if_then_else(
+                        t * tile + k < info[3], s_sh[tx // d * tile + k], T.float32(NEG)))
                 p[0] = T.exp2(m[0] - m_new[0])
                 l_run[0] = l_run[0] * p[0]
                 acc[0] = acc[0] * p[0]
@@ -227,7 +225,8 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
                 w[0] = T.exp2(part_ml[((b2 * h_qo + hq) * chunks + ci) * 2] - mm[0])
                 ll[0] = ll[0] + part_ml[((b2 * h_qo + hq) * chunks + ci) * 2 + 1] * w[0]
                 oo[0] = oo[0] + part_o[((b2 * h_qo + hq) * chunks + ci) * d + tx2] * w[0]
-            output[b2, hq, tx2] = T.Cast(dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0)))
+            output[b2, hq, tx2] = T.Cast(
+                dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0)))
             if tx2 == 0:
                 lse[b2, hq] = T.if_then_else(ll[0] > T.float32(0), mm[0] + T.log2(ll[0]), T.float32(NEG))
 
