@@ -77,7 +77,7 @@ def split_layout(h_qo: int, h_kv: int, d: int, page: int, max_threads: int,
         tile //= 2
     if tile < heads or tile * (d + 1) * 4 + (heads * d + 2 * threads) * 4 > shared_bytes:
         return None
-    min_pages = max(1, tile // page)
+    min_pages = 1  # one page: more workgroups on short contexts, at half a tile's work
     max_chunks = max(1, TARGET_WORKGROUPS // (h_qo // heads))
     return SplitLayout(heads, threads, tile, min_pages, max_chunks)
 
