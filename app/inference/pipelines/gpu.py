@@ -16,7 +16,9 @@ ROCm, Vulkan and Metal), plus:
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
   decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
   and appends it to the KV cache: ``cuda_rope_append``), the decode RMSNorm and the greedy argmax,
-  each chosen by GPU generation.
+  each chosen by GPU generation;
+- on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
+  along the keys over many workgroups with a merge kernel (``wgsl_attention``).
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
