@@ -15,7 +15,7 @@ calls it by name) and gives it a new body of two kernel launches:
    writes the output and the log-sum-exp (base 2, TVM's convention).
 
 The chunk count comes from the page table's size (``nnz_pages``, known on the host): about
-:data:`TARGET_WORKGROUPS` workgroups, chunks of at least one tile. The scratch is a host-level
+:data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page. The scratch is a host-level
 ``global`` allocation (the device API's workspace pool); kernels cannot allocate ``global``
 memory on WebGPU. WGSL has no subgroup operations here: every reduction goes through workgroup
 memory, and no workgroup-memory access sits under an ``if`` (TVM's barrier pass refuses that).
@@ -143,7 +143,7 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
             kv_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
             red = T.decl_buffer((threads,), "float32", scope="shared")
             s_sh = T.decl_buffer((threads,), "float32", scope="shared")
-            info = T.decl_buffer((4,), "int32", scope="local")  # page begin, keys, chunk start
+            info = T.decl_buffer((4,), "int32", scope="local")  # 1st page, length, chunk start, chunk keys
             m = T.decl_buffer((1,), "float32", scope="local")
             m_new = T.decl_buffer((1,), "float32", scope="local")
             l_run = T.decl_buffer((1,), "float32", scope="local")
