@@ -298,7 +298,8 @@ def param_list(named_params: list[tuple[str, Any]]) -> list[dict[str, Any]]:
 
 
 #: environment switches that change the generated kernels (pipelines/gpu.py reads them)
-KERNEL_SWITCHES = ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION", "LLMCHAT_WGSL_GEMM")
+KERNEL_SWITCHES = ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION", "LLMCHAT_WGSL_GEMM",
+                   "LLMCHAT_WGSL_ATTENTION")
 
 
 def _kernel_switches() -> dict[str, str]:

@@ -20,7 +20,9 @@ ROCm, Vulkan and Metal), plus:
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
   decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
   and appends it to the KV cache: ``cuda_rope_append``), the decode RMSNorm and the greedy argmax,
-  each chosen by GPU generation.
+  each chosen by GPU generation;
+- on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
+  along the keys over many workgroups with a merge kernel (``wgsl_attention``).
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 """
@@ -446,8 +448,20 @@ def max_cluster_size(target: Any) -> int:
     return 16 if cuda_arch(target) in WIDE_CLUSTER_ARCHS else 8
 
 
+def use_wgsl_attention(target: Any) -> bool:
+    """Whether decode attention splits the keys over workgroups on WebGPU/Vulkan
+    (:mod:`.wgsl_attention`): unless ``LLMCHAT_WGSL_ATTENTION=tvm``."""
+    choice = os.environ.get("LLMCHAT_WGSL_ATTENTION", "").strip().lower()
+    return target.kind.name == "webgpu" and choice != "tvm"
+
+
 def attention_passes(target: Any) -> list[Any]:
     """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
+    if use_wgsl_attention(target):
+        from app.inference.pipelines.wgsl_attention import split_decode_attention_pass as wgsl_split
+
+        return [wgsl_split(max_threads=int(target.attrs["max_num_threads"]),
+                           shared_bytes=int(target.attrs["max_shared_memory_per_block"]))]
     if not use_cuda_attention(target):
         return []
     passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]

@@ -1,0 +1,278 @@
+"""Decode attention split along the keys for WGSL (WebGPU/Vulkan), in place of TVM's.
+
+TVM 0.27's ``batch_decode_paged_kv`` runs one workgroup per (sequence, KV head) that scans every
+key serially: 2 workgroups for Qwen2.5-3B, 32 for Llama-2-7B, and the step time grows with the
+context. :func:`split_decode_attention` keeps that PrimFunc's signature (TVM's paged KV cache
+calls it by name) and gives it a new body of two kernel launches:
+
+1. ``partial``: a grid of (chunks, query-head groups x sequences) workgroups. A workgroup takes
+   ``heads`` query heads of one KV head (one thread per (head, dimension)) and one chunk of a
+   sequence's keys, in tiles of ``tile`` keys staged as float32 in padded workgroup memory: the
+   scores of a tile (each by ``head_dim / tile`` threads, partial sums added in workgroup
+   memory), then an online softmax and the weighted values. It writes its unnormalized output
+   with its running maximum and sum (log2 domain, as TVM's kernel) to a scratch workspace.
+2. ``merge``: one workgroup per (query head, sequence) rescales and adds the chunks' partials,
+   writes the output and the log-sum-exp (base 2, TVM's convention).
+
+The chunk count comes from the page table's size (``nnz_pages``, known on the host): about
+:data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page. The scratch is a host-level
+``global`` allocation (the device API's workspace pool); kernels cannot allocate ``global``
+memory on WebGPU. WGSL has no subgroup operations here: every reduction goes through workgroup
+memory, and no workgroup-memory access sits under an ``if`` (TVM's barrier pass refuses that).
+
+The keys in the cache must already carry the rotary embedding: the pass replaces the kernel only
+in a module whose KV cache is created with ``RopeMode.NORMAL`` (llmchat's models; TVM's runtime
+then passes ``rotary_mode`` 0 at decode). Shapes it does not handle (sliding window, head_dim
+over the thread limit or not a power of two, dtypes other than float16/float32) keep TVM's kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from app.inference.pipelines.cuda_kernels import prim_func_pass
+from app.inference.pipelines.cuda_rope_append import _rope_mode_normal
+from app.inference.pipelines.tir_facts import static_int
+
+#: the PrimFunc TVM's paged KV cache uses for decode attention (no sliding window)
+DECODE_ATTENTION = "batch_decode_paged_kv"
+#: workgroups the split aims at, over the query-head groups and chunks of one sequence
+TARGET_WORKGROUPS = 256
+#: the most keys a tile stages (workgroup memory: tile x (head_dim + 1) float32)
+MAX_TILE = 64
+#: TVM's "minus infinity" of the running maximum (log2 domain), kept for the same lse
+NEG = -5e4
+LOG2E = math.log2(math.e)
+PARAMS = ["Q", "pages", "page_table_indptr", "page_table_values", "length_info", "k_rope_pos_offset",
+          "q_rope_position", "output", "lse", "rotary_mode", "rope_scale", "rope_theta", "sm_scale"]
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """How :func:`decode_kernel` splits the work: ``heads`` query heads per workgroup (one thread
+    per head and dimension: ``threads`` = heads x head_dim), ``tile`` keys per step, chunks of at
+    least ``min_pages`` pages and at most ``max_chunks`` per (sequence, head group)."""
+
+    heads: int
+    threads: int
+    tile: int
+    min_pages: int
+    max_chunks: int
+
+
+def split_layout(h_qo: int, h_kv: int, d: int, page: int, max_threads: int,
+                 shared_bytes: int) -> SplitLayout | None:
+    """The layout for these shapes within the target's limits, or None (TVM's kernel stays)."""
+    if h_qo % h_kv or d > max_threads or d & (d - 1) or d < 4:
+        return None
+    group = h_qo // h_kv
+    heads = 1
+    while group % (heads * 2) == 0 and heads * 2 * d <= max_threads and heads * 2 * d <= 256:
+        heads *= 2
+    threads = heads * d
+    tile = min(d, MAX_TILE)
+    while tile > heads and tile * (d + 1) * 4 + (heads * d + 2 * threads) * 4 > shared_bytes:
+        tile //= 2
+    if tile < heads or tile * (d + 1) * 4 + (heads * d + 2 * threads) * 4 > shared_bytes:
+        return None
+    min_pages = 1  # one page: more workgroups on short contexts, at half a tile's work
+    max_chunks = max(1, TARGET_WORKGROUPS // (h_qo // heads))
+    return SplitLayout(heads, threads, tile, min_pages, max_chunks)
+
+
+def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: SplitLayout) -> Any:
+    """The split decode attention as a scheduled PrimFunc with ``batch_decode_paged_kv``'s
+    parameters (no sliding window)."""
+    from tvm.script import tirx as T
+
+    group = h_qo // h_kv
+    heads, threads, tile = layout.heads, layout.threads, layout.tile
+    tpp = d // tile  # threads per (head, key) score
+    pairs = heads * tile  # scores per tile
+    loads = tile * d // threads  # elements of a K or V tile each thread stages
+    row = d + 1  # padded row of a staged tile (no bank conflicts between keys)
+    head_groups = h_qo // heads
+    min_pages, max_chunks = layout.min_pages, layout.max_chunks
+
+    # pylint: disable=too-many-locals
+    @T.prim_func(private=True)
+    def kernel(Q_handle: T.handle, pages_handle: T.handle, page_table_indptr_handle: T.handle,
+               page_table_values_handle: T.handle, var_length_info: T.handle,
+               k_rope_pos_offset_handle: T.handle, q_rope_position_handle: T.handle,
+               output_handle: T.handle, lse_handle: T.handle, rotary_mode: T.int32,
+               rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        B = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        pages_elem_offset = T.int64()
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        Q = T.match_buffer(Q_handle, (B, h_qo, d), dtype)
+        pages = T.match_buffer(pages_handle, (max_num_pages, 2, h_kv, page, d), dtype,
+                               elem_offset=pages_elem_offset)
+        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32",
+                                           elem_offset=page_indptr_elem_offset)
+        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
+                                           elem_offset=page_values_elem_offset)
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",  # noqa: F841
+                                           elem_offset=k_rope_pos_offset_elem_offset)
+        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",  # noqa: F841
+                                         elem_offset=q_rope_position_elem_offset)
+        output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
+        lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
+        length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
+
+        chunk_pages = T.meta_var(T.max(min_pages, T.ceildiv(nnz_pages, max_chunks)))
+        chunks = T.meta_var(T.max(1, T.ceildiv(nnz_pages, chunk_pages)))
+        part_o = T.decl_buffer((B * h_qo * chunks * d,), "float32", scope="global")
+        part_ml = T.decl_buffer((B * h_qo * chunks * 2,), "float32", scope="global")
+
+        with T.launch_thread("blockIdx.x", chunks) as c:
+            by = T.launch_thread("blockIdx.y", head_groups * B)  # WebGPU: no blockIdx.z
+            hg = T.meta_var(by % head_groups)
+            b = T.meta_var(by // head_groups)
+            hk = T.meta_var(hg * heads // group)  # the KV head of the workgroup's query heads
+            tx = T.launch_thread("threadIdx.x", threads)
+            q_sh = T.decl_buffer((threads,), "float32", scope="shared")
+            kv_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
+            red = T.decl_buffer((threads,), "float32", scope="shared")
+            s_sh = T.decl_buffer((threads,), "float32", scope="shared")
+            info = T.decl_buffer((4,), "int32", scope="local")  # 1st page, length, chunk start, chunk keys
+            m = T.decl_buffer((1,), "float32", scope="local")
+            m_new = T.decl_buffer((1,), "float32", scope="local")
+            l_run = T.decl_buffer((1,), "float32", scope="local")
+            acc = T.decl_buffer((1,), "float32", scope="local")
+            part = T.decl_buffer((1,), "float32", scope="local")
+            p = T.decl_buffer((1,), "float32", scope="local")
+
+            info[0] = page_table_indptr[b]
+            info[1] = T.if_then_else(
+                info[0] != page_table_indptr[b + 1],
+                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b], 0)  # sequence length
+            info[2] = c * chunk_pages * page  # first key of the chunk
+            info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+            q_sh[tx] = T.Cast("float32", Q[b, hg * heads + tx // d, tx % d]) * sm_scale * LOG2E
+            m[0] = T.float32(NEG)
+            l_run[0] = T.float32(0)
+            acc[0] = T.float32(0)
+            for t in range(T.ceildiv(info[3], tile)):
+                T.tvm_storage_sync("shared")
+                for i in T.unroll(loads):
+                    key = T.meta_var((i * threads + tx) // d)  # of the tile
+                    col = T.meta_var((i * threads + tx) % d)
+                    pos = T.meta_var(T.max(T.min(info[2] + t * tile + key, info[1] - 1), 0))  # clamped
+                    slot = T.meta_var(page_table_values[info[0] + pos // page])
+                    kv_sh[key * row + col] = T.if_then_else(
+                        t * tile + key < info[3], T.Cast("float32", pages[slot, 0, hk, pos % page, col]),
+                        T.float32(0))
+                T.tvm_storage_sync("shared")
+                part[0] = T.float32(0)
+                for j in T.unroll(tile):
+                    part[0] = part[0] + q_sh[(tx // tpp) // tile * d + j * tpp + tx % tpp] * kv_sh[
+                        (tx // tpp) % tile * row + j * tpp + tx % tpp]
+                red[tx] = part[0]
+                T.tvm_storage_sync("shared")
+                part[0] = T.float32(0)
+                for i in T.unroll(tpp):
+                    part[0] = part[0] + red[tx % pairs * tpp + i]
+                s_sh[tx] = part[0]
+                for i in T.unroll(loads):
+                    key = T.meta_var((i * threads + tx) // d)  # of the tile
+                    col = T.meta_var((i * threads + tx) % d)
+                    pos = T.meta_var(T.max(T.min(info[2] + t * tile + key, info[1] - 1), 0))  # clamped
+                    slot = T.meta_var(page_table_values[info[0] + pos // page])
+                    kv_sh[key * row + col] = T.if_then_else(
+                        t * tile + key < info[3], T.Cast("float32", pages[slot, 1, hk, pos % page, col]),
+                        T.float32(0))
+                T.tvm_storage_sync("shared")
+                m_new[0] = m[0]
+                for k in range(tile):
+                    m_new[0] = T.max(m_new[0], T.if_then_else(
+                        t * tile + k < info[3], s_sh[tx // d * tile + k], T.float32(NEG)))
+                p[0] = T.exp2(m[0] - m_new[0])
+                l_run[0] = l_run[0] * p[0]
+                acc[0] = acc[0] * p[0]
+                for k in range(tile):
+                    p[0] = T.if_then_else(t * tile + k < info[3], T.exp2(s_sh[tx // d * tile + k] - m_new[0]),
+                                          T.float32(0))
+                    l_run[0] = l_run[0] + p[0]
+                    acc[0] = acc[0] + p[0] * kv_sh[k * row + tx % d]
+                m[0] = m_new[0]
+            part_o[((b * h_qo + hg * heads + tx // d) * chunks + c) * d + tx % d] = acc[0]
+            if tx % d == 0:
+                part_ml[((b * h_qo + hg * heads + tx // d) * chunks + c) * 2] = m[0]
+                part_ml[((b * h_qo + hg * heads + tx // d) * chunks + c) * 2 + 1] = l_run[0]
+
+        with T.launch_thread("blockIdx.x", h_qo) as hq:
+            b2 = T.launch_thread("blockIdx.y", B)
+            tx2 = T.launch_thread("threadIdx.x", d)
+            mm = T.decl_buffer((1,), "float32", scope="local")
+            ll = T.decl_buffer((1,), "float32", scope="local")
+            oo = T.decl_buffer((1,), "float32", scope="local")
+            w = T.decl_buffer((1,), "float32", scope="local")
+            mm[0] = T.float32(NEG)
+            for ci in range(chunks):
+                mm[0] = T.max(mm[0], part_ml[((b2 * h_qo + hq) * chunks + ci) * 2])
+            ll[0] = T.float32(0)
+            oo[0] = T.float32(0)
+            for ci in range(chunks):
+                w[0] = T.exp2(part_ml[((b2 * h_qo + hq) * chunks + ci) * 2] - mm[0])
+                ll[0] = ll[0] + part_ml[((b2 * h_qo + hq) * chunks + ci) * 2 + 1] * w[0]
+                oo[0] = oo[0] + part_o[((b2 * h_qo + hq) * chunks + ci) * d + tx2] * w[0]
+            output[b2, hq, tx2] = T.Cast(
+                dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0)))
+            if tx2 == 0:
+                lse[b2, hq] = T.if_then_else(ll[0] > T.float32(0), mm[0] + T.log2(ll[0]), T.float32(NEG))
+
+    return kernel
+
+
+def split_decode_attention(func: Any, max_threads: int, shared_bytes: int) -> Any | None:
+    """``func`` (TVM's ``batch_decode_paged_kv``) with the split kernels as its body, or None when
+    its shapes are not the ones handled. The new body ignores ``rotary_mode`` (keys and query must
+    carry RoPE already: :func:`split_decode_attention_pass` checks the module's KV cache)."""
+    if [str(p) for p in func.params] != PARAMS:
+        return None
+    q, pages, _indptr, _values, length_info = func.params[:5]
+    dtype = str(q.dtype)
+    if (dtype not in ("float16", "float32") or str(pages.dtype) != dtype or len(pages.shape) != 5
+            or len(q.shape) != 3 or len(length_info.shape) != 1):
+        return None
+    h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
+    h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
+    if None in (h_qo, d, h_kv, page):
+        return None
+    layout = split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
+    if layout is None:
+        return None
+    new = decode_kernel(h_qo, h_kv, d, page, dtype, layout)
+    for key, value in (func.attrs or {}).items():
+        if key not in ("tirx.is_scheduled", "tirx.noalias"):
+            new = new.with_attr(key, value)
+    return new
+
+
+def split_decode_attention_pass(max_threads: int, shared_bytes: int) -> Any:
+    """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc, in a
+    module whose KV cache is created with ``RopeMode.NORMAL`` (else TVM's kernel stays: it
+    applies RoPE itself when ``rotary_mode`` is 1)."""
+    import tvm
+
+    def rewrite(func: Any) -> Any | None:
+        if func.attrs is None or str(func.attrs.get("global_symbol", "")) != DECODE_ATTENTION:
+            return None
+        return split_decode_attention(func, max_threads, shared_bytes)
+
+    replace = prim_func_pass("llmchat_wgsl_split_decode_attention_funcs", rewrite)
+
+    @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_split_decode_attention")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        return replace(mod) if _rope_mode_normal(mod) else mod
+
+    return _pass

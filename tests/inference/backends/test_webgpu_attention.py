@@ -1,0 +1,185 @@
+"""llmchat's split decode attention for WGSL (``pipelines/wgsl_attention``) on a real Vulkan
+driver (lavapipe in CI): TVM's ``batch_decode_paged_kv`` is built, replaced by the split kernels,
+compiled to WGSL and run on scattered pages against a float64 numpy reference of paged attention
+(output and base-2 log-sum-exp); and the pass in the tiny model's pipeline."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.inference.backends.vulkan_env import need_vulkan
+
+PAGE = 16
+
+CASES = [
+    # query heads, kv heads, head_dim, dtype, keys of each sequence
+    (4, 2, 16, "float32", [1]),
+    (4, 2, 16, "float32", [15, 16, 17]),
+    (16, 2, 128, "float16", [1, 33, 517]),  # Qwen2.5-3B's heads, group 8
+    (16, 2, 128, "float32", [1030]),
+    (32, 32, 128, "float16", [1100]),  # Llama-2-7B's heads, group 1
+    (14, 2, 64, "float32", [1030, 16]),  # group 7
+    (8, 8, 64, "float16", [100, 2]),
+    (8, 4, 64, "float32", [31, 32, 33, 48]),  # group 2
+    (8, 1, 64, "float16", [2100]),  # group 8, many chunks
+]
+
+
+@pytest.fixture(scope="module")
+def webgpu_target():
+    need_vulkan()
+    import tvm
+
+    from app.inference.backends import webgpu
+
+    return tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}))
+
+
+def _tvm_kernel(h_qo, h_kv, d, dtype, target):
+    from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
+
+    return _attention_decode(h_kv, h_qo, d, dtype, False, {}, target, PAGE)
+
+
+def _build(func, target, tmp_path):
+    import tvm
+
+    from app.inference.pipelines.wgsl_attention import DECODE_ATTENTION
+
+    lib = tvm.compile(tvm.IRModule({DECODE_ATTENTION: func}), target=target)
+    path = tmp_path / "attention.so"
+    lib.export_library(str(path))
+    return tvm.runtime.load_module(str(path))
+
+
+def _reference(q, pages, indptr, values, lens, sm_scale):
+    """float64 paged attention: (output [B, H_qo, D], lse base 2 [B, H_qo])."""
+    b_n, h_qo, d = q.shape
+    h_kv = pages.shape[2]
+    group = h_qo // h_kv
+    out = np.zeros((b_n, h_qo, d))
+    lse = np.zeros((b_n, h_qo))
+    for b in range(b_n):
+        ids = values[indptr[b]:indptr[b + 1]]
+        kv = pages[ids].astype(np.float64)  # [pages, 2, H_kv, PAGE, D]
+        keys = kv[:, 0].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :lens[b]]
+        vals = kv[:, 1].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :lens[b]]
+        for h in range(h_qo):
+            s = keys[h // group] @ q[b, h].astype(np.float64) * sm_scale
+            p = np.exp(s - s.max())
+            out[b, h] = p @ vals[h // group] / p.sum()
+            lse[b, h] = (s.max() + np.log(p.sum())) / np.log(2)
+    return out, lse
+
+
+@pytest.mark.parametrize(("h_qo", "h_kv", "d", "dtype", "lens"), CASES,
+                         ids=[f"{a}q{b}kv-d{c}-{t}-{'_'.join(map(str, n))}" for a, b, c, t, n in CASES])
+def test_split_decode_attention_matches_float64_reference(webgpu_target, tmp_path, h_qo, h_kv, d, dtype,
+                                                          lens):
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines.wgsl_attention import DECODE_ATTENTION, split_decode_attention
+
+    target = webgpu_target
+    tvm_func = _tvm_kernel(h_qo, h_kv, d, dtype, target)
+    func = split_decode_attention(tvm_func, int(target.attrs["max_num_threads"]),
+                                  int(target.attrs["max_shared_memory_per_block"]))
+    assert func is not None, "these shapes should get the split kernel"
+    lib = _build(func, target, tmp_path)
+    src = lib.imports[0].inspect_source()
+    # the split body: a partial kernel and a merge kernel (TVM's is one kernel)
+    assert sorted(re.findall(r"fn (batch_decode_paged_kv\w*)\(", src)) == [
+        "batch_decode_paged_kv_kernel", "batch_decode_paged_kv_kernel_1"]
+
+    dev = webgpu.device(0)
+    rng = np.random.default_rng(sum(lens) + h_qo)
+    b_n = len(lens)
+    n_pages = [-(-n // PAGE) for n in lens]
+    nnz = sum(n_pages)
+    max_pages = nnz + 3
+    pages = rng.standard_normal((max_pages, 2, h_kv, PAGE, d)).astype(dtype)
+    values = rng.permutation(max_pages)[:nnz].astype("int32")  # scattered, out of order
+    indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype("int32")
+    last = np.array([n - (p - 1) * PAGE for n, p in zip(lens, n_pages, strict=True)], "int32")
+    q = (rng.standard_normal((b_n, h_qo, d)) * 2).astype(dtype)
+    sm_scale = 1 / np.sqrt(d)
+    zeros = np.zeros(b_n, "int32")
+    out = tvm.runtime.empty((b_n, h_qo, d), dtype, dev)
+    lse = tvm.runtime.empty((b_n, h_qo), "float32", dev)
+    t = [tvm.runtime.tensor(a, dev) for a in (q, pages, indptr, values, last, zeros, zeros)]
+    lib[DECODE_ATTENTION](*t, out, lse, 0, 1.0, 10000.0, sm_scale)
+
+    ref, ref_lse = _reference(q, pages, indptr, values, lens, sm_scale)
+    tol = 2e-3 if dtype == "float16" else 2e-5  # float16 output rounding; float32 accumulation
+    err = np.abs(out.numpy().astype(np.float64) - ref).max()
+    assert err <= tol, f"output off by {err:.2e}"
+    lse_err = np.abs(lse.numpy() - ref_lse).max()
+    assert lse_err <= (1e-3 if dtype == "float16" else 1e-4), f"lse off by {lse_err:.2e}"
+
+
+def _profile_target(profile):
+    import tvm
+
+    from app.inference.backends import webgpu
+
+    return tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile=profile))
+
+
+def test_layout_spreads_qwen_decode_over_many_workgroups():
+    """Qwen2.5-3B's shape on the H200 profile: TVM's kernel runs 2 workgroups; the split runs
+    (head groups x chunks) of them, within the profile's threads and workgroup memory."""
+    from app.inference.pipelines.wgsl_attention import split_layout
+
+    layout = split_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=49152)
+    assert layout is not None and layout.threads <= 256
+    assert layout.tile * (128 + 1) * 4 + (layout.heads * 128 + 2 * layout.threads) * 4 <= 49152
+    head_groups = 16 // layout.heads
+    pages_512 = 512 // PAGE
+    chunk_pages = max(layout.min_pages, -(-pages_512 // layout.max_chunks))
+    assert head_groups * -(-pages_512 // chunk_pages) >= 128
+    # lavapipe's 32 KiB and head_dim 64 fit too; a head_dim over the thread limit does not
+    assert split_layout(32, 8, 64, PAGE, max_threads=256, shared_bytes=32768) is not None
+    assert split_layout(8, 8, 512, PAGE, max_threads=256, shared_bytes=49152) is None
+    assert split_layout(8, 8, 96, PAGE, max_threads=256, shared_bytes=49152) is None
+
+
+@pytest.mark.parametrize("quantization", ["q4f16_1", "q4f32_1"])
+def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
+    """The GPU pipeline's attention passes on a webgpu target swap the tiny model's decode
+    attention for the split kernels (its KV cache uses RopeMode.NORMAL), keeping the signature;
+    ``LLMCHAT_WGSL_ATTENTION=tvm`` and a module without a NORMAL-RoPE KV cache keep TVM's."""
+    import tvm
+    from tvm import relax
+
+    from app.inference.compiler import export_model
+    from app.inference.pipelines import gpu
+    from app.inference.pipelines.wgsl_attention import DECODE_ATTENTION, split_decode_attention_pass
+    from app.inference.random_model import preset_config
+
+    target = _profile_target("wgsl-f16-wg32768-t256")
+    mod, _ = export_model(preset_config("tiny-llama", quantization), target)
+    with target, tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.FuseTIR()])(mod)
+        passes = gpu.attention_passes(target)
+        assert len(passes) == 1
+        new = tvm.transform.Sequential(passes)(mod)
+        alone = tvm.IRModule({DECODE_ATTENTION: mod[DECODE_ATTENTION]})
+        plain = split_decode_attention_pass(256, 32768)(alone)
+    old_f, new_f = mod[DECODE_ATTENTION], new[DECODE_ATTENTION]
+    assert [str(p) for p in new_f.params] == [str(p) for p in old_f.params]
+    assert str(new_f.attrs["global_symbol"]) == DECODE_ATTENTION
+    old_text, new_text = old_f.script(), new_f.script()
+    assert 'T.sblock("attn")' in old_text and 'T.sblock("attn")' not in new_text
+    assert new_text.count('T.launch_thread("blockIdx.x"') == 2  # the partial and the merge kernels
+    assert plain[DECODE_ATTENTION].same_as(mod[DECODE_ATTENTION])  # no NORMAL-RoPE KV cache: kept
+
+
+def test_tvm_switch_keeps_tvm_attention(monkeypatch):
+    from app.inference.pipelines import gpu
+
+    monkeypatch.setenv("LLMCHAT_WGSL_ATTENTION", "tvm")
+    assert gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256")) == []
