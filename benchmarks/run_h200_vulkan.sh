@@ -15,6 +15,7 @@
 #     and models/ggml-vocab-{llama-spm,qwen2}.gguf from PyPI's llama-cpp-python 0.3.36 sdist)
 # Run on the GPU machine from the repository root:  bash benchmarks/run_h200_vulkan.sh PHASE OUTDIR
 #   PHASE vulkan: copy bandwidths, llmchat on Vulkan (the product's schedules), llama.cpp Vulkan
+#   PHASE all:    both, one after the other
 #   PHASE cuda:   llmchat on Vulkan checked against the CUDA library of the same random weights
 #                 (logits, greedy tokens), with the CUDA figures of the same run
 set -u
@@ -44,12 +45,12 @@ print(json.dumps([a.as_dict() for a in webgpu.adapters()], indent=1))" > "$OUTDI
   2>> "$OUTDIR/errors.log"
 stamp "adapters: $(grep -c '"name"' "$OUTDIR/adapters.json")"
 
-if [ "$PHASE" = vulkan ]; then
+if [ "$PHASE" = vulkan ] || [ "$PHASE" = all ]; then
   WBW=$(timeout 60 python3 benchmarks/gpu_decode.py wgsl-copy --lib scratch/vk/wgsl_copy.so 2>>"$OUTDIR/errors.log")
   CBW=$(timeout 60 python3 benchmarks/gpu_decode.py copy-bw 2>>"$OUTDIR/errors.log")
   echo "{\"wgsl_copy_TBps\": ${WBW:-null}, \"cuda_copy_TBps\": ${CBW:-null}}" > "$OUTDIR/copy_bw.json"
   stamp "copy bandwidth: WGSL ${WBW} TB/s, CUDA ${CBW} TB/s"
-  timeout 260 python3 benchmarks/gpu_decode.py run --backend vulkan --cache scratch/vk/cache \
+  timeout 260 python3 benchmarks/gpu_decode.py run --backend vulkan --cache "${VK_CACHE:-scratch/vk/cache}" \
     --presets "$PRESETS" --plain "" --check-steps 8 --copy-bw "${WBW:-0}" \
     --out "$OUTDIR/vulkan.json" > "$OUTDIR/vulkan.log" 2>&1
   stamp "llmchat vulkan done (rc=$?)"; grep RESULT "$OUTDIR/vulkan.log" | cut -c1-300
@@ -72,10 +73,12 @@ if [ "$PHASE" = vulkan ]; then
   echo "]" >> "$OUTDIR/llamacpp_vulkan.json"
 fi
 
-if [ "$PHASE" = cuda ]; then
+if [ "$PHASE" = cuda ] || [ "$PHASE" = all ]; then
   timeout 400 python3 benchmarks/gpu_decode.py run --backend vulkan --reference cuda \
-    --cache "${VK_CACHE:-scratch/vk/cache_gemv}" --presets "$PRESETS" --plain "" --check-steps 16 --repeats 2 \
+    --cache "${VK_CACHE:-scratch/vk/cache}" --presets "$PRESETS" --plain "" --check-steps 16 --repeats 2 \
     --out "$OUTDIR/vulkan_vs_cuda.json" > "$OUTDIR/vulkan_vs_cuda.log" 2>&1
   stamp "vulkan vs cuda (rc=$?)"; grep RESULT "$OUTDIR/vulkan_vs_cuda.log" | cut -c1-600
 fi
+# one file back (the device tool returns at most 8)
+tar czf "$OUTDIR.tgz" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")" && mv "$OUTDIR.tgz" "$OUTDIR/all.tgz"
 stamp "done"
