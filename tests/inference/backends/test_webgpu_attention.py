@@ -20,7 +20,7 @@ CASES = [
     (4, 2, 16, "float32", [15, 16, 17]),
     (16, 2, 128, "float16", [1, 33, 517]),  # Qwen2.5-3B's heads, group 8
     (16, 2, 128, "float32", [1030]),
-    (32, 32, 128, "float16", [1100]),  # Llama-2-7B's heads, group 1
+    (32, 8, 128, "float16", [1100]),  # Llama-3-8B's heads, group 4
     (14, 2, 64, "float32", [1030, 16]),  # group 7
     (8, 8, 64, "float16", [100, 2]),
     (8, 4, 64, "float32", [31, 32, 33, 48]),  # group 2
@@ -183,3 +183,14 @@ def test_tvm_switch_keeps_tvm_attention(monkeypatch):
 
     monkeypatch.setenv("LLMCHAT_WGSL_ATTENTION", "tvm")
     assert gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256")) == []
+
+
+def test_many_kv_heads_keep_tvms_kernel():
+    """With 16 or more KV heads (Llama-2-7B: 32) TVM's one-workgroup-per-head kernel was faster on
+    the H200: the split is not used there."""
+    from app.inference.pipelines.wgsl_attention import TVM_KERNEL_MIN_KV_HEADS, split_layout
+
+    assert split_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
+    assert split_layout(16, TVM_KERNEL_MIN_KV_HEADS - 1, 128, PAGE, max_threads=256, shared_bytes=49152) is None \
+        or TVM_KERNEL_MIN_KV_HEADS - 1 > 0
+    assert split_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=49152) is not None
