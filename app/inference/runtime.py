@@ -8,6 +8,7 @@ One sequence (id 0) holds the conversation.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -283,6 +284,8 @@ class ModelRuntime:
         runtime does not offer them: the ids are then read with a synchronous copy)."""
         if self.device.dlpack_device_type() != CUDA_DEVICE_TYPE or steps > PICKED_CAPACITY:
             return None
+        if os.environ.get("LLMCHAT_GPU_RUNTIME", "").strip().lower() == "twin":
+            return None  # the CUDA twin runs without libcudart (synchronous copies)
         if self._readbacks is None:
             try:
                 from app.inference.cuda_readback import PinnedReadback
