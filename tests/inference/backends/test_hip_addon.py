@@ -264,8 +264,8 @@ def test_hip_without_a_gpu_says_so():
 
 
 def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
-    """LLMCHAT_GPU_RUNTIME=twin: the same add-on serves TVM's CUDA device and module kind (over
-    libcuda.so.1); where there is no NVIDIA driver it says so."""
+    """LLMCHAT_GPU_RUNTIME=twin: the same add-on serves TVM's CUDA device, module kind and CUDA-graph
+    builtins (over libcuda.so.1); where there is no NVIDIA driver it says so."""
     out = _child("""
         import json
         from app.inference.backends.hip import addon
@@ -275,6 +275,8 @@ def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
                           "cuda": tvm.get_global_func("device_api.cuda", allow_missing=True) is not None,
                           "rocm": tvm.get_global_func("device_api.rocm", allow_missing=True) is not None,
                           "loader": tvm.get_global_func("ffi.Module.load_from_bytes.cuda",
+                                                        allow_missing=True) is not None,
+                          "graphs": tvm.get_global_func("vm.builtin.cuda_graph.run_or_capture",
                                                         allow_missing=True) is not None}))
     """, LLMCHAT_GPU_RUNTIME="twin", LLMCHAT_CUDA_DRIVER_LIBRARY="/nonexistent/libcuda.so.1")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -282,6 +284,7 @@ def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
 
     got = json.loads(out.stdout.splitlines()[-1])
     assert got["cuda"] and got["loader"] and not got["rocm"]
+    assert got["graphs"]  # llmchat's CUDA libraries run their decode step as a captured graph
     assert got["st"]["runtime"] == "cuda-twin" and got["st"]["device_type"] == 2
     assert not got["st"]["driver_found"] and "NVIDIA driver library was not found" in got["st"]["error"]
 

@@ -33,8 +33,12 @@ TWIN = "twin"
 
 _lock = threading.Lock()
 
+#: declarations the wheel's tvm/runtime/vm/vm.h includes but the wheel does not ship
+SHIM = Path(__file__).parent / "native" / "shim"
+
 ADDON = AddOn(source=SOURCE, lib_name="libllmchat_hip", what="ROCm", registered="llmchat.gpu.version",
-              build_flags=BUILD_FLAGS)
+              build_flags=BUILD_FLAGS, extra_inputs=lambda: sorted(SHIM.rglob("*.h")),
+              extra_flags=lambda: (f"-I{SHIM}",))
 
 
 def mode() -> str:

@@ -32,8 +32,10 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/runtime/device_api.h>
+#include <tvm/runtime/vm/vm.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -125,6 +127,13 @@ struct Driver {
   int (*launch)(void* fn, const unsigned grid[3], const unsigned block[3], unsigned shmem, void* stream,
                 void** params, void* buffer, size_t size) = nullptr;
   int (*allow_shared)(void* fn, unsigned bytes) = nullptr;  // opt in to > 48 KiB dynamic shared memory
+  // stream capture into graphs (the CUDA twin serves TVM's `vm.builtin.cuda_graph.*`; null on HIP)
+  int (*capture_begin)(void* stream) = nullptr;
+  int (*capture_end)(void* stream, void** graph) = nullptr;
+  int (*graph_instantiate)(void** exec, void* graph) = nullptr;
+  int (*graph_launch)(void* exec, void* stream) = nullptr;
+  int (*graph_exec_destroy)(void* exec) = nullptr;
+  int (*graph_destroy)(void* graph) = nullptr;
   std::string (*error_text)(int code) = nullptr;
   bool (*is_oom)(int code) = nullptr;
   bool (*is_no_device)(int code) = nullptr;
@@ -294,6 +303,12 @@ static CUresult (*LaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, u
                                 void*, void**, void**);
 static CUresult (*FuncSetAttribute)(void*, int, int);
 static CUresult (*GetErrorString)(CUresult, const char**);
+static CUresult (*StreamBeginCapture)(void*, int);
+static CUresult (*StreamEndCapture)(void*, void**);
+static CUresult (*GraphInstantiate)(void**, void*, unsigned long long);
+static CUresult (*GraphLaunch)(void*, void*);
+static CUresult (*GraphExecDestroy)(void*);
+static CUresult (*GraphDestroy)(void*);
 static std::vector<void*> g_contexts;
 
 static int make_current(int dev) {
@@ -347,6 +362,12 @@ static bool fill(Driver* d) {
   bind_sym(LaunchKernel, "cuLaunchKernel", &missing);
   bind_sym(FuncSetAttribute, "cuFuncSetAttribute", &missing);
   bind_sym(GetErrorString, "cuGetErrorString", &missing);
+  bind_sym(StreamBeginCapture, "cuStreamBeginCapture_v2", &missing);
+  bind_sym(StreamEndCapture, "cuStreamEndCapture", &missing);
+  bind_sym(GraphInstantiate, "cuGraphInstantiateWithFlags", &missing);
+  bind_sym(GraphLaunch, "cuGraphLaunch", &missing);
+  bind_sym(GraphExecDestroy, "cuGraphExecDestroy", &missing);
+  bind_sym(GraphDestroy, "cuGraphDestroy", &missing);
   if (!missing.empty()) {
     d->load_error = d->library + " lacks " + missing.front();
     return false;
@@ -387,6 +408,12 @@ static bool fill(Driver* d) {
   d->allow_shared = [](void* f, unsigned bytes) {
     return FuncSetAttribute(f, 8, static_cast<int>(bytes));  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
   };
+  d->capture_begin = [](void* st) { return StreamBeginCapture(st, 0); };  // CU_STREAM_CAPTURE_MODE_GLOBAL
+  d->capture_end = [](void* st, void** g) { return StreamEndCapture(st, g); };
+  d->graph_instantiate = [](void** e, void* g) { return GraphInstantiate(e, g, 0); };
+  d->graph_launch = [](void* e, void* st) { return GraphLaunch(e, st); };
+  d->graph_exec_destroy = [](void* e) { return GraphExecDestroy(e); };
+  d->graph_destroy = [](void* g) { return GraphDestroy(g); };
   d->error_text = [](int code) {
     const char* s = nullptr;
     if (GetErrorString) GetErrorString(code, &s);
@@ -805,7 +832,7 @@ class Reader {
   void need(uint64_t n) {
     if (n > static_cast<uint64_t>(end_ - p_)) fail();
   }
-  [[noreturn]] void fail() { LLMCHAT_FAIL("the library's GPU module is damaged (truncated function table)"); }
+  void fail() { LLMCHAT_FAIL("the library's GPU module is damaged (truncated function table)"); }
   const char* p_;
   const char* end_;
 };
@@ -909,6 +936,7 @@ static ArgCode arg_code(const std::string& fname, size_t i, DLDataType t, int32_
   if (t.code == kDLOpaqueHandle) return kHandle;
   LLMCHAT_FAIL("kernel " << fname << ": argument " << i << " has a type a kernel cannot take (code "
                          << int(t.code) << ", " << int(t.bits) << " bits)");
+  return kHandle;  // not reached
 }
 
 struct Launcher {
@@ -1196,6 +1224,7 @@ static std::string cuda_image(const std::string& fmt, const std::string& code) {
   if (auto b = out.as<ffi::Bytes>()) return std::string(b->data(), b->size());
   if (auto s = out.as<ffi::String>()) return std::string(s->data(), s->size());
   LLMCHAT_FAIL("tvm_callback_cuda_compile returned neither bytes nor a string");
+  return std::string();  // not reached
 }
 
 static ffi::Module load_from_bytes(const ffi::Bytes& bytes) {
@@ -1236,6 +1265,122 @@ static ffi::Module load_from_bytes(const ffi::Bytes& bytes) {
   return ffi::Module(mod);
 }
 
+// ==========================================================================================
+// Graphs for the CUDA twin: TVM's `vm.builtin.cuda_graph.run_or_capture` / `get_cached_alloc`
+// ==========================================================================================
+// llmchat's CUDA libraries run their decode step as a captured graph (relax.backend.use_cuda_graph);
+// TVM serves these builtins from its CUDA runtime library.  The twin serves them the same way:
+// the first call runs the function once (warm-up: modules load, workspaces grow), then again
+// while the stream is captured, and later calls launch the instantiated graph.
+struct GraphKey {
+  int64_t index;
+  std::vector<int64_t> shape;
+  bool operator<(const GraphKey& o) const { return index != o.index ? index < o.index : shape < o.shape; }
+};
+
+class GraphExtensionNode : public tvm::runtime::vm::VMExtensionNode {
+ public:
+  struct Captured {
+    ffi::ObjectRef states;
+    void* exec = nullptr;
+  };
+  std::map<GraphKey, Captured> graphs;
+  std::unordered_map<int64_t, ffi::ObjectRef> allocs;
+  int64_t captures = 0, launches = 0;
+
+  ~GraphExtensionNode() {
+    if (!state().ready) return;
+    for (auto& kv : graphs) {
+      if (kv.second.exec) driver_info().graph_exec_destroy(kv.second.exec);
+    }
+  }
+
+  static constexpr const bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("llmchat.gpu.GraphExtension", GraphExtensionNode,
+                                    tvm::runtime::vm::VMExtensionNode);
+};
+
+class GraphExtension : public tvm::runtime::vm::VMExtension {
+ public:
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(GraphExtension, tvm::runtime::vm::VMExtension, GraphExtensionNode);
+  static GraphExtension Create() { return GraphExtension(ffi::make_object<GraphExtensionNode>()); }
+};
+
+static int64_t g_graph_captures = 0, g_graph_launches = 0;
+
+static void run_or_capture(ffi::PackedArgs args, ffi::Any* rv) {
+  if (args.size() != 4 && args.size() != 5) LLMCHAT_FAIL("run_or_capture takes 4 or 5 arguments");
+  using tvm::runtime::vm::VirtualMachine;
+  VirtualMachine* vm = VirtualMachine::GetContextPtr(args[0]);
+  GraphExtensionNode* ext = const_cast<GraphExtensionNode*>(vm->GetOrCreateExtension<GraphExtension>().get());
+  ffi::ObjectRef func = args[1].cast<ffi::ObjectRef>();
+  GraphKey key{args[3].cast<int64_t>(), {}};
+  if (args.size() == 5) {
+    for (int64_t v : args[4].cast<ffi::Shape>()) key.shape.push_back(v);
+  }
+  Driver& d = drv();
+  int dev = t_device;
+  auto found = ext->graphs.find(key);
+  if (found != ext->graphs.end()) {
+    check_call(d.graph_launch(found->second.exec, TVMFFIEnvGetStream(kDLCUDA, dev)), "launching a graph");
+    ext->launches++;
+    g_graph_launches++;
+    *rv = found->second.states;
+    return;
+  }
+  ffi::Array<ffi::Any> tuple = args[2].cast<ffi::Array<ffi::Any>>();
+  std::vector<ffi::AnyView> packed(tuple.begin(), tuple.end());
+  ffi::Any out;
+  vm->InvokeClosurePacked(func, ffi::PackedArgs(packed.data(), static_cast<int>(packed.size())), &out);
+  void* stream = nullptr;
+  check_call(d.stream_create(&stream), "creating a capture stream");
+  TVMFFIStreamHandle previous = nullptr;
+  TVM_FFI_CHECK_SAFE_CALL(TVMFFIEnvSetStream(kDLCUDA, dev, stream, &previous));
+  void* graph = nullptr;
+  int began = d.capture_begin(stream);
+  try {
+    check_call(began, "beginning a stream capture");
+    vm->InvokeClosurePacked(func, ffi::PackedArgs(packed.data(), static_cast<int>(packed.size())), &out);
+  } catch (...) {
+    if (began == 0) d.capture_end(stream, &graph);
+    if (graph) d.graph_destroy(graph);
+    TVMFFIEnvSetStream(kDLCUDA, dev, previous, nullptr);
+    d.stream_destroy(stream);
+    throw;
+  }
+  int ended = d.capture_end(stream, &graph);
+  TVM_FFI_CHECK_SAFE_CALL(TVMFFIEnvSetStream(kDLCUDA, dev, previous, nullptr));
+  d.stream_destroy(stream);
+  check_call(ended, "ending a stream capture");
+  GraphExtensionNode::Captured entry;
+  entry.states = out.cast<ffi::ObjectRef>();
+  int r = d.graph_instantiate(&entry.exec, graph);
+  d.graph_destroy(graph);
+  check_call(r, "instantiating a graph");
+  ext->captures++;
+  g_graph_captures++;
+  *rv = entry.states;
+  ext->graphs.emplace(std::move(key), std::move(entry));
+}
+
+static void get_cached_alloc(ffi::PackedArgs args, ffi::Any* rv) {
+  if (args.size() != 3) LLMCHAT_FAIL("get_cached_alloc takes 3 arguments");
+  using tvm::runtime::vm::VirtualMachine;
+  VirtualMachine* vm = VirtualMachine::GetContextPtr(args[0]);
+  GraphExtensionNode* ext = const_cast<GraphExtensionNode*>(vm->GetOrCreateExtension<GraphExtension>().get());
+  int64_t index = args[2].cast<int64_t>();
+  auto found = ext->allocs.find(index);
+  if (found != ext->allocs.end()) {
+    *rv = found->second;
+    return;
+  }
+  ffi::Any out;
+  vm->InvokeClosurePacked(args[1].cast<ffi::ObjectRef>(), ffi::PackedArgs(nullptr, 0), &out);
+  ffi::ObjectRef result = out.cast<ffi::ObjectRef>();
+  ext->allocs[index] = result;
+  *rv = result;
+}
+
 static std::string status_json() {
   std::lock_guard<std::recursive_mutex> guard(lock());
   bool ok = open_driver();
@@ -1273,7 +1418,18 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                              *rv = static_cast<void*>(GpuDeviceAPI::Global());
                            }),
                            true);
+  if (d.device_type == kDLCUDA) {
+    ffi::Function::SetGlobal("vm.builtin.cuda_graph.run_or_capture", ffi::Function::FromPacked(run_or_capture),
+                             true);
+    ffi::Function::SetGlobal("vm.builtin.cuda_graph.get_cached_alloc", ffi::Function::FromPacked(get_cached_alloc),
+                             true);
+  }
   refl::GlobalDef()
+      .def("llmchat.gpu.graphs",
+           []() -> ffi::String {
+             return ffi::String("{\"captures\":" + std::to_string(g_graph_captures) +
+                                ",\"launches\":" + std::to_string(g_graph_launches) + "}");
+           })
       .def("llmchat.gpu.version", []() -> int64_t { return kVersion; })
       .def("llmchat.gpu.runtime", []() -> ffi::String { return ffi::String(twin_mode() ? "cuda-twin" : "hip"); })
       .def("llmchat.gpu.status", []() -> ffi::String { return ffi::String(status_json()); })
