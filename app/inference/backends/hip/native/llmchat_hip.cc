@@ -35,6 +35,7 @@
 #include <tvm/runtime/vm/vm.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <cstdint>
 #include <cstdlib>
@@ -480,7 +481,10 @@ static State& state() {
 }
 
 // dlopen the driver library and bind its calls (once); false with state().error set otherwise
+static std::atomic<bool> g_ready{false};  // the driver is open and bound (checked without the lock)
+
 static bool open_driver() {
+  if (g_ready.load(std::memory_order_acquire)) return true;
   std::lock_guard<std::recursive_mutex> guard(lock());
   State& s = state();
   if (s.tried) return s.ready;
@@ -527,6 +531,7 @@ static bool open_driver() {
   }
   s.devices = n;
   s.ready = true;
+  g_ready.store(true, std::memory_order_release);
   return true;
 }
 
@@ -541,6 +546,7 @@ static void check_call(int code, const char* what) {
 
 // the device every call of this thread works on (TVM calls SetDevice / __tvm_set_device)
 static thread_local int t_device = 0;
+static thread_local int t_bound = -1;  // the device made current on this thread
 
 static void use_device(int dev) {
   Driver& d = drv();
@@ -550,7 +556,12 @@ static void use_device(int dev) {
     }
     LLMCHAT_FAIL("there is no device " << dev << " (" << state().devices << " found)");
   }
-  check_call(d.make_current(dev), "selecting the device");
+  // TVM selects the device before every kernel batch and copy; the driver call is made when this
+  // thread's device changes (nothing else in llmchat's process switches it behind our back)
+  if (t_bound != dev) {
+    check_call(d.make_current(dev), "selecting the device");
+    t_bound = dev;
+  }
   t_device = dev;
 }
 
@@ -946,7 +957,10 @@ struct Launcher {
   size_t pack_bytes = 0;
   std::vector<int> dim_of_tag;  // per launch argument: 0..2 grid, 3..5 block
   bool dyn_shared = false;
+  size_t slot = 0;  // its row in the module's function cache
 };
+
+constexpr int kMaxDevices = 16;
 
 static Launcher make_launcher(const FunctionInfo& info) {
   Launcher l;
@@ -987,7 +1001,13 @@ class GpuModule final : public ffi::ModuleObj {
   GpuModule(std::string fmt, std::unordered_map<std::string, FunctionInfo> fmap, std::string code,
             std::string image)
       : fmt_(std::move(fmt)), fmap_(std::move(fmap)), code_(std::move(code)), image_(std::move(image)) {
-    for (const auto& kv : fmap_) launchers_.emplace(kv.first, make_launcher(kv.second));
+    for (const auto& kv : fmap_) {
+      Launcher l = make_launcher(kv.second);
+      l.slot = launchers_.size();
+      launchers_.emplace(kv.first, std::move(l));
+    }
+    fast_.reset(new std::atomic<void*>[launchers_.size() * kMaxDevices]);
+    for (size_t i = 0; i < launchers_.size() * kMaxDevices; ++i) fast_[i].store(nullptr);
     if (fmt_ == "hsaco") coinfo_ = inspect_code_object(image_);
   }
 
@@ -996,7 +1016,10 @@ class GpuModule final : public ffi::ModuleObj {
     if (!state().ready) return;
     for (size_t dev = 0; dev < modules_.size(); ++dev) {
       if (modules_[dev] == nullptr) continue;
-      if (driver_info().make_current(static_cast<int>(dev)) == 0) driver_info().module_unload(modules_[dev]);
+      if (driver_info().make_current(static_cast<int>(dev)) == 0) {
+        t_bound = static_cast<int>(dev);
+        driver_info().module_unload(modules_[dev]);
+      }
     }
   }
 
@@ -1079,6 +1102,10 @@ class GpuModule final : public ffi::ModuleObj {
 
  private:
   void* function_on(const Launcher& l, int dev) {
+    if (dev >= 0 && dev < kMaxDevices) {
+      void* fn = fast_[l.slot * kMaxDevices + dev].load(std::memory_order_acquire);
+      if (fn != nullptr) return fn;
+    }
     std::lock_guard<std::recursive_mutex> guard(lock());
     if (static_cast<size_t>(dev) < functions_.size()) {
       auto f = functions_[dev].find(l.name);
@@ -1113,6 +1140,7 @@ class GpuModule final : public ffi::ModuleObj {
     int r = d.module_function(&fn, modules_[dev], l.name.c_str());
     if (r != 0) LLMCHAT_FAIL("kernel " << l.name << " is not in the library's code object: " << d.error_text(r));
     functions_[dev][l.name] = fn;
+    if (dev < kMaxDevices) fast_[l.slot * kMaxDevices + dev].store(fn, std::memory_order_release);
     return fn;
   }
 
@@ -1123,6 +1151,7 @@ class GpuModule final : public ffi::ModuleObj {
       LLMCHAT_FAIL("kernel " << l.name << " got " << args.size() << " arguments, expected " << want);
     }
     int dev = t_device;
+    use_device(dev);  // a thread's first launch binds its device (cheap afterwards)
     void* fn = function_on(l, dev);
     const TVMFFIAny* raw = reinterpret_cast<const TVMFFIAny*>(args.data());
     // pack: each argument at its natural alignment; `params` points at each one
@@ -1212,6 +1241,7 @@ class GpuModule final : public ffi::ModuleObj {
   std::vector<void*> modules_;  // per device
   std::vector<std::unordered_map<std::string, void*>> functions_;
   std::unordered_map<void*, unsigned> shared_allowed_;
+  std::unique_ptr<std::atomic<void*>[]> fast_;  // [launcher slot][device] -> function, read without the lock
 };
 
 // CUDA source in the module: compiled the way TVM's CUDA runtime does, through the Python
@@ -1320,6 +1350,7 @@ static void run_or_capture(ffi::PackedArgs args, ffi::Any* rv) {
   }
   Driver& d = drv();
   int dev = t_device;
+  use_device(dev);
   auto found = ext->graphs.find(key);
   if (found != ext->graphs.end()) {
     check_call(d.graph_launch(found->second.exec, TVMFFIEnvGetStream(kDLCUDA, dev)), "launching a graph");
