@@ -13,10 +13,12 @@ $(BIN)/llmchat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@# the Vulkan add-on is C++: the system compiler builds it, or PyPI's ziglang where there is none (SteamOS)
+	@# the Vulkan and ROCm add-ons are C++: the system compiler builds it, or PyPI's ziglang where there is none (SteamOS)
 	@command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 || command -v clang++ >/dev/null 2>&1 \
 		|| $(BIN)/python -m pip install --quiet ziglang
 	-$(BIN)/python -m app.inference.backends.webgpu.addon --optional
+	@# llmchat's ROCm runtime (HIP opened at run time: builds without ROCm)
+	-$(BIN)/python -m app.inference.backends.hip.addon --optional
 	touch $@
 
 $(LLAMACPP_VENV)/bin/python:

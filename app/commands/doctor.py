@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     report = probe(args.sysroot, utilization=args.utilization)
     if not args.sysroot:
         _add_vulkan_adapters(report)
+        _add_rocm_devices(report)
     sys.stdout.write(report.to_json() + "\n" if args.json else report.format_text())
     return 0
 
@@ -69,3 +70,38 @@ def _add_vulkan_adapters(report) -> None:
         from app.inference.backends.webgpu import fix_for
 
         vk["adapters_problem"] = f"vulkan cannot run here: {why} (fix: {fix_for(why)})"
+
+
+def _add_rocm_devices(report) -> None:
+    """What llmchat's ROCm runtime sees: the HIP library, the GPUs with their gfx target and wave
+    size, or each missing piece with its fix; guarded by a timeout like the Vulkan adapters."""
+    import threading
+
+    rocm = report.runtimes.setdefault("rocm", {})
+    outcome: list = []
+
+    def ask() -> None:
+        from app.errors import LlmchatError
+        from app.inference.backends import hip
+
+        try:
+            why = hip.problem(0)
+            st = hip.status() if why is None or "HIP" in why or "device" in why else {}
+            outcome.append((st, why))
+        except LlmchatError as err:
+            outcome.append(({}, err.problem))
+        except Exception as err:  # never let doctor fail on a driver
+            outcome.append(({}, f"asking HIP failed: {err}"))
+
+    worker = threading.Thread(target=ask, name="rocm-devices", daemon=True)
+    worker.start()
+    worker.join(120)
+    if not outcome:
+        rocm["runtime_problem"] = "the HIP runtime did not answer within 120 s"
+        return
+    st, why = outcome[0]
+    rocm["runtime"] = {"library": st.get("library", ""), "devices": st.get("devices", [])}
+    if why:
+        from app.inference.backends.hip import fix_for
+
+        rocm["runtime_problem"] = f"rocm cannot run here: {why} (fix: {fix_for(why)})"

@@ -224,6 +224,9 @@ def prepare_cuda_runtime(arch: str | None = None) -> None:
     """
     if _runtime_state["prepared"]:
         return
+    if _twin_mode():
+        _prepare_twin(arch)
+        return
     load_cudart()
     import tvm
     import tvm_ffi
@@ -233,6 +236,32 @@ def prepare_cuda_runtime(arch: str | None = None) -> None:
         if tvm_ffi.get_global_func("ffi.Module.load_from_bytes.cuda", allow_missing=True) is None:
             raise LlmchatError(f"TVM's CUDA runtime did not load: {reason or 'unknown reason'}",
                                "install the NVIDIA driver (libcuda.so.1) and the CUDA 13 runtime")
+    _runtime_state["arch"] = arch or _device_arch(tvm)
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", _runtime_compile, override=True)
+    _runtime_state["prepared"] = True
+
+
+def _twin_mode() -> bool:
+    return os.environ.get("LLMCHAT_GPU_RUNTIME", "").strip().lower() == "twin"
+
+
+def _prepare_twin(arch: str | None) -> None:
+    """``LLMCHAT_GPU_RUNTIME=twin``: CUDA through llmchat's own GPU runtime (the ROCm runtime's
+    code bound to NVIDIA's driver, app.inference.backends.hip) instead of TVM's CUDA runtime and
+    libcudart.  The compile callback is the same (prebuilt fatbins decoded, nvcc otherwise)."""
+    import tvm
+    import tvm_ffi
+
+    from app.inference.backends.hip import addon
+
+    addon.load()
+    st = addon.status()
+    if st.get("runtime") != "cuda-twin":
+        raise LlmchatError("llmchat's GPU runtime was loaded as ROCm before LLMCHAT_GPU_RUNTIME=twin was set",
+                           "set LLMCHAT_GPU_RUNTIME=twin before starting llmchat")
+    if not st.get("driver_found"):
+        raise LlmchatError(f"the CUDA twin runtime cannot run: {st.get('error')}",
+                           "install the NVIDIA driver (libcuda.so.1)")
     _runtime_state["arch"] = arch or _device_arch(tvm)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", _runtime_compile, override=True)
     _runtime_state["prepared"] = True

@@ -5,6 +5,9 @@
 ``apache-tvm`` has no ROCm or Metal runtime, and asking such a build for one of those devices
 must never reach native code that could crash.  ``vulkan`` runs through llmchat's own WebGPU
 device API on wgpu-native (:mod:`app.inference.backends.webgpu`): TVM's ``webgpu`` device N.
+``rocm`` runs through llmchat's own HIP runtime (:mod:`app.inference.backends.hip`): HIP's device N.
+With ``LLMCHAT_GPU_RUNTIME=twin``, ``cuda`` runs through that same runtime bound to NVIDIA's
+driver (its CUDA twin) instead of TVM's CUDA runtime.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ def runtime_problem(backend: str, index: int = 0) -> str | None:
         from app.inference.backends import webgpu
 
         return webgpu.problem(index)
+    if backend == "rocm":
+        from app.inference.backends import hip
+
+        return hip.problem(index)
     if backend == "cuda":
         try:
             _prepare_cuda()
@@ -94,6 +101,10 @@ def check_device(spec: DeviceSpec) -> None:
         from app.inference.backends import webgpu
 
         raise LlmchatError(f"Cannot use --device {spec}: {problem}.", webgpu.fix_for(problem))
+    if problem and spec.backend == "rocm":
+        from app.inference.backends import hip
+
+        raise LlmchatError(f"Cannot use --device {spec}: {problem}.", hip.fix_for(problem))
     if problem:
         what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "cuda": "CUDA"}[spec.backend]
         if spec.backend == "cuda":
@@ -104,8 +115,8 @@ def check_device(spec: DeviceSpec) -> None:
         else:
             fix = MLC_WHEELS_HINT.format(what=what)
         raise LlmchatError(f"Cannot use --device {spec}: {problem}.", fix)
-    if spec.backend in ("cpu", "vulkan"):
-        return  # vulkan: webgpu.problem() has seen the adapter
+    if spec.backend in ("cpu", "vulkan", "rocm"):
+        return  # vulkan, rocm: llmchat's runtimes have seen the device
     import tvm
 
     if not tvm.device(spec.backend, spec.index).exist:
@@ -167,4 +178,8 @@ def tvm_device(spec: DeviceSpec):
         from app.inference.backends import webgpu
 
         return webgpu.device(spec.index)
+    if spec.backend == "rocm":
+        from app.inference.backends import hip
+
+        return hip.device(spec.index)
     return tvm.device(spec.backend, spec.index)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from app.inference.api import ReplyStats, SamplingParams, TextDelta
-from app.inference.runtime import ModelRuntime
+from app.inference.runtime import PICKED_CAPACITY, ModelRuntime
 from app.inference.sampling import Sampler
 from app.inference.stop import StopMatcher
 from app.inference.tokenizer import StreamDecoder, Tokenizer
@@ -48,7 +48,8 @@ class GreedyBatches:
         self.queued: deque[tuple[int, Callable[[], list[int]]]] = deque()  # queued, not read yet
         # two batches in flight where the runtime reads ids behind queued work (CUDA, Vulkan): the
         # host records batch k+1 while the GPU runs batch k
-        self.depth = 2 if getattr(runtime, "reads_behind_queued_work", False) else 1
+        self.depth = 2 if (getattr(runtime, "reads_behind_queued_work", False)
+                           and self.max_steps <= PICKED_CAPACITY) else 1
         self._t_batch = 0.0
 
     @property

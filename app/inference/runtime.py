@@ -8,6 +8,7 @@ One sequence (id 0) holds the conversation.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -214,8 +215,7 @@ class ModelRuntime:
         """Whether greedy ids are read back without waiting for work queued after them (CUDA's
         pinned read-backs, the Vulkan add-on's read-back slots), so a second batch may be queued
         before the first is read."""
-        return self._f_argmax is not None and int(self.device.dlpack_device_type()) in (
-            CUDA_DEVICE_TYPE, WEBGPU_DEVICE_TYPE)
+        return self._f_argmax is not None and bool(self._readback_pair())
 
     @property
     def has_device_argmax(self) -> bool:
@@ -293,13 +293,15 @@ class ModelRuntime:
             readback.start(self._picked, steps)
         return wait
 
-    def _readback(self, steps: int) -> Any:
-        """The next of two readbacks that wait for their own copy only: pinned buffers on CUDA,
-        the add-on's read-back slots on Vulkan (None elsewhere, or where the runtime does not
-        offer them: the ids are then read with a synchronous copy)."""
+    def _readback_pair(self) -> list[Any] | None:
+        """Two readbacks that wait for their own copy only (made once): pinned buffers on CUDA,
+        the add-on's read-back slots on Vulkan; None elsewhere, in the CUDA twin (no libcudart),
+        or where the runtime does not offer them (the ids are then read with a synchronous copy)."""
         kind = int(self.device.dlpack_device_type())
-        if kind not in (CUDA_DEVICE_TYPE, WEBGPU_DEVICE_TYPE) or steps > PICKED_CAPACITY:
+        if kind not in (CUDA_DEVICE_TYPE, WEBGPU_DEVICE_TYPE):
             return None
+        if kind == CUDA_DEVICE_TYPE and os.environ.get("LLMCHAT_GPU_RUNTIME", "").strip().lower() == "twin":
+            return None  # the CUDA twin runs without libcudart (synchronous copies)
         if self._readbacks is None and kind == WEBGPU_DEVICE_TYPE:
             from app.inference.backends.webgpu.readback import WebGPUReadback
 
@@ -313,10 +315,15 @@ class ModelRuntime:
                 self._readbacks = [PinnedReadback(cudart, PICKED_CAPACITY) for _ in range(2)]
             except Exception:  # no pinned memory: synchronous copies still work
                 self._readbacks = []
-        if not self._readbacks:
+        return self._readbacks or None
+
+    def _readback(self, steps: int) -> Any:
+        """The next of the two readbacks of :meth:`_readback_pair` (None: a synchronous copy)."""
+        pair = self._readback_pair() if steps <= PICKED_CAPACITY else None
+        if not pair:
             return None
-        self._readbacks.reverse()  # alternate: one batch may be in flight while the other is read
-        return self._readbacks[0]
+        pair.reverse()  # alternate: one batch may be in flight while the other is read
+        return pair[0]
 
     # -- memory ----------------------------------------------------------------------------
     def memory_in_use_bytes(self) -> int:

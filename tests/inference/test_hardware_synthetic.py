@@ -113,13 +113,14 @@ def test_rx6900xt_with_rocm_usable_is_rocm(tmp_path):
 
 
 def test_rocm_usable_but_tvm_without_rocm_runtime_falls_back(tmp_path):
-    """This machine's case: PyPI's apache-tvm has no ROCm (nor Vulkan) runtime."""
+    """PyPI's apache-tvm has no ROCm runtime of its own; llmchat's HIP add-on is it, and where that
+    is missing (no compiler to build it) the fix says what it needs."""
     root = make_root(tmp_path, "amd-rx6900xt")
     add_rocm(root)
     pypi = probe(root, tvm_runtimes=set())
     assert pypi.recommended_backend == "rocm" and pypi.backend == "cpu"
-    wheel_fixes = [f for f in pypi.fixes if "mlc.ai/wheels" in f]
-    assert len(wheel_fixes) == 1 and "rocm" in wheel_fixes[0]
+    rocm_fixes = [f for f in pypi.fixes if "HIP runtime add-on" in f]
+    assert len(rocm_fixes) == 1 and "libamdhip64" in rocm_fixes[0] and "/dev/kfd" in rocm_fixes[0]
     with_vulkan = probe(root, tvm_runtimes={"vulkan"})
     assert with_vulkan.recommended_backend == "rocm" and with_vulkan.backend == "vulkan"
     assert any(r.startswith("rocm cannot run here") for r in with_vulkan.backend_reasons)

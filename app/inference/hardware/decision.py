@@ -337,6 +337,14 @@ def _tvm_fix(backend: str, inp: Inputs) -> str:
             + ": it needs the `wgpu` package (`make run` installs it), the Vulkan loader and a C++ compiler "
             "to build the add-on once (g++, or `pip install ziglang` where there is none, e.g. SteamOS)."
         )
+    if backend == "rocm":
+        return (
+            "ROCm runs through llmchat's own HIP runtime add-on"
+            + (f" ({detail})" if detail else "")
+            + ": it needs ROCm's HIP runtime (libamdhip64.so.7, .6 or .5; AMD's rocm-hip-runtime package), "
+            "access to /dev/kfd (the render and video groups) and a C++ compiler to build the add-on once "
+            "(g++, or `pip install ziglang`)."
+        )
     wheel = "mlc-ai-nightly-rocm62" if backend == "rocm" else "mlc-ai-nightly-cpu"
     what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}.get(backend, backend)
     return (

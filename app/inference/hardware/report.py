@@ -146,6 +146,18 @@ class HardwareReport:
                     f"{lim.get('max_compute_workgroup_storage_size', 0) // 1024} KiB")
             if vk.get("adapters_problem"):
                 add(f"  {vk['adapters_problem']}")
+        rocm = self.runtimes.get("rocm", {})
+        rt = rocm.get("runtime") or {}
+        if rt or rocm.get("runtime_problem"):
+            add("")
+            add("ROCm devices (llmchat's HIP runtime, as `--device rocm:N`)")
+            if rt.get("library"):
+                add(f"  HIP: {rt['library']}")
+            for d in rt.get("devices") or []:
+                add(f"  [{d.get('index')}] {d.get('name')} ({d.get('arch') or '?'}, "
+                    f"wave{d.get('warp_size')}, {d.get('compute_units')} CUs, {gib(d.get('memory_bytes'))})")
+            if rocm.get("runtime_problem"):
+                add(f"  {rocm['runtime_problem']}")
         add("")
         add(f"Memory budget: {gib(self.memory_budget_bytes)} ({self.memory_budget_bytes:,} bytes)")
         add(f"  {self.memory_budget_explanation}")

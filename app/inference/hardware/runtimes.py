@@ -289,6 +289,7 @@ class TvmRuntimes:
     details: list[str] = field(default_factory=list)
     devices_exist: dict[str, bool] = field(default_factory=dict)  # live only
     webgpu_adapters: list[dict] = field(default_factory=list)  # what wgpu sees (live, add-on built)
+    hip_devices: list[dict] = field(default_factory=list)  # what HIP sees (live, add-on built)
 
 
 _LOADFILE_MARKERS = {
@@ -316,6 +317,8 @@ def tvm_runtimes_live(timeout_s: float = 3.0) -> TvmRuntimes:
     for backend in GPU_BACKENDS:
         if backend == "vulkan":
             _webgpu_live(result)
+            continue
+        if backend == "rocm" and _hip_live(result):
             continue
         try:
             registered = tvm_ffi.get_global_func(f"device_api.{backend}", allow_missing=True) is not None
@@ -379,6 +382,61 @@ def _webgpu_live(result: TvmRuntimes) -> None:
         result.details.append("wgpu found no Vulkan adapter")
 
 
+def _hip_static() -> tuple[bool, str]:
+    """Whether llmchat's ROCm runtime (its HIP add-on) can be had, judged without loading it:
+    a built add-on or a compiler to build it.  HIP itself is the system's part (probe_rocm)."""
+    try:
+        from app.inference.backends.hip import addon
+    except ImportError as err:  # a partial install
+        return False, f"llmchat's rocm runtime cannot be imported ({err})"
+    if addon.find_toolchain() is None:
+        try:
+            built = addon.library_path(None).is_file()
+        except Exception:
+            built = False
+        if not built:
+            return False, "the rocm runtime's add-on is not built and no C++ compiler was found to build it"
+    return True, ""
+
+
+def _hip_live(result: TvmRuntimes) -> bool:
+    """The ROCm route in this process: llmchat's HIP runtime and the GPUs HIP finds.  False when
+    another runtime already serves ``device_api.rocm`` (an MLC wheel): the caller asks TVM."""
+    try:
+        import tvm_ffi
+
+        from app.inference.backends.hip import addon
+    except Exception:
+        return False
+    if addon.mode() == addon.TWIN:
+        result.details.append("llmchat's GPU runtime is in CUDA twin mode (LLMCHAT_GPU_RUNTIME=twin)")
+        return True
+    if not addon.loaded() and tvm_ffi.get_global_func("device_api.rocm", allow_missing=True) is not None:
+        return False
+    ok, detail = _hip_static()
+    if not ok:
+        result.details.append(detail)
+        return True
+    assert result.available is not None
+    result.available.add("rocm")
+    try:
+        if not (addon.loaded() or addon.library_path(None).is_file()):
+            result.details.append("the rocm runtime's add-on is built on first use (devices not listed)")
+            return True
+        st = addon.status()
+    except Exception as err:  # never let the probe fail on a driver
+        result.details.append(f"the rocm runtime could not list devices: {err}")
+        result.devices_exist["rocm"] = False
+        return True
+    result.hip_devices = list(st.get("devices", []))
+    result.devices_exist["rocm"] = bool(result.hip_devices)
+    if not st.get("driver_found"):
+        result.details.append(f"the rocm runtime: {st.get('error')}")
+    elif not result.hip_devices:
+        result.details.append(f"the rocm runtime: HIP found no GPU ({st.get('devices_error') or 'none'})")
+    return True
+
+
 def _device_exists(tvm, backend: str, timeout_s: float) -> tuple[bool, str]:
     """``tvm.<backend>(0).exist`` in a daemon thread: a driver that hangs cannot hang the app."""
     outcome: list[tuple[bool, str]] = []
@@ -419,6 +477,12 @@ def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | Non
                 found.add(backend)
                 continue
             result.details.append(detail)
+        if backend == "rocm" and package_dir is None:  # llmchat's HIP runtime drives it
+            ok, detail = _hip_static()
+            if ok:
+                found.add(backend)
+                continue
+            result.details.append(detail)
         sidecars = [d / f"libtvm_runtime_{backend}{ext}" for d in lib_dirs for ext in (".so", ".dylib")]
         sidecar = next((p for p in sidecars if p.is_file()), None)
         if sidecar is not None:
@@ -433,7 +497,7 @@ def tvm_runtimes_static(reader: SysReader | None = None, package_dir: Path | Non
         monolithic = [d / n for d in lib_dirs for n in ("libtvm_runtime.so", "libtvm_runtime.dylib")]
         if any(_contains(p, _LOADFILE_MARKERS[backend]) for p in monolithic if p.is_file()):
             found.add(backend)
-        elif not (backend == "vulkan" and package_dir is None):
+        elif not (backend in ("vulkan", "rocm") and package_dir is None):
             result.details.append(f"the installed TVM has no {backend} runtime")
     return result
 
