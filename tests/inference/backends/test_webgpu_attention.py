@@ -191,6 +191,6 @@ def test_many_kv_heads_keep_tvms_kernel():
     from app.inference.pipelines.wgsl_attention import TVM_KERNEL_MIN_KV_HEADS, split_layout
 
     assert split_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
-    assert split_layout(16, TVM_KERNEL_MIN_KV_HEADS - 1, 128, PAGE, max_threads=256, shared_bytes=49152) is None \
-        or TVM_KERNEL_MIN_KV_HEADS - 1 > 0
+    assert split_layout(TVM_KERNEL_MIN_KV_HEADS, TVM_KERNEL_MIN_KV_HEADS, 64, PAGE, max_threads=256,
+                        shared_bytes=49152) is None
     assert split_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=49152) is not None
