@@ -598,8 +598,17 @@ static std::string device_name(int dev) {
 // ==========================================================================================
 // The device API (shared)
 // ==========================================================================================
+// TVM's host-side device types of the GPU runtimes: kDLCUDAHost (3) and kDLROCMHost (11)
+static bool is_host_type(DLDeviceType t) { return t == kDLCUDAHost || t == kDLROCMHost; }
+
 class GpuDeviceAPI final : public DeviceAPI {
  public:
+  // for the host device API below: a copy of which one side may be host memory
+  void Copy(const void* from, size_t from_offset, void* to, size_t to_offset, size_t size, Device dev_from,
+            Device dev_to, DLDataType type, TVMStreamHandle stream) {
+    CopyDataFromTo(from, from_offset, to, to_offset, size, dev_from, dev_to, type, stream);
+  }
+
   void SetDevice(Device dev) final { use_device(dev.device_id); }
 
   void GetAttr(Device dev, DeviceAttrKind kind, ffi::Any* rv) final {
@@ -756,6 +765,12 @@ class GpuDeviceAPI final : public DeviceAPI {
                       Device dev_from, Device dev_to, DLDataType, TVMStreamHandle stream) final {
     if (size == 0) return;
     Driver& d = drv();
+    if (is_host_type(dev_from.device_type)) dev_from.device_type = kDLCPU;  // the *_host devices
+    if (is_host_type(dev_to.device_type)) dev_to.device_type = kDLCPU;
+    if (dev_from.device_type == kDLCPU && dev_to.device_type == kDLCPU) {
+      memcpy(static_cast<char*>(to) + to_offset, static_cast<const char*>(from) + from_offset, size);
+      return;
+    }
     const char* src = static_cast<const char*>(from) + from_offset;
     char* dst = static_cast<char*>(to) + to_offset;
     bool from_gpu = dev_from.device_type == d.device_type;
@@ -776,6 +791,40 @@ class GpuDeviceAPI final : public DeviceAPI {
       LLMCHAT_FAIL("cannot copy between device types " << static_cast<int>(dev_from.device_type) << " and "
                                                         << static_cast<int>(dev_to.device_type));
     }
+  }
+};
+
+// `device_api.cuda_host` / `device_api.rocm_host`: host memory the GPU copies from and to (TVM's
+// paged KV cache keeps its small per-step tables there). TVM's CUDA runtime registers it beside
+// `device_api.cuda`; the twin replaces both. Plain aligned host memory; copies that reach the GPU
+// go through the GPU device API.
+class HostDeviceAPI final : public DeviceAPI {
+ public:
+  void SetDevice(Device) final {}
+  void GetAttr(Device, DeviceAttrKind kind, ffi::Any* rv) final {
+    if (kind == tvm::runtime::kExist) *rv = static_cast<int64_t>(1);
+  }
+  void* AllocDataSpace(Device, size_t nbytes, size_t alignment, DLDataType) final {
+    void* p = nullptr;
+    size_t align = std::max<size_t>(alignment, 64);
+    if (posix_memalign(&p, align, std::max<size_t>(nbytes, 1)) != 0 || p == nullptr) {
+      LLMCHAT_FAIL("out of host memory allocating " << nbytes << " bytes");
+    }
+    return p;
+  }
+  void FreeDataSpace(Device, void* ptr) final { free(ptr); }
+  void StreamSync(Device, TVMStreamHandle) final {}
+  void* AllocWorkspace(Device dev, size_t size, DLDataType type) final { return AllocDataSpace(dev, size, 64, type); }
+  void FreeWorkspace(Device dev, void* data) final { FreeDataSpace(dev, data); }
+  static HostDeviceAPI* Global() {
+    static HostDeviceAPI* inst = new HostDeviceAPI();
+    return inst;
+  }
+
+ protected:
+  void CopyDataFromTo(const void* from, size_t from_offset, void* to, size_t to_offset, size_t size,
+                      Device dev_from, Device dev_to, DLDataType type, TVMStreamHandle stream) final {
+    GpuDeviceAPI::Global()->Copy(from, from_offset, to, to_offset, size, dev_from, dev_to, type, stream);
   }
 };
 
@@ -1447,6 +1496,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   ffi::Function::SetGlobal("ffi.Module.load_from_bytes." + kind, ffi::Function::FromTyped(load_from_bytes), true);
   ffi::Function::SetGlobal("device_api." + api, ffi::Function::FromPacked([](ffi::PackedArgs, ffi::Any* rv) {
                              *rv = static_cast<void*>(GpuDeviceAPI::Global());
+                           }),
+                           true);
+  ffi::Function::SetGlobal("device_api." + api + "_host",
+                           ffi::Function::FromPacked([](ffi::PackedArgs, ffi::Any* rv) {
+                             *rv = static_cast<void*>(HostDeviceAPI::Global());
                            }),
                            true);
   if (d.device_type == kDLCUDA) {
