@@ -27,6 +27,9 @@ from pathlib import Path
 from app import paths
 from app.errors import LlmchatError
 
+#: headers the add-ons share (TVM's function-table format)
+COMMON_HEADERS = Path(__file__).parent / "native"
+
 
 @dataclass(frozen=True)
 class Toolchain:
@@ -131,6 +134,9 @@ class AddOn:
         toolchain = toolchain or find_toolchain()
         h = hashlib.sha256()
         h.update(self.source.read_bytes())
+        for header in sorted(COMMON_HEADERS.glob("*.h")):  # shared by the add-ons (#include "../../native/…")
+            h.update(header.name.encode())
+            h.update(header.read_bytes())
         h.update(tvm.__version__.encode())
         h.update(str(tvm_in.runtime.resolve()).encode())
         for extra in self.extra_inputs():

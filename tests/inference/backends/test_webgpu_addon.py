@@ -204,3 +204,17 @@ def test_a_buffer_larger_than_the_adapter_allows_is_an_error_not_a_crash(dev):
         tvm.runtime.empty((limit // 4 + 16,), "float32", dev)
     # and the device still works afterwards
     assert np.array_equal(tvm.runtime.tensor(np.arange(5, dtype="int32"), dev).numpy(), np.arange(5))
+
+
+def test_a_damaged_function_table_is_an_error_not_a_read_past_the_end(dev):
+    """The loaders' shared reader (backends/native/tvm_function_table.h) checks every length."""
+    import struct
+
+    import tvm
+
+    load = tvm.get_global_func("ffi.Module.load_from_bytes.webgpu")
+    name = b"scale_kernel"
+    good = struct.pack("<Q", 1) + struct.pack("<Q", len(name)) + name
+    for blob in (b"", b"\x01", struct.pack("<Q", 10**12), good, good + struct.pack("<Q", 1 << 40)):
+        with pytest.raises(Exception, match="damaged"):
+            load(bytearray(blob))

@@ -47,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../../native/tvm_function_table.h"
 #include "workspace_pool.h"
 
 namespace llmchat_gpu {
@@ -850,52 +851,8 @@ void GpuDeviceAPI::FreeWorkspace(Device dev, void* data) { ThreadEntry::Get()->p
 // ROCm: kind "hip", fmt "hsaco", code = one AMDGPU code object (ELF).
 // CUDA: kind "cuda", fmt "cuda" (source, compiled through tvm_callback_cuda_compile; llmchat's
 // libraries carry a prebuilt fatbin there), "fatbin", "cubin" or "ptx".
-struct FunctionInfo {
-  std::string name;
-  std::vector<DLDataType> arg_types;
-  std::vector<std::string> launch_tags;
-  std::vector<int32_t> extra_tags;
-};
-
-class Reader {
- public:
-  Reader(const char* data, size_t size) : p_(data), end_(data + size) {}
-  uint64_t u64() {
-    uint64_t v;
-    need(8);
-    memcpy(&v, p_, 8);
-    p_ += 8;
-    return v;
-  }
-  uint32_t u32() {
-    uint32_t v;
-    need(4);
-    memcpy(&v, p_, 4);
-    p_ += 4;
-    return v;
-  }
-  std::string str() {
-    uint64_t n = u64();
-    need(n);
-    std::string s(p_, n);
-    p_ += n;
-    return s;
-  }
-  uint64_t count(size_t min_item) {
-    uint64_t n = u64();
-    if (min_item && n > static_cast<uint64_t>(end_ - p_) / min_item) fail();
-    return n;
-  }
-  bool done() const { return p_ == end_; }
-
- private:
-  void need(uint64_t n) {
-    if (n > static_cast<uint64_t>(end_ - p_)) fail();
-  }
-  void fail() { LLMCHAT_FAIL("the library's GPU module is damaged (truncated function table)"); }
-  const char* p_;
-  const char* end_;
-};
+using llmchat_native::FunctionInfo;
+using llmchat_native::Reader;
 
 // -- what an AMDGPU code object holds: its target, its kernels and their wave size ----------
 struct CodeObjectInfo {
@@ -1307,27 +1264,9 @@ static std::string cuda_image(const std::string& fmt, const std::string& code) {
 }
 
 static ffi::Module load_from_bytes(const ffi::Bytes& bytes) {
-  Reader r(bytes.data(), bytes.size());
+  Reader r(bytes.data(), bytes.size(), "the library's GPU module");
   std::string fmt = r.str();
-  std::unordered_map<std::string, FunctionInfo> fmap;
-  uint64_t nf = r.count(8);
-  for (uint64_t i = 0; i < nf; ++i) {
-    std::string key = r.str();
-    FunctionInfo info;
-    info.name = r.str();
-    uint64_t nt = r.count(4);
-    for (uint64_t j = 0; j < nt; ++j) {
-      uint32_t v = r.u32();
-      DLDataType t;
-      memcpy(&t, &v, 4);
-      info.arg_types.push_back(t);
-    }
-    uint64_t ntag = r.count(8);
-    for (uint64_t j = 0; j < ntag; ++j) info.launch_tags.push_back(r.str());
-    uint64_t nextra = r.count(4);
-    for (uint64_t j = 0; j < nextra; ++j) info.extra_tags.push_back(static_cast<int32_t>(r.u32()));
-    fmap.emplace(key, std::move(info));
-  }
+  std::unordered_map<std::string, FunctionInfo> fmap = llmchat_native::read_function_table(r);
   std::string code = r.str();
   Driver& d = driver_info();
   std::string image;

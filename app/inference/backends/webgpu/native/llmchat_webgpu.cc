@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../../native/tvm_function_table.h"
 #include "workspace_pool.h"
 
 namespace llmchat_webgpu {
@@ -760,50 +761,8 @@ void WebGPUDeviceAPI::FreeWorkspace(Device dev, void* data) { ThreadEntry::Get()
 // ------------------------------------------------------------------------------------------
 // The module: TVM's exported WebGPU module (function table + WGSL), loaded and launched
 // ------------------------------------------------------------------------------------------
-struct FunctionInfo {
-  std::string name;
-  std::vector<DLDataType> arg_types;
-  std::vector<std::string> launch_tags;
-};
-
-class Reader {
- public:
-  Reader(const char* data, size_t size) : p_(data), end_(data + size) {}
-  uint64_t u64() {
-    uint64_t v;
-    need(8);
-    memcpy(&v, p_, 8);
-    p_ += 8;
-    return v;
-  }
-  uint32_t u32() {
-    uint32_t v;
-    need(4);
-    memcpy(&v, p_, 4);
-    p_ += 4;
-    return v;
-  }
-  std::string str() {
-    uint64_t n = u64();
-    need(n);
-    std::string s(p_, n);
-    p_ += n;
-    return s;
-  }
-  uint64_t count(size_t min_item) {
-    uint64_t n = u64();
-    if (min_item && n > static_cast<uint64_t>(end_ - p_) / min_item) fail();
-    return n;
-  }
-
- private:
-  void need(uint64_t n) {
-    if (n > static_cast<uint64_t>(end_ - p_)) fail();
-  }
-  [[noreturn]] void fail() { LLMCHAT_FAIL("the library's WebGPU module is damaged (truncated function table)"); }
-  const char* p_;
-  const char* end_;
-};
+using llmchat_native::FunctionInfo;
+using llmchat_native::Reader;
 
 struct Kernel {
   std::string name;
@@ -1107,26 +1066,8 @@ int WebGPUModule::current_device_ = 0;
 void WebGPUDeviceAPI::SetDevice(Device dev) { WebGPUModule::current_device_ = dev.device_id; }
 
 static ffi::Module load_from_bytes(const ffi::Bytes& bytes) {
-  Reader r(bytes.data(), bytes.size());
-  std::unordered_map<std::string, FunctionInfo> fmap;
-  uint64_t nf = r.count(8);
-  for (uint64_t i = 0; i < nf; ++i) {
-    std::string key = r.str();
-    FunctionInfo info;
-    info.name = r.str();
-    uint64_t nt = r.count(4);
-    for (uint64_t j = 0; j < nt; ++j) {
-      uint32_t raw = r.u32();
-      DLDataType t;
-      memcpy(&t, &raw, 4);
-      info.arg_types.push_back(t);
-    }
-    uint64_t ntag = r.count(8);
-    for (uint64_t j = 0; j < ntag; ++j) info.launch_tags.push_back(r.str());
-    uint64_t nextra = r.count(4);
-    for (uint64_t j = 0; j < nextra; ++j) r.u32();
-    fmap.emplace(key, std::move(info));
-  }
+  Reader r(bytes.data(), bytes.size(), "WebGPU: the library's WebGPU module");
+  std::unordered_map<std::string, FunctionInfo> fmap = llmchat_native::read_function_table(r);
   std::unordered_map<std::string, std::string> smap;
   uint64_t ns = r.count(16);
   for (uint64_t i = 0; i < ns; ++i) {
