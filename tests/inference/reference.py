@@ -102,3 +102,42 @@ def forward(config: dict[str, Any], params: dict[str, np.ndarray], ids: list[int
     h = rms_norm(h, params["model.norm.weight"], eps)
     head = table if mc.get("tie_word_embeddings") else dense(params, "lm_head")
     return h @ head.T
+
+
+def check_engine_against_reference(model_dir: Any, device: str, tol: float, prompt_len: int = 45,
+                                   decode_steps: int = 16) -> None:
+    """Load the model at ``model_dir`` on ``device``; its logits for a prompt of ``prompt_len``
+    random tokens (several prefill chunks of the tiny models) and ``decode_steps`` greedy decode
+    steps must be within ``tol`` (relative to the largest logit) of :func:`forward`'s, with the
+    same greedy tokens wherever the reference's top two differ by more than the tolerance."""
+    import json
+    from pathlib import Path
+
+    from app.inference.engine import load_engine
+    from app.inference.weights import load_numpy
+
+    config = json.loads((Path(model_dir) / "mlc-chat-config.json").read_text())
+    params = load_numpy(model_dir)
+    engine = load_engine(model_dir, device=device)
+    try:
+        assert engine.info.backend == device.split(":")[0]
+        rt = engine.runtime
+        prompt = np.random.default_rng(3).integers(0, config["vocab_size"], size=prompt_len).tolist()
+        logits = [rt.prefill(prompt)]
+        tokens = list(prompt)
+        for _ in range(decode_steps):
+            tokens.append(int(np.argmax(logits[-1])))
+            logits.append(rt.decode(tokens[-1]))
+        assert rt.kv_sequence_length() == prompt_len + decode_steps
+    finally:
+        engine.close()
+    ref = forward(config, params, tokens)[prompt_len - 1:]
+    got = np.stack(logits)
+    scale = np.abs(ref).max()
+    rel = np.abs(got - ref).max(axis=1) / scale
+    assert rel[0] <= tol, f"prefill logits off by {rel[0]:.2e} (relative)"
+    assert rel.max() <= tol, f"decode logits off by {rel.max():.2e} (relative) at step {int(rel.argmax())}"
+    for step in range(decode_steps):
+        top2 = np.sort(ref[step])[-2:]
+        if top2[1] - top2[0] > 2 * tol * scale:
+            assert tokens[prompt_len + step] == int(np.argmax(ref[step])), f"greedy token differs at {step}"

@@ -3,14 +3,11 @@ logits of a (chunked) prefill and of 16 greedy decode steps, and the greedy toke
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from app.inference.engine import load_engine
 from app.inference.weights import load_numpy
-from tests.inference.reference import forward
+from tests.inference.reference import check_engine_against_reference
 
 CASES = [
     # family, quantization, compute dtype (None: the engine's choice), relative tolerance
@@ -33,34 +30,7 @@ DECODE_STEPS = 16
 def test_logits_match_reference(tiny_model_dir, monkeypatch, family, quantization, compute, tol):
     if compute:
         monkeypatch.setenv("LLMCHAT_COMPUTE_DTYPE", compute)
-    model_dir = tiny_model_dir(family, quantization)
-    config = json.loads((model_dir / "mlc-chat-config.json").read_text())
-    params = load_numpy(model_dir)
-    engine = load_engine(model_dir, device="cpu")
-    try:
-        rt = engine.runtime
-        rng = np.random.default_rng(3)
-        prompt = rng.integers(0, config["vocab_size"], size=PROMPT_LEN).tolist()
-        logits = [rt.prefill(prompt)]
-        tokens = list(prompt)
-        for _ in range(DECODE_STEPS):
-            tokens.append(int(np.argmax(logits[-1])))
-            logits.append(rt.decode(tokens[-1]))
-        assert rt.kv_sequence_length() == PROMPT_LEN + DECODE_STEPS
-    finally:
-        engine.close()
-
-    ref = forward(config, params, tokens)[PROMPT_LEN - 1:]
-    got = np.stack(logits)
-    scale = np.abs(ref).max()
-    rel = np.abs(got - ref).max(axis=1) / scale
-    assert rel[0] <= tol, f"prefill logits off by {rel[0]:.2e} (relative)"
-    assert rel.max() <= tol, f"decode logits off by {rel.max():.2e} (relative) at step {int(rel.argmax())}"
-    # identical greedy tokens (where the reference's top two are not within the tolerance)
-    for step in range(DECODE_STEPS):
-        top2 = np.sort(ref[step])[-2:]
-        if top2[1] - top2[0] > 2 * tol * scale:
-            assert tokens[PROMPT_LEN + step] == int(np.argmax(ref[step])), f"greedy token differs at {step}"
+    check_engine_against_reference(tiny_model_dir(family, quantization), "cpu", tol, PROMPT_LEN, DECODE_STEPS)
 
 
 def test_quantized_weights_are_really_quantized(tiny_model_dir):

@@ -5,15 +5,12 @@ on the device; the default model's greedy replies against the CPU engine's."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from app.inference.engine import load_engine
-from app.inference.weights import load_numpy
 from tests.inference.backends.vulkan_env import need_vulkan
-from tests.inference.reference import forward
+from tests.inference.reference import check_engine_against_reference
 
 CASES = [
     # family, quantization, relative tolerance (float16 compute on the GPU, as on CUDA)
@@ -36,32 +33,7 @@ def _vulkan():
 @pytest.mark.parametrize(("family", "quantization", "tol"), CASES, ids=[f"{f}-{q}" for f, q, _ in CASES])
 def test_logits_match_reference_on_vulkan(tiny_model_dir, family, quantization, tol):
     model_dir = tiny_model_dir(family, quantization)
-    config = json.loads((model_dir / "mlc-chat-config.json").read_text())
-    params = load_numpy(model_dir)
-    engine = load_engine(model_dir, device="vulkan")
-    try:
-        assert engine.info.backend == "vulkan"
-        rt = engine.runtime
-        rng = np.random.default_rng(3)
-        prompt = rng.integers(0, config["vocab_size"], size=PROMPT_LEN).tolist()
-        logits = [rt.prefill(prompt)]
-        tokens = list(prompt)
-        for _ in range(DECODE_STEPS):
-            tokens.append(int(np.argmax(logits[-1])))
-            logits.append(rt.decode(tokens[-1]))
-        assert rt.kv_sequence_length() == PROMPT_LEN + DECODE_STEPS
-    finally:
-        engine.close()
-    ref = forward(config, params, tokens)[PROMPT_LEN - 1:]
-    got = np.stack(logits)
-    scale = np.abs(ref).max()
-    rel = np.abs(got - ref).max(axis=1) / scale
-    assert rel[0] <= tol, f"prefill logits off by {rel[0]:.2e} (relative)"
-    assert rel.max() <= tol, f"decode logits off by {rel.max():.2e} (relative) at step {int(rel.argmax())}"
-    for step in range(DECODE_STEPS):
-        top2 = np.sort(ref[step])[-2:]
-        if top2[1] - top2[0] > 2 * tol * scale:
-            assert tokens[PROMPT_LEN + step] == int(np.argmax(ref[step])), f"greedy token differs at {step}"
+    check_engine_against_reference(model_dir, "vulkan", tol, PROMPT_LEN, DECODE_STEPS)
 
 
 def test_greedy_batches_rollback_and_kv_reuse_on_vulkan(tiny_model_dir):
