@@ -50,19 +50,40 @@ async def type_and_send(pilot, text: str) -> None:
 
 
 async def test_message_streams_with_live_and_final_stats(make_app, monkeypatch):
+    import threading
+
     shown: list[str] = []  # every text the stats line showed, in order
+    live_shown = threading.Event()
     update = StatsLine.update
 
     def record(self, content="", **kwargs):
         shown.append(str(content))
+        if str(content).startswith("▍"):
+            live_shown.set()
         return update(self, content, **kwargs)
 
     monkeypatch.setattr(StatsLine, "update", record)
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
-        app.params.max_tokens = 3000  # about a second or more: several UI updates
-        await send_and_finish(pilot, chat, "Hello there")
+        app.params.max_tokens = 3000
+        # the reply waits at its 50th decode step until the live line has been shown: a fast
+        # machine could otherwise finish before the first UI update (seen in CI)
+        runtime = chat.engine.runtime
+        real_decode, steps = runtime.decode, [0]
+
+        def decode(token):
+            steps[0] += 1
+            if steps[0] == 50:
+                assert live_shown.wait(30), "no live stats line while the reply streamed"
+            return real_decode(token)
+
+        runtime.decode = decode
+        try:
+            await send_and_finish(pilot, chat, "Hello there")
+        finally:
+            del runtime.decode
+        assert steps[0] >= 50, "the reply did not go through runtime.decode"
         log = chat.query_one(ChatLog)
         reply = log.query_one(AssistantMessage)
         stats = log.query_one(StatsLine)
