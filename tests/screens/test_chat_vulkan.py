@@ -39,12 +39,36 @@ async def test_chat_on_vulkan_streams_stops_and_resets(make_app, vulkan_engine, 
         assert reply.strip() == cpu.strip()
         await type_and_send(pilot, "/stats")
         await wait_until(pilot, lambda: "vulkan" in log.query(Notice).last().source.lower(), timeout=60)
-        # Esc stops a long reply within a step
-        app.params = greedy(400)
-        await type_and_send(pilot, "Tell me a long story")
-        await wait_until(pilot, lambda: pilot.app.screen.replying, timeout=60)
-        await pilot.press("escape")
-        await wait_until(pilot, lambda: not pilot.app.screen.replying, timeout=120)
+        # Esc stops a long reply: the reply is held at its third batch of greedy steps until Esc
+        # has been pressed (no end-of-text token can end it first), then goes on and must stop
+        import threading
+
+        reached, go_on = threading.Event(), threading.Event()
+        rt = vulkan_engine.runtime
+        real_start, calls = rt.start_greedy_ahead, [0]
+
+        def gated(token, steps):
+            calls[0] += 1
+            if calls[0] == 3:
+                reached.set()
+                assert go_on.wait(60), "the test never let the reply go on"
+            return real_start(token, steps)
+
+        stop_ids = vulkan_engine.stop_token_ids
+        vulkan_engine.stop_token_ids = ()
+        rt.start_greedy_ahead = gated
+        try:
+            app.params = greedy(400)
+            await type_and_send(pilot, "Tell me a long story")
+            await wait_until(pilot, reached.is_set, timeout=120)
+            await pilot.press("escape")
+            go_on.set()
+            await wait_until(pilot, lambda: not pilot.app.screen.replying, timeout=120)
+        finally:
+            go_on.set()
+            del rt.start_greedy_ahead
+            vulkan_engine.stop_token_ids = stop_ids
         assert vulkan_engine.last_stats.generated_tokens < 400
+        assert vulkan_engine.last_stats.finish_reason == "cancelled"
         await type_and_send(pilot, "/reset")
         await wait_until(pilot, lambda: vulkan_engine.runtime.sequence_length == 0, timeout=60)
