@@ -45,6 +45,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../../native/tvm_function_table.h"
@@ -129,6 +130,11 @@ struct Driver {
   int (*launch)(void* fn, const unsigned grid[3], const unsigned block[3], unsigned shmem, void* stream,
                 void** params, void* buffer, size_t size) = nullptr;
   int (*allow_shared)(void* fn, unsigned bytes) = nullptr;  // opt in to > 48 KiB dynamic shared memory
+  // a launch in thread-block clusters (TVM's `clusterCtaIdx.*` launch tags; CUDA sm_90 on; null on
+  // HIP, which has none), and the opt-in to clusters over the portable 8 blocks
+  int (*launch_cluster)(void* fn, const unsigned grid[3], const unsigned block[3], const unsigned cluster[3],
+                        unsigned shmem, void* stream, void** params) = nullptr;
+  int (*allow_wide_clusters)(void* fn) = nullptr;
   // stream capture into graphs (the CUDA twin serves TVM's `vm.builtin.cuda_graph.*`; null on HIP)
   int (*capture_begin)(void* stream) = nullptr;
   int (*capture_end)(void* stream, void** graph) = nullptr;
@@ -304,6 +310,24 @@ static CUresult (*ModuleGetFunction)(void**, void*, const char*);
 static CUresult (*LaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                 void*, void**, void**);
 static CUresult (*FuncSetAttribute)(void*, int, int);
+// cuLaunchKernelEx's configuration, laid out as cuda.h's CUlaunchConfig / CUlaunchAttribute
+struct LaunchAttribute {
+  int id;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+  char pad[4];
+  union alignas(8) {
+    char raw[64];
+    struct {
+      unsigned x, y, z;
+    } cluster;
+  } value;
+};
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  void* stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static CUresult (*LaunchKernelEx)(const LaunchConfig*, void*, void**, void**);
 static CUresult (*GetErrorString)(CUresult, const char**);
 static CUresult (*StreamBeginCapture)(void*, int);
 static CUresult (*StreamEndCapture)(void*, void**);
@@ -363,6 +387,8 @@ static bool fill(Driver* d) {
   bind_sym(ModuleGetFunction, "cuModuleGetFunction", &missing);
   bind_sym(LaunchKernel, "cuLaunchKernel", &missing);
   bind_sym(FuncSetAttribute, "cuFuncSetAttribute", &missing);
+  std::vector<std::string> optional;  // drivers before CUDA 12 have no cuLaunchKernelEx
+  bind_sym(LaunchKernelEx, "cuLaunchKernelEx", &optional);
   bind_sym(GetErrorString, "cuGetErrorString", &missing);
   bind_sym(StreamBeginCapture, "cuStreamBeginCapture_v2", &missing);
   bind_sym(StreamEndCapture, "cuStreamEndCapture", &missing);
@@ -410,6 +436,20 @@ static bool fill(Driver* d) {
   d->allow_shared = [](void* f, unsigned bytes) {
     return FuncSetAttribute(f, 8, static_cast<int>(bytes));  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
   };
+  if (LaunchKernelEx != nullptr) {
+    d->launch_cluster = [](void* f, const unsigned g[3], const unsigned b[3], const unsigned c[3], unsigned shmem,
+                           void* s, void** params) {
+      LaunchAttribute attr = {};
+      attr.id = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+      attr.value.cluster.x = c[0];
+      attr.value.cluster.y = c[1];
+      attr.value.cluster.z = c[2];
+      LaunchConfig cfg = {g[0], g[1], g[2], b[0], b[1], b[2], shmem, s, &attr, 1};
+      return LaunchKernelEx(&cfg, f, params, nullptr);
+    };
+    // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    d->allow_wide_clusters = [](void* f) { return FuncSetAttribute(f, 14, 1); };
+  }
   d->capture_begin = [](void* st) { return StreamBeginCapture(st, 0); };  // CU_STREAM_CAPTURE_MODE_GLOBAL
   d->capture_end = [](void* st, void** g) { return StreamEndCapture(st, g); };
   d->graph_instantiate = [](void** e, void* g) { return GraphInstantiate(e, g, 0); };
@@ -961,8 +1001,9 @@ struct Launcher {
   std::vector<ArgCode> codes;
   std::vector<size_t> offsets;  // of each argument in the packed buffer (natural alignment)
   size_t pack_bytes = 0;
-  std::vector<int> dim_of_tag;  // per launch argument: 0..2 grid, 3..5 block
+  std::vector<int> dim_of_tag;  // per launch argument: 0..2 grid, 3..5 block, 6..8 cluster
   bool dyn_shared = false;
+  bool cluster = false;  // launched in thread-block clusters
   size_t slot = 0;  // its row in the module's function cache
 };
 
@@ -995,6 +1036,9 @@ static Launcher make_launcher(const FunctionInfo& info) {
       l.dim_of_tag.push_back(tag[9] - 'x');
     } else if (tag.size() == 11 && tag.rfind("threadIdx.", 0) == 0 && tag[10] >= 'x' && tag[10] <= 'z') {
       l.dim_of_tag.push_back(3 + tag[10] - 'x');
+    } else if (tag.size() == 15 && tag.rfind("clusterCtaIdx.", 0) == 0 && tag[14] >= 'x' && tag[14] <= 'z') {
+      l.dim_of_tag.push_back(6 + tag[14] - 'x');
+      l.cluster = true;
     } else {
       LLMCHAT_FAIL("kernel " << info.name << ": cannot handle the launch parameter " << tag);
     }
@@ -1203,7 +1247,7 @@ class GpuModule final : public ffi::ModuleObj {
       params[i] = at;
     }
     // grid and block as TVM does: an extent of 0 (a dynamic shape) launches 1
-    size_t work[6] = {1, 1, 1, 1, 1, 1};
+    size_t work[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
     for (size_t i = 0; i < l.dim_of_tag.size(); ++i) {
       int64_t v = raw[nargs + i].v_int64;
       if (v > 0) work[l.dim_of_tag[i]] = static_cast<size_t>(v);
@@ -1230,7 +1274,24 @@ class GpuModule final : public ffi::ModuleObj {
       }
     }
     void* stream = TVMFFIEnvGetStream(d.device_type, dev);
-    int r = d.launch(fn, grid, block, shmem, stream, params, pack, l.pack_bytes);
+    int r;
+    if (l.cluster) {
+      if (d.launch_cluster == nullptr) {
+        LLMCHAT_FAIL("kernel " << l.name << " is launched in thread-block clusters, which this runtime cannot do "
+                               << "(HIP has none; CUDA needs cuLaunchKernelEx, driver 12 or newer)");
+      }
+      unsigned cluster[3] = {static_cast<unsigned>(work[6]), static_cast<unsigned>(work[7]),
+                             static_cast<unsigned>(work[8])};
+      if (cluster[0] * cluster[1] * cluster[2] > 8) {  // over the portable size: opt in once per kernel
+        std::lock_guard<std::recursive_mutex> guard(lock());
+        if (wide_clusters_.insert(fn).second) {
+          check_call(d.allow_wide_clusters(fn), ("allowing kernel " + l.name + " clusters over 8 blocks").c_str());
+        }
+      }
+      r = d.launch_cluster(fn, grid, block, cluster, shmem, stream, params);
+    } else {
+      r = d.launch(fn, grid, block, shmem, stream, params, pack, l.pack_bytes);
+    }
     if (r != 0) {
       LLMCHAT_FAIL("launching kernel " << l.name << " (grid " << grid[0] << "x" << grid[1] << "x" << grid[2]
                                        << ", block " << block[0] << "x" << block[1] << "x" << block[2] << ", "
@@ -1247,6 +1308,7 @@ class GpuModule final : public ffi::ModuleObj {
   std::vector<void*> modules_;  // per device
   std::vector<std::unordered_map<std::string, void*>> functions_;
   std::unordered_map<void*, unsigned> shared_allowed_;
+  std::unordered_set<void*> wide_clusters_;  // kernels allowed clusters over 8 blocks
   std::unique_ptr<std::atomic<void*>[]> fast_;  // [launcher slot][device] -> function, read without the lock
 };
 
