@@ -146,6 +146,15 @@ class AddOn:
         h.update(self.build_flags.encode())
         return paths.cache_dir() / "native" / f"{self.lib_name}-{h.hexdigest()[:16]}.so"
 
+    def buildable(self) -> bool:
+        """Whether the add-on is built for this install, or a compiler is there to build it."""
+        if find_toolchain() is not None:
+            return True
+        try:
+            return self.library_path(None).is_file()
+        except Exception:  # no TVM or no wgpu: not buildable
+            return False
+
     def build(self, force: bool = False, verbose: bool = False) -> Path:
         """Compile the add-on into the cache (atomically) unless it is there; returns its path."""
         toolchain = find_toolchain()

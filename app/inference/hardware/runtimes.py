@@ -346,13 +346,8 @@ def _webgpu_static() -> tuple[bool, str]:
         return False, "the vulkan runtime needs the `wgpu` package (wgpu-native), which is not installed"
     if not vulkan_loader_present():
         return False, "the vulkan runtime needs the Vulkan loader (libvulkan.so.1), which is not installed"
-    if addon.find_toolchain() is None:
-        try:
-            built = addon.library_path(None).is_file()
-        except Exception:
-            built = False
-        if not built:
-            return False, "the vulkan runtime's add-on is not built and no C++ compiler was found to build it"
+    if not addon.ADDON.buildable():
+        return False, "the vulkan runtime's add-on is not built and no C++ compiler was found to build it"
     return True, ""
 
 
@@ -389,13 +384,8 @@ def _hip_static() -> tuple[bool, str]:
         from app.inference.backends.hip import addon
     except ImportError as err:  # a partial install
         return False, f"llmchat's rocm runtime cannot be imported ({err})"
-    if addon.find_toolchain() is None:
-        try:
-            built = addon.library_path(None).is_file()
-        except Exception:
-            built = False
-        if not built:
-            return False, "the rocm runtime's add-on is not built and no C++ compiler was found to build it"
+    if not addon.ADDON.buildable():
+        return False, "the rocm runtime's add-on is not built and no C++ compiler was found to build it"
     return True, ""
 
 

@@ -60,3 +60,22 @@ def tir_call(value: Any) -> tuple[Any, list[Any]] | None:
             and len(value.args) == 2):
         return value.args[0], list(value.args[1].fields)
     return None
+
+
+def argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
+    """(logits, output, vocab) when ``func`` is the exported argmax (``device_ops.argmax_te``,
+    marked with its annotation) over ``[1, 1, V]`` float32 into int32: what the CUDA and the
+    WGSL argmax rules replace."""
+    from app.inference.device_ops import OP_ANNOTATION
+
+    blocks = root_blocks(func)
+    if len(blocks) != 1 or str(blocks[0].annotations.get(OP_ANNOTATION, "")) != "argmax":
+        return None
+    if len(func.params) != 2:
+        return None
+    logits, out = func.params
+    shape = static_shape(logits)
+    if (str(logits.dtype) != "float32" or shape is None or len(shape) != 3 or shape[:2] != [1, 1]
+            or str(out.dtype) != "int32"):
+        return None
+    return logits, out, shape[2]
