@@ -125,6 +125,7 @@ class ModelRuntime:
         self._picked: Any = None  # decode_greedy_ahead's ids, gathered on the device: one copy back
         self._picked_slots: list[Any] = []  # its elements as one-id views (made once, not per step)
         self._readbacks: list[Any] | None = None  # pinned host buffers for them (CUDA)
+        self._fence: Any = None  # CUDA: each forward step waits for the previous one (made on first use)
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
 
@@ -182,9 +183,11 @@ class ModelRuntime:
             chunk = arr[start: start + self.prefill_chunk]
             n = len(chunk)
             emb = self._f_reshape(self._embed(chunk), self._ShapeTuple([1, n, self.hidden_size]))
+            self._step_begins()
             self._f_begin(self.kv, self._seq, self._ShapeTuple([n]))
             logits, self.kv = self._f_prefill(emb, self.kv, self.params)
             self._f_end(self.kv)
+            self._step_ended()
             self._length += n
         return logits.numpy().reshape(-1)
 
@@ -200,11 +203,37 @@ class ModelRuntime:
     def _decode_device_id(self, ids: Any) -> Any:
         """Append the token whose id is in the device tensor ``ids`` (int32 ``[1]``); its logits."""
         emb = self._f_reshape(self._f_embed(ids, self.params), self._decode_shape)
+        self._step_begins()
         self._f_begin(self.kv, self._seq, self._one)
         logits, self.kv = self._f_decode(emb, self.kv, self.params)
         self._f_end(self.kv)
+        self._step_ended()
         self._length += 1
         return logits
+
+    def _step_begins(self) -> None:
+        """Before a forward step: on CUDA, wait for the previous one (see cuda_readback.StepFence)."""
+        if self._fence is None:
+            self._fence = self._make_fence()
+        if self._fence:
+            self._fence.wait()
+
+    def _step_ended(self) -> None:
+        if self._fence:
+            self._fence.mark()
+
+    def _make_fence(self) -> Any:
+        """A StepFence on TVM's CUDA runtime; False elsewhere: the twin and llmchat's ROCm runtime
+        create the KV cache's copy stream as a blocking stream (ordered after the kernels queued on
+        the default stream), the CPU and WebGPU caches copy in order."""
+        if int(self.device.dlpack_device_type()) != CUDA_DEVICE_TYPE:
+            return False
+        if os.environ.get("LLMCHAT_GPU_RUNTIME", "").strip().lower() == "twin":
+            return False
+        from app.inference.cuda_readback import StepFence
+        from app.inference.cuda_support import load_cudart
+
+        return StepFence(load_cudart())
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token; its logits, float32 [vocab]."""
@@ -339,3 +368,6 @@ class ModelRuntime:
         for readback in self._readbacks or []:
             readback.close()
         self._readbacks = None
+        if self._fence:
+            self._fence.close()
+        self._fence = None
