@@ -63,6 +63,15 @@ def _model_id(model_dir: Path) -> str | None:
     return None
 
 
+def _in_catalog(model_id: str) -> bool:
+    from app.inference.catalog import load_catalog
+
+    try:
+        return model_id in load_catalog()
+    except LlmchatError:
+        return False
+
+
 def repair_fix(model_dir: Path) -> str:
     """The command that repairs the model in ``model_dir`` here."""
     from app.inference.default_model import DEFAULT_MODEL_ID
@@ -71,7 +80,7 @@ def repair_fix(model_dir: Path) -> str:
     model_id = _model_id(model_dir)
     if model_id is None:
         return f"replace the damaged files in {model_dir} (or download or import that model again)"
-    if model_id == DEFAULT_MODEL_ID or download_record(model_dir).get("repo"):
+    if model_id == DEFAULT_MODEL_ID or download_record(model_dir).get("repo") or _in_catalog(model_id):
         return f"`llmchat download {model_id}` checks every file and fetches what is missing or damaged"
     source = _read_json(model_dir / IMPORT_RECORD).get("source")
     if source:
