@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from app import __version__
-from app.errors import LlmchatError, NotAvailableYet
+from app.errors import LlmchatError, NotAvailableYet, check_arguments
 
 #: subcommand name -> module under app.commands
 SUBCOMMANDS: dict[str, str] = {
@@ -28,6 +28,10 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "bench",
     "serve": "serve",
 }
+
+
+VERBOSE_HELP = ("also print the debug log on stderr (what llmchat falls back from and why; always "
+                "written to debug.log in the cache directory)")
 
 
 def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -73,11 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(MLC's wheels) is installed",
     )
     add_endpoint_arguments(parser)
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = _command_module(name)
         sub = subs.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
+        sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     return parser
 
 
@@ -93,12 +99,22 @@ def _clean_quietly() -> None:
 
         clean_stale()
     except Exception:  # a cleanup problem must not keep anyone from chatting
-        pass
+        from app.debug_log import log
+
+        log.warning("cleaning stale temporaries failed", exc_info=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``llmchat`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_arguments(argv)
+    except LlmchatError as err:
+        return _fail(err)
     args = build_parser().parse_args(argv)
+    from app import debug_log
+
+    debug_log.setup(verbose=bool(getattr(args, "verbose", False)))
     if args.command != "clean":
         _clean_quietly()
     try:

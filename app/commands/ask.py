@@ -117,7 +117,11 @@ def read_prompt(parts: list[str]) -> str:
         return " ".join(parts)
     if sys.stdin is None or sys.stdin.isatty():
         raise LlmchatError("No prompt given.", 'llmchat ask "your question"')
-    text = sys.stdin.read().strip()
+    from app.errors import decode_utf8
+
+    stream = getattr(sys.stdin, "buffer", None)
+    text = (decode_utf8(stream.read(), "the prompt read from stdin") if stream is not None
+            else sys.stdin.read()).strip()
     if not text:
         raise LlmchatError("The prompt read from stdin is empty.", 'llmchat ask "your question"')
     return text
