@@ -209,14 +209,21 @@ def _setup_lock() -> Iterator[None]:
 
 
 def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
-    """The default model's directory, downloading and importing it the first time."""
+    """The default model's directory, downloading and importing it the first time.
+
+    A data or cache directory that cannot be written is a message (``os_error``)."""
     target = paths.models_dir() / DEFAULT_MODEL_ID
     if target.is_dir():
         return target
-    with _setup_lock():
-        if target.is_dir():  # another llmchat set it up while we waited
-            return target
-        return _set_up(target, progress)
+    try:
+        with _setup_lock():
+            if target.is_dir():  # another llmchat set it up while we waited
+                return target
+            return _set_up(target, progress)
+    except OSError as err:
+        from app.errors import os_error
+
+        raise os_error(err, f"Setting up the default model {DEFAULT_MODEL_ID} failed") from None
 
 
 def _set_up(target: Path, progress: ProgressCallback | None) -> Path:

@@ -763,7 +763,21 @@ def download_model(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
 ) -> Path:
-    """Download (or resume) a catalog model or ``HF://owner/repo``; returns the installed directory."""
+    """Download (or resume, or repair) a catalog model or ``HF://owner/repo``; returns the installed
+    directory. A data or cache directory that cannot be written is a message (``os_error``)."""
+    try:
+        return _download_model(id_or_repo, progress, cancel)
+    except OSError as err:
+        from app.errors import os_error
+
+        raise os_error(err, f"Downloading {id_or_repo} into {paths.models_dir()} failed") from None
+
+
+def _download_model(
+    id_or_repo: str,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
     local = _check_local_model(id_or_repo, progress)
     if local is not None:
         return local

@@ -169,3 +169,22 @@ def test_an_unparsable_chat_template_is_refused_at_import(tmp_path, monkeypatch)
 
     good = import_gguf(write_tiny_gguf(tmp_path / "good.gguf"), "good")
     assert json.loads((good / "llmchat-import.json").read_text())["source"] == str(tmp_path / "good.gguf")
+
+
+@pytest.mark.parametrize("which", ["LLMCHAT_DATA_DIR", "LLMCHAT_CACHE_DIR"])
+def test_an_unwritable_data_or_cache_dir_is_a_message(hub, tmp_path, monkeypatch, capsys, which):
+    """A data or cache directory that cannot be made (a file where a directory belongs: the same
+    OSError path as a read-only one, which root, who runs CI, cannot be shown) is a message."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(which, str(blocker / "dir"))
+    for model in (TINY_ID, "smollm2-135m-instruct"):
+        capsys.readouterr()
+        rc = main(["download", model])
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        if model == TINY_ID and which == "LLMCHAT_CACHE_DIR":
+            assert rc == 0  # a download needs no cache (remembering verified files is skipped, logged)
+            continue
+        assert rc == 1 and "a part of the path is a file, not a directory" in err, err
+        assert str(blocker) in err and "fix: move that file away" in err
