@@ -34,6 +34,23 @@ VERBOSE_HELP = ("also print the debug log on stderr (what llmchat falls back fro
                 "written to debug.log in the cache directory)")
 
 
+#: the smallest KV cache a reply can be written into
+MIN_CONTEXT_WINDOW = 2
+
+
+def context_window_arg(text: str) -> int:
+    """``--context-window N``: a whole number of tokens, at least MIN_CONTEXT_WINDOW (0 never
+    silently means the default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from None
+    if value < MIN_CONTEXT_WINDOW:
+        raise argparse.ArgumentTypeError(
+            f"{value} tokens is too small: give at least 64, or leave it out for the model's default")
+    return value
+
+
 def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
     """``--endpoint URL`` and ``--api-key KEY``: chat with a model on an OpenAI-compatible server."""
     parser.add_argument("--endpoint", default=default, metavar="URL",
