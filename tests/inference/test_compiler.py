@@ -270,3 +270,9 @@ def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fre
     assert normal not in lib.lib_path.name
     assert json.loads(lib.lib_path.with_suffix(".json").read_text())["pipeline"] == "tvm-default"
     assert not list(lib.lib_path.parent.glob(f"*{normal}*"))
+    # the next start does not pay for the failing schedules again: the stock library, no compile
+    before, events = compiler.COMPILE_COUNT, []
+    again = compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
+    assert again.lib_path == lib.lib_path and before == compiler.COMPILE_COUNT
+    assert any("schedules failed for this model before" in e.message for e in events)
+    assert not list(lib.lib_path.parent.glob(f"*{normal}*"))
