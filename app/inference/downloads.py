@@ -1,15 +1,22 @@
 """Download prebuilt MLC weights from Hugging Face: resumable, verified, atomic, cancellable.
 
-``download_model("qwen2.5-0.5b-instruct")`` or ``download_model("HF://owner/repo")``:
+``download_model("qwen2.5-0.5b-instruct")``, ``download_model("HF://owner/repo")`` or the id
+``owner--repo`` of a repo outside the catalog:
 
-1. list the repo's files with their sizes (``HfApi.model_info(files_metadata=True)``; the download is
-   pinned to the commit that listing names), reject names that would escape the model directory;
-2. check free disk space for what is still missing;
+0. an installed model is checked first (``installed.verify``: every recorded hash, shard md5 sums,
+   the files parse); whole, it is returned; damaged, its files become a partial download (step 4
+   keeps what is whole) and the rest is fetched;
+1. list the repo's files with their sizes and hashes (``HfApi.model_info(files_metadata=True)``:
+   sha256 for LFS files, the git blob id for the others; the download is pinned to the commit that
+   listing names), reject names that would escape the model directory;
+2. check free disk space for what is still missing (plus DISK_MARGIN_BYTES, said in the message);
 3. fetch every file into ``models_dir()/.staging/<id>/`` (``tensor-cache.json`` first, then the
    others, PARALLEL_DOWNLOADS at a time like MLC's own downloader), each as ``<name>.part`` that is
-   renamed to ``<name>`` only once its size matches the listing and its md5 matches
-   ``tensor-cache.json`` (one re-fetch on a mismatch, then an error);
-4. rename the staging directory to ``models_dir()/<id>``: the model is installed only now.
+   renamed to ``<name>`` only once its size matches the listing and its hashes match the listing
+   and ``tensor-cache.json`` (one re-fetch on a mismatch, then an error); files already there are
+   checked the same way (``_pending``);
+4. parse the model as a load would (``installed.check_model_files``), then rename the staging
+   directory to ``models_dir()/<id>``: the model is installed only now.
 
 Interrupted downloads (Ctrl+C, cancel, a dropped connection, a crash) keep ``staging`` and resume
 with an HTTP ``Range`` request next time. Why not ``hf_hub_download(local_dir=...)``: in
