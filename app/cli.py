@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 VERBOSE_HELP = ("also print the debug log on stderr (what llmchat falls back from and why; always "
-                "written to debug.log in the cache directory)")
+                "written to debug.log in the cache directory; the chat app names that file at exit)")
 
 
 #: the smallest KV cache a reply can be written into
@@ -131,14 +131,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from app import debug_log
 
-    debug_log.setup(verbose=bool(getattr(args, "verbose", False)))
+    verbose = bool(getattr(args, "verbose", False))
+    # the chat app owns the terminal: its debug lines go to the file only (named at exit)
+    debug_log.setup(verbose=verbose and args.command is not None)
     if args.command != "clean":
         _clean_quietly()
     try:
         if args.command is None:
             from app.tui import run_tui  # imported lazily: Textual is slow to import
 
-            return run_tui(args)
+            try:
+                return run_tui(args)
+            finally:
+                if verbose:
+                    print(f"llmchat: the debug log is {debug_log.log_path()}", file=sys.stderr)
         return int(_command_module(args.command).run(args) or 0)
     except LlmchatError as err:
         return _fail(err)
