@@ -661,6 +661,12 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
                                    f"cached library of TVM's stock pipeline (slower; delete "
                                    f"{known.lib_path.name} to try the schedules again)", 3, 3))
         return known
+    try:  # a cache that cannot take the library fails now, not after minutes of compiling
+        libs_dir().mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=libs_dir(), prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise cache_write_error(libs_dir(), err) from err
     target = make_target(device, arch)
     t0 = time.monotonic()
     params, stock = compile_library(cfg, target, lib, progress, device_label=str(device),

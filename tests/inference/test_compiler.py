@@ -253,6 +253,7 @@ def test_unwritable_cache_is_a_cache_error_not_a_schedule_failure(tiny_model_dir
     assert "LLMCHAT_CACHE_DIR" in err.value.fix and "--device cpu" not in str(err.value)
     assert not any("stock pipeline" in e.message for e in events)
     assert before == compiler.COMPILE_COUNT
+    assert not any("generating kernels" in e.message for e in events)  # failed before compiling
 
 
 def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fresh_cache, monkeypatch):
