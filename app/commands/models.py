@@ -56,6 +56,11 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
     """One row per catalog entry plus installed models outside the catalog."""
     from app.inference import fit
     from app.inference.catalog import installed_model_path, list_installed, load_catalog
+    from app.inference.installed import quick_problem, repair_fix
+
+    def health(path) -> dict:
+        problem = quick_problem(path) if path is not None else None
+        return {"broken": problem, "fix": repair_fix(path) if problem else None}
 
     catalog = load_catalog()
     installed = set(list_installed())
@@ -79,6 +84,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
                 "origin": entry.origin,
                 "installed": path is not None,
                 "path": str(path) if path else None,
+                **health(path),
                 "fit": {
                     "verdict": est.verdict,
                     "context": est.context,
@@ -108,6 +114,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
                 "origin": "installed",
                 "installed": True,
                 "path": str(path) if path else None,
+                **health(path),
                 "fit": {
                     "verdict": "unknown",
                     "context": None,
@@ -144,12 +151,15 @@ def run(args: argparse.Namespace) -> int:
                 _size(row["download_bytes"]),
                 str(row["context_window"] or "-"),
                 _fit_text(row),
-                "yes" if row["installed"] else "",
+                ("broken" if row["broken"] else "yes") if row["installed"] else "",
             )
         )
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    for row in rows:
+        if row["broken"]:
+            print(f"\n{row['id']} is broken: {row['broken']}\n  fix: {row['fix']}")
     context = args.context or 4096
     memory = f"{budget / 1e9:.1f} GB" if budget else "unknown (pass --memory GB)"
     print(f"\nfit at {context} tokens of context, memory budget {memory}; `llmchat download ID` to get one")

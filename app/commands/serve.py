@@ -14,6 +14,8 @@ API_KEY_ENV = "LLMCHAT_SERVE_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app.cli import context_window_arg
+
     parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
                         help="catalog id or model directory (default: the built-in default model)")
     parser.add_argument("--device", default=argparse.SUPPRESS,
@@ -26,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
     parser.add_argument("--max-queue", type=int, default=16, metavar="N",
                         help="requests that may wait behind the running one; more get 429 (default 16)")
-    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model's name in the API (default: its llmchat id)")

@@ -139,6 +139,9 @@ def _auto() -> DeviceSpec:
     try:
         report = probe()
     except Exception:  # the probe is best effort; never block a start on it
+        from app.debug_log import log
+
+        log.warning("the hardware probe failed: --device auto falls back to the CPU", exc_info=True)
         return DeviceSpec("cpu", 0)
     backend = str(getattr(report, "backend", "cpu") or "cpu")
     device = str(getattr(report, "device", "") or "")

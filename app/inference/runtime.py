@@ -56,7 +56,10 @@ def _optional_function(vm: Any, name: str) -> Any | None:
     """``vm[name]``, or None when the library does not export it."""
     try:
         return vm[name]
-    except Exception:  # TVM raises its own error type for a missing function
+    except Exception as err:  # TVM raises its own error type for a missing function
+        from app.debug_log import log
+
+        log.debug("the model library has no %s (%s)", name, type(err).__name__)
         return None
 
 
@@ -342,7 +345,11 @@ class ModelRuntime:
 
                 cudart = load_cudart()
                 self._readbacks = [PinnedReadback(cudart, PICKED_CAPACITY) for _ in range(2)]
-            except Exception:  # no pinned memory: synchronous copies still work
+            except Exception as err:  # no pinned memory: synchronous copies still work
+                from app.debug_log import log
+
+                log.info("no pinned read-back buffers (greedy ids copied synchronously): %s: %s",
+                         type(err).__name__, err)
                 self._readbacks = []
         return self._readbacks or None
 

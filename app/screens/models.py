@@ -80,8 +80,11 @@ class ModelsScreen(LoadsCatalog, Screen):
         current = table.selected_id
         engine = self.llm_app.engine
         select = current or (engine.info.model_id if engine else self.llm_app.services.default_model_id)
-        table.show(data.entries, data.installed, fit_function(self.llm_app, data.report), select=select)
+        table.show(data.entries, data.installed, fit_function(self.llm_app, data.report), select=select,
+                   broken=data.broken)
         note = f"{len(data.installed)} installed · Enter: chat with · d: download · x: remove"
+        for model_id, problem in data.broken.items():
+            note += f"\n{model_id} is broken: {problem} · d on it fetches what is missing or damaged"
         if data.probe_error is not None:
             note += f" · fit unknown: {data.probe_error}"
         status.update(f"{self.last_result}\n{note}" if self.last_result else note)
@@ -111,7 +114,8 @@ class ModelsScreen(LoadsCatalog, Screen):
         if self.downloading:
             self.notify(f"Already downloading {self.downloading} (c cancels it).", severity="warning")
             return
-        if self.llm_app.services.installed_model_path(model_id) is not None:
+        if (self.llm_app.services.installed_model_path(model_id) is not None
+                and not self.llm_app.services.install_problem(model_id)):
             self.notify(f"{model_id} is already installed.")
             return
         self.downloading = model_id

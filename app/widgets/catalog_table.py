@@ -48,6 +48,7 @@ class CatalogTable(DataTable):
         installed: set[str],
         fit: Callable[[Any], str],
         select: str | None = None,
+        broken: dict[str, str] | None = None,
     ) -> None:
         """Fill the table and put the cursor on ``select`` (e.g. the default model)."""
         entries = list(entries)
@@ -68,7 +69,7 @@ class CatalogTable(DataTable):
                 human_bytes(entry.download_bytes),
                 human_context(entry.context_window),
                 fit_badge(verdict),
-                Text("✓ installed", style="green") if entry.id in installed else Text("—", style="dim"),
+                _installed_cell(entry.id, installed, broken or {}),
                 key=entry.id,
                 height=2 if entry.name != entry.id else 1,
             )
@@ -85,3 +86,9 @@ class CatalogTable(DataTable):
             return None
         row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
         return str(row_key.value)
+
+
+def _installed_cell(model_id: str, installed: set[str], broken: dict[str, str]) -> Text:
+    if model_id in broken:
+        return Text("⚠ broken", style="bold red")
+    return Text("✓ installed", style="green") if model_id in installed else Text("—", style="dim")

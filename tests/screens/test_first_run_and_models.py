@@ -118,6 +118,32 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
         await wait_until(pilot, lambda: TINY_ID not in list_installed())
 
 
+async def test_models_screen_shows_a_broken_install_and_d_repairs_it(hub):
+    """Issue 19 item 6: a shard deleted from an installed model shows as broken with the fix, and d
+    (download) on it fetches only what is missing."""
+    from app.inference.downloads import download_model
+
+    path = download_model(TINY_ID)
+    (path / SHARD).unlink()
+    hub.counters.reset()
+    app = LlmchatApp(StartOptions(device="cpu", model=TINY_ID), real_services(
+        load_engine=lambda *a, **k: (_ for _ in ()).throw(LlmchatError("not loaded in this test"))))
+    async with app.run_test(size=(110, 40)) as pilot:
+        app.action_open_models()
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen)
+                         and app.screen.query_one(CatalogTable).row_count > 0)
+        screen = app.screen
+        table = screen.query_one(CatalogTable)
+        await wait_until(pilot, lambda: "broken" in str(table.get_row(TINY_ID)[5]))
+        status = str(screen.query_one("#models-status").render())
+        assert f"{TINY_ID} is broken: {SHARD} is missing" in status and "d on it fetches" in status
+        table.select(TINY_ID)
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not screen.downloading and (path / SHARD).is_file(), timeout=60)
+        await wait_until(pilot, lambda: "✓ installed" in str(table.get_row(TINY_ID)[5]))
+        assert hub.counters.gets == {SHARD: 1}
+
+
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
