@@ -184,19 +184,26 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests-per-client", type=int, default=0,
-                        help="requests each client sends (default: 8 // clients, at least 2)")
+                        help="requests each client sends (default: 8 // clients, at least 1)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--context-window", type=int, default=2048)
     parser.add_argument("--overhead-tokens", type=int, default=256)
     parser.add_argument("--overhead-rounds", type=int, default=2)
     parser.add_argument("--llama-cpp-python", default=str(ROOT / ".venv-llamacpp" / "bin" / "python"))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of both engines (TVM_NUM_THREADS for llmchat, --n_threads for "
+                        "llama.cpp; default: TVM's own choice and as many as there are cores). On a "
+                        "machine busy with other work, 1 avoids the stalls of threads waiting for each "
+                        "other (llama.cpp with 2 threads on a loaded 2-core VM: ~1 tok/s, with 1: ~16)")
     parser.add_argument("--llama-cpp-repack", action="store_true",
                         help="leave llama.cpp's extra CPU buffer types (AMX, weight repacking) on; off by "
                         "default: on the 2-core VM they crash its batched prompt path (SIGSEGV)")
     parser.add_argument("--json", default=None, metavar="OUT", help="also write the figures here")
     args = parser.parse_args()
     env = dict(os.environ)
-    threads = str(os.cpu_count() or 1)
+    threads = str(args.threads or os.cpu_count() or 1)
+    if args.threads:
+        env["TVM_NUM_THREADS"] = str(args.threads)
     load_avg = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
         gguf = default_gguf(Path(tmp))
@@ -210,6 +217,7 @@ def main() -> int:
                      # its default lets a new request cut the running one short: queue them instead
                      "--interrupt_requests", "False"]
         figures: dict = {"machine": {"cores": os.cpu_count(), "loadavg_at_start": load_avg},
+                         "threads": args.threads,
                          "llama_cpp_repack": args.llama_cpp_repack,
                          "max_tokens": args.max_tokens, "llmchat": [], "llama.cpp": [], "overhead": []}
         with server(llmchat_cmd, r"listening on (http://\S+/v1)", "llmchat", env) as ours, \
@@ -217,7 +225,7 @@ def main() -> int:
             theirs = theirs_root + "/v1"
             offset = 0
             for clients in args.clients:
-                per = args.requests_per_client or max(2, 8 // clients)
+                per = args.requests_per_client or max(1, 8 // clients)
                 for name, url in (("llmchat", ours), ("llama.cpp", theirs)):
                     row = asyncio.run(load(url, MODEL_ID, clients, per, args.max_tokens, offset))
                     figures[name].append(row)

@@ -248,6 +248,16 @@ def screen_hints() -> Any:
                       model="add the server again and pick one of its models (F2, then a)")
 
 
+def form_hints() -> Any:
+    """The fixes the add-a-server form names (its own fields)."""
+    from app.inference.remote import ErrorHints
+
+    return ErrorHints(key="enter the server's API key in the API key field",
+                      url="check the URL and that the server is running",
+                      path="check the URL (usually ending in /v1)",
+                      model="pick one of the server's models")
+
+
 def open_server(name: str) -> Any:
     """A ``RemoteEngine`` on the saved server ``name`` and its chosen model."""
     from app.inference.remote import RemoteEngine

@@ -114,11 +114,11 @@ class AddServerScreen(ModalScreen):
     @work(thread=True, exclusive=True, group="add-server", exit_on_error=False)
     def _fetch(self, query: tuple[str, str]) -> None:
         from app.inference.remote import list_models, normalize_endpoint
-        from app.inference.saved_servers import screen_hints
+        from app.inference.saved_servers import form_hints
 
         try:
             endpoint = normalize_endpoint(query[0])
-            models = list_models(endpoint, query[1] or None, hints=screen_hints())
+            models = list_models(endpoint, query[1] or None, hints=form_hints())
             if not models:
                 raise LlmchatError(f"The server at {endpoint} offers no model.",
                                    "load a model on the server (e.g. llmchat serve --model ID), then fetch "
