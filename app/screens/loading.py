@@ -92,7 +92,7 @@ class LoadingScreen(Screen):
         from app.inference.saved_servers import server_name_of
 
         endpoint = self.llm_app.services.remote_endpoint
-        if endpoint is None and server_name_of(self.model) is not None:
+        if server_name_of(self.model) is not None:
             title = f"Connecting to the saved {self.model}"
         elif endpoint is not None:
             title = f"Connecting to {self.model or 'the model'} on {endpoint}"
@@ -117,7 +117,7 @@ class LoadingScreen(Screen):
 
         services = self.llm_app.services
         progress = ProgressThrottle(lambda event: self.post_message(self.Progress(event)))
-        saved = server_name_of(self.model) if services.remote_endpoint is None else None
+        saved = server_name_of(self.model)  # also from an --endpoint app: it is a server of its own
         try:
             if saved is not None:  # a server saved in the models screen: nothing to download or compile
                 progress(ProgressEvent("load", f"connecting to {self.model}"))
