@@ -37,11 +37,12 @@ class AddServerScreen(ModalScreen):
 
     class Fetched(Message):
         def __init__(self, query: tuple[str, str], models: list[str] | None,
-                     error: BaseException | None) -> None:
+                     error: BaseException | None, key_store: str = "") -> None:
             super().__init__()
             self.query = query
             self.models = models
             self.error = error
+            self.key_store = key_store  # where a key saved now would go, in words
 
     class Saved(Message):
         def __init__(self, server, error: BaseException | None) -> None:
@@ -114,7 +115,7 @@ class AddServerScreen(ModalScreen):
     @work(thread=True, exclusive=True, group="add-server", exit_on_error=False)
     def _fetch(self, query: tuple[str, str]) -> None:
         from app.inference.remote import list_models, normalize_endpoint
-        from app.inference.saved_servers import form_hints
+        from app.inference.saved_servers import form_hints, key_store_name
 
         try:
             endpoint = normalize_endpoint(query[0])
@@ -123,15 +124,17 @@ class AddServerScreen(ModalScreen):
                 raise LlmchatError(f"The server at {endpoint} offers no model.",
                                    "load a model on the server (e.g. llmchat serve --model ID), then fetch "
                                    "again")
+            # asking the keyring which backend it has may talk to D-Bus: not on the UI thread
+            key_store = key_store_name() if query[1] else ""
         except BaseException as err:
             self.post_message(self.Fetched(query, None, err))
             return
-        self.post_message(self.Fetched(query, models, None))
+        self.post_message(self.Fetched(query, models, None, key_store))
 
     @on(Fetched)
     def on_fetched(self, message: Fetched) -> None:
         from app.inference.remote import normalize_endpoint
-        from app.inference.saved_servers import default_name, key_store_name
+        from app.inference.saved_servers import default_name
 
         self.busy = False
         select = self.query_one("#server-model", Select)
@@ -153,7 +156,7 @@ class AddServerScreen(ModalScreen):
             name.value = default_name(normalize_endpoint(message.query[0]))
         self.query_one("#save", Button).disabled = self.fetched_for != self._query()
         count = len(self.models)
-        where = f" The key will be kept in {key_store_name()}." if message.query[1] else ""
+        where = f" The key will be kept in {message.key_store}." if message.key_store else ""
         self._status(f"{count} model{'s' if count != 1 else ''} on the server: pick one, then Save.{where}")
         select.focus()
 

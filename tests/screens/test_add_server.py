@@ -150,3 +150,32 @@ async def test_add_server_errors_say_what_to_fix(make_app):
         await pilot.press("escape")
         await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen))
         assert not servers_file().exists(), screen_text(app)
+
+
+async def test_a_saved_server_that_is_down_then_removed(make_app):
+    from app.inference.saved_servers import save_server
+    from app.screens.loading import LoadingScreen
+
+    save_server("gone", f"http://127.0.0.1:{closed_port()}/v1", "m", "k")
+    app = make_app()
+    async with app.run_test(size=(120, 44)) as pilot:
+        await open_chat(pilot)
+        local = app.engine
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen)
+                         and app.screen.query_one(ServerTable).row_count == 1)
+        app.screen.query_one(ServerTable).focus()
+        await pilot.press("enter")  # connecting fails: the loading screen says why and what to do
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
+        error = str(app.screen.query_one("#loading-error").render())
+        assert "Cannot reach the server" in error and "check the URL and that the server is running" in error
+        assert app.engine is local  # the chat's engine is unchanged
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        app.screen.query_one(ServerTable).focus()
+        await pilot.press("x")
+        assert load_servers() != []  # the first x only asks
+        await pilot.press("x")
+        await wait_until(pilot, lambda: app.screen.query_one(ServerTable).row_count == 0)
+        assert load_servers() == []
+        assert "add a server" in str(app.screen.query_one("#servers-heading").render())
