@@ -43,6 +43,19 @@ def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback 
     return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
 
 
+def _open_server(name: str) -> Engine:
+    """A server saved in the models screen ("add a server"), as the chat's engine."""
+    from app.inference.saved_servers import open_server
+
+    return open_server(name)
+
+
+def engine_ref(engine: Engine) -> str:
+    """How the history names the model ``engine`` runs: ``server:NAME`` for a saved server (so that
+    resuming reconnects to it), else the model's id."""
+    return getattr(engine, "saved_as", None) or engine.info.model_id
+
+
 def _probe() -> Any:
     from app.inference.hardware import probe
 
@@ -109,6 +122,8 @@ class Services:
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
     install_problem: Callable[[str], str | None] = _install_problem
     fit: Callable[[Any, Any], str] = _fit
+    #: connect to a server saved in the models screen, by name (``--model server:NAME``)
+    open_server: Callable[[str], Engine] = _open_server
     default_model_id: str = DEFAULT_MODEL_ID
     #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
     remote_endpoint: str | None = None
@@ -336,7 +351,7 @@ class LlmchatApp(App):
             self.show_history_notice()
             self.conversation_id, replay = None, list(self.saved_messages)
         if self.conversation_id is None:
-            model = self.engine.info.model_id if self.engine else ""
+            model = engine_ref(self.engine) if self.engine else ""
             self.conversation_id = self.history.new_conversation(model, self.system_prompt)
             self._history_generation = self.history.generation
         for old in replay:
@@ -382,7 +397,7 @@ class LlmchatApp(App):
             return
         if conversation is None:
             return
-        if self.engine is not None and conversation.model in ("", self.engine.info.model_id):
+        if self.engine is not None and conversation.model in ("", engine_ref(self.engine)):
             await self._stop_chat_screens()
             self.engine.reset()
             await self.engine_ready(self.engine, resume_id=conversation_id)

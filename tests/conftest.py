@@ -139,6 +139,19 @@ def _isolated_dirs(_session_dirs: Path, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(_session_dirs / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def _no_system_keyring() -> Iterator[None]:
+    """No test reaches the user's keyring (saved servers' API keys): keyring's 'no backend' is in force
+    (tests that need a keyring put one of their own in)."""
+    import keyring
+    from keyring.backends import fail
+
+    previous = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    yield
+    keyring.set_keyring(previous)
+
+
 def build_tokenizer(out_dir: Path) -> int:
     """Train a small byte-level BPE, write tokenizer.json + tokenizer_config.json; its vocab size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

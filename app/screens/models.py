@@ -18,6 +18,7 @@ from app.screens.catalog_data import CatalogLoaded, LoadsCatalog, fit_function
 from app.screens.loading import ProgressThrottle
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import error_markdown
+from app.widgets.servers_panel import ServersPanel
 
 if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
@@ -31,6 +32,7 @@ class ModelsScreen(LoadsCatalog, Screen):
         Binding("d", "download", "Download"),
         Binding("x", "remove", "Remove"),
         Binding("c", "cancel_download", "Cancel download"),
+        Binding("a", "add_server", "Add a server"),
         Binding("escape", "back", "Back"),
         Binding("q", "app.quit", "Quit", show=False),
     ]
@@ -62,6 +64,7 @@ class ModelsScreen(LoadsCatalog, Screen):
         yield CatalogTable(id="catalog")
         yield Static("loading the catalog…", id="models-status", markup=False)
         yield ProgressBar(id="download-progress", show_eta=False)
+        yield ServersPanel(id="servers-panel")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -94,6 +97,10 @@ class ModelsScreen(LoadsCatalog, Screen):
         return self.query_one(CatalogTable).selected_id
 
     def action_use(self) -> None:
+        servers = self.query_one(ServersPanel)
+        if servers.has_focus_within:
+            servers.connect_selected()
+            return
         model_id = self._selected()
         if model_id is None:
             return
@@ -102,6 +109,9 @@ class ModelsScreen(LoadsCatalog, Screen):
             self.app.pop_screen()
             return
         self.llm_app.start_model(model_id)
+
+    def action_add_server(self) -> None:
+        self.query_one(ServersPanel).add_server()
 
     def action_back(self) -> None:
         if len(self.app.screen_stack) > 2:
