@@ -124,9 +124,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     else:
         os.environ.pop("LLMCHAT_GPU_RUNTIME", None)
     from app.inference.cuda_support import prepare_cuda_runtime
+    from tests.gpu import prebuilt
 
     prepare_cuda_runtime()
     import tvm
+
+    if prebuilt.cache_root() is not None:  # the GPU suite's prebuilt cache: load, never compile
+        prebuilt.forbid_compiling(prebuilt.cache_root())
 
     import app.inference.compiler as compiler
     from benchmarks import gpu_decode
