@@ -268,6 +268,7 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
             os.environ["LLMCHAT_CACHE_DIR"] = old_cache
         if old_pipeline is not None:
             os.environ["LLMCHAT_TVM_PIPELINE"] = old_pipeline
+    shutil.rmtree(out / ENGINE_CACHE / "tmp", ignore_errors=True)  # the compiler's scratch
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return manifest
 

@@ -131,13 +131,14 @@ def probe(
     )
 
 
-def _probe_state() -> tuple[object, ...]:
+def _probe_state() -> tuple[tuple[str | None, ...], tuple[str, ...] | None]:
     """What a probe of the running machine depends on that can change while the process runs: its
     environment switches, and the device runtimes an imported TVM has registered (llmchat loads
-    CUDA's, the Vulkan and ROCm add-ons on demand). Cheap: no device is touched."""
+    CUDA's, the Vulkan and ROCm add-ons on demand); None before TVM is imported (the probe then
+    reads TVM's installed runtime libraries). Cheap: no device is touched."""
     env = tuple(os.environ.get(name) for name in _PROBE_ENV)
     if "tvm" not in sys.modules:
-        return (*env, None)
+        return env, None
     try:
         import tvm_ffi
 
@@ -145,33 +146,42 @@ def _probe_state() -> tuple[object, ...]:
                            if tvm_ffi.get_global_func(f"device_api.{b}", allow_missing=True) is not None)
     except Exception:  # asking must never fail a start
         registered = ("?",)
-    return (*env, registered)
+    return env, registered
+
+
+def _still_current(made: object, now: tuple[tuple[str | None, ...], tuple[str, ...] | None]) -> bool:
+    """Whether a shared report made in state ``made`` answers for ``now``: the same switches, and
+    the same registered runtimes, unless it was made before TVM was imported (from TVM's installed
+    runtime libraries: importing TVM later changes nothing it read)."""
+    if not isinstance(made, tuple):
+        return False
+    env, registered = made
+    return env == now[0] and (registered is None or registered == now[1])
 
 
 def shared_probe() -> HardwareReport:
     """The probe of the running machine, made once per process and shared by everything that asks
     at start (the catalog's fit badges, ``--device auto``, the Vulkan memory budget, ``bench``'s
-    roofline). It is made again only when something it depends on changed since (a TVM runtime
-    loaded, an environment switch: :func:`_probe_state`). :func:`probe` always probes afresh
-    (``doctor``, the hardware screen's refresh); :func:`forget_shared_probe` drops the shared one."""
+    roofline). It is made again only when something it depends on changed since (an environment
+    switch, a runtime registered with TVM: :func:`_probe_state`). :func:`probe` always probes
+    afresh (``doctor``, the hardware screen's refresh); :func:`forget_shared_probe` drops the
+    shared one."""
     with _shared_lock:  # two threads asking at start (the catalog, the engine) share one probe
-        if "report" not in _shared:
+        if "report" not in _shared or not _still_current(_shared.get("state"), _probe_state()):
             _load_cuda_runtime()
-        state = _probe_state()
-        if _shared.get("state") != state or "report" not in _shared:
             _shared["report"] = probe()
-            _shared["state"] = state
+            _shared["state"] = _probe_state()  # after the probe: it may load an add-on
         report = _shared["report"]
     assert isinstance(report, HardwareReport)
     return report
 
 
 def _load_cuda_runtime() -> None:
-    """With NVIDIA's driver present, load the CUDA runtime before the first shared probe: TVM
-    registers its CUDA runtime only once libcudart is loaded, and a probe that asks an imported
+    """With NVIDIA's driver present and TVM imported, load the CUDA runtime before a shared probe:
+    TVM registers its CUDA runtime only once libcudart is loaded, and a probe that asks an imported
     TVM before that sees no CUDA (seen on the H200: ``--device auto`` fell to the CPU)."""
-    if not os.path.exists("/proc/driver/nvidia/version"):
-        return
+    if "tvm" not in sys.modules or not os.path.exists("/proc/driver/nvidia/version"):
+        return  # without TVM imported the probe reads its installed libraries: nothing to load
     try:
         from app.inference.cuda_support import prepare_cuda_runtime
 

@@ -219,7 +219,8 @@ def test_the_7b_shape_compiles_for_rdna(addon, monkeypatch, tmp_path, arch):
     assert not missing, missing
     assert {f["wave_size"] for f in functions} == {32}
     names = " ".join(f["name"] for f in functions)
-    for kernel in ("matmul", "rms_norm", "softmax", "batch_decode_paged_kv", "batch_prefill"):
+    for kernel in ("dequant_matmul", "rms_norm", "rope", "silu", "batch_decode_paged_kv",
+                   "batch_prefill_ragged_kv"):
         assert kernel in names, f"no {kernel} kernel in {sorted(f['name'] for f in functions)}"
 
 
