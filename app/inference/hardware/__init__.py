@@ -137,7 +137,9 @@ def _probe_state() -> tuple[tuple[str | None, ...], tuple[str, ...] | None]:
     CUDA's, the Vulkan and ROCm add-ons on demand); None before TVM is imported (the probe then
     reads TVM's installed runtime libraries). Cheap: no device is touched."""
     env = tuple(os.environ.get(name) for name in _PROBE_ENV)
-    if "tvm" not in sys.modules:
+    sysroot = os.environ.get("LLMCHAT_SYSROOT")
+    asks_tvm = os.environ.get("LLMCHAT_TVM_RUNTIMES") is None and (not sysroot or Path(sysroot) == Path("/"))
+    if not asks_tvm or "tvm" not in sys.modules:  # (runtimes given, or a sysroot: TVM is not asked)
         return env, None
     try:
         import tvm_ffi
