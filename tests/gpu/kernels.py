@@ -88,10 +88,13 @@ def _close(got: np.ndarray, expected: np.ndarray, tol: float, what: str) -> None
 # q4f16_1 matmuls: decode GEMV (1), its SiLU-gated pairs (MODE 3), prompt GEMM (4)
 # ------------------------------------------------------------------------------------------------
 def q4_weights(n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A random ``[n, k]`` matrix in MLC's q4f16_1 layout (uint32 words, float16 scales)."""
-    encoded = get_format("q4f16_1").quantize(rng.standard_normal((n, k)) / np.sqrt(k))
-    return (np.ascontiguousarray(encoded["q_weight"]).astype(np.uint32),
-            np.ascontiguousarray(encoded["q_scale"]).astype(np.float16))
+    """A random ``[n, k]`` matrix in MLC's q4f16_1 layout (uint32 words of 8 nibbles, a float16
+    scale per 32 columns): every nibble 0..15 (15 too, which quantizing never writes), scales of
+    the size quantized Gaussian weights have. Drawn directly: quantizing a float64 matrix of the
+    largest layers took minutes of the GPU run's CPU time."""
+    words = rng.integers(0, 1 << 32, size=(n, k // 8), dtype=np.uint32)
+    scales = (rng.uniform(0.5, 1.5, size=(n, -(-k // 32))) / (2.5 * np.sqrt(k))).astype(np.float16)
+    return words, scales
 
 
 def q4_matmul64(x: np.ndarray, w: np.ndarray, s: np.ndarray) -> np.ndarray:
