@@ -57,9 +57,15 @@ def engine_ref(engine: Engine) -> str:
 
 
 def _probe() -> Any:
-    from app.inference.hardware import probe
+    from app.inference.hardware import shared_probe
 
-    return probe()
+    return shared_probe()
+
+
+def _forget_probe() -> None:
+    from app.inference.hardware import forget_shared_probe
+
+    forget_shared_probe()
 
 
 def _catalog() -> Any:
@@ -115,6 +121,8 @@ class Services:
 
     load_engine: Callable[[str | Path, str, ProgressCallback | None], Engine] = _load_engine
     probe: Callable[[], Any] = _probe
+    #: the next ``probe`` probes afresh (the hardware screen's refresh)
+    forget_probe: Callable[[], None] = _forget_probe
     load_catalog: Callable[[], Any] = _catalog
     installed_model_path: Callable[[str], Path | None] = _installed_path
     list_installed: Callable[[], list[str]] = _list_installed

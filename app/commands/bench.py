@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _probe_bandwidth(backend: str) -> tuple[float | None, str | None]:
     """(bytes/s, device name) of the GPU the probe picked, when it matches ``backend``."""
     try:
-        from app.inference.hardware import probe
+        from app.inference.hardware import shared_probe
 
-        report = probe()
+        report = shared_probe()
     except Exception:  # the probe is best effort
         return None, None
     gpu = getattr(report, "gpu", None)

@@ -33,7 +33,7 @@ def memory_budget_bytes(timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
         try:
             from app.inference import hardware
 
-            budget = hardware.probe().memory_budget_bytes  # type: ignore[attr-defined]
+            budget = hardware.shared_probe().memory_budget_bytes  # type: ignore[attr-defined]
             result[0] = int(budget) if budget else None
         except Exception:  # the probe belongs to another module: any failure means "unknown"
             result[0] = None

@@ -325,9 +325,9 @@ def _vulkan_memory_budget() -> int | None:
     """The probe's memory budget for the GPU (the unified-memory path on a Steam Deck or an APU);
     None when the probe finds no GPU (a CPU Vulkan device such as lavapipe: system RAM)."""
     try:
-        from app.inference.hardware import probe
+        from app.inference.hardware import shared_probe
 
-        report = probe()
+        report = shared_probe()
     except Exception:  # the probe is best effort
         from app.debug_log import log
 

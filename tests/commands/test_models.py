@@ -86,13 +86,14 @@ def test_installed_models_outside_the_catalog_are_listed(capsys):
 def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
     from app.inference import hardware
 
-    monkeypatch.setattr(hardware, "probe", lambda: SimpleNamespace(memory_budget_bytes=2 * GB), raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", lambda: SimpleNamespace(memory_budget_bytes=2 * GB),
+                        raising=False)
     assert run_json(capsys)["memory_budget_bytes"] == 2 * GB
 
     def broken():
         raise RuntimeError("no GPU driver")
 
-    monkeypatch.setattr(hardware, "probe", broken, raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", broken, raising=False)
     out = run_json(capsys)
     assert out["memory_budget_bytes"] is None
     assert {row["fit"]["verdict"] for row in out["models"]} == {"unknown"}
@@ -101,7 +102,7 @@ def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
         time.sleep(5)
         return SimpleNamespace(memory_budget_bytes=GB)
 
-    monkeypatch.setattr(hardware, "probe", slow, raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", slow, raising=False)
     start = time.monotonic()
     assert run_json(capsys)["memory_budget_bytes"] is None
     assert time.monotonic() - start < 1.5

@@ -217,3 +217,30 @@ async def test_probe_errors_are_messages_and_the_catalog_still_shows():
         report = str(app.screen.query_one("#hardware-report").render())
         assert "permission denied" in report and "run llmchat as your own user" in report
         assert "Traceback" not in report
+
+
+async def test_the_hardware_screens_refresh_probes_afresh():
+    """The start shares one probe (catalog, device, budget); the hardware screen's refresh (r)
+    drops it and probes again."""
+    calls: list[str] = []
+    fixture = probe_fixture("amd-vangogh")
+
+    def probe():
+        calls.append("probe")
+        return fixture()
+
+    services = Services(probe=probe, forget_probe=lambda: calls.append("forget"),
+                        list_installed=lambda: [], installed_model_path=lambda m: None)
+    app = LlmchatApp(StartOptions(), services)
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).row_count > 0)
+        app.action_open_hardware()
+        await wait_until(pilot, lambda: "Steam Deck" in report_text(app))
+        assert calls == ["probe"]  # the hardware screen shows the catalog's probe
+        await pilot.press("r")
+        await wait_until(pilot, lambda: calls == ["probe", "forget", "probe"])
+        await wait_until(pilot, lambda: "Steam Deck" in report_text(app))
+
+
+def report_text(app) -> str:
+    return str(app.screen.query_one("#hardware-report").render())
