@@ -136,7 +136,8 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
     # horizontal reductions) and no key tile is transposed: keys are broadcast into the FMAs.
     @T.macro
     def attend_task(q, q_rope_position, k_rope_pos_offset, output, lse, Kf, Vf, Kf4, tile_table, tile_first,
-                    q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode, rope_scale, rope_theta, sm_scale):
+                    q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode, rope_scale, rope_theta,
+                    sm_scale):
         q_first: T.let[T.int32] = qb * BQ
         n_rows: T.let[T.int32] = T.min(BQ, qo_len - q_first)
         diag: T.let[T.int32] = kv_len - qo_len + q_first  # causal: query i sees keys <= diag + i
@@ -146,7 +147,7 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
             T.reads()
             T.writes()
             Qt = T.sblock_alloc_buffer((D, R), "float32")
-            O = T.sblock_alloc_buffer((R, D), "float32")
+            Out = T.sblock_alloc_buffer((R, D), "float32")
             Kc = T.sblock_alloc_buffer((BK, D), "float32")
             Vc = T.sblock_alloc_buffer((BK, D), "float32")
             St = T.sblock_alloc_buffer((BK, R), "float32")
@@ -165,7 +166,7 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                 m[g * BQ + i] = T.float32(-5e4)
                 lsum[g * BQ + i] = T.float32(1.0)
                 for d in T.vectorized(D):
-                    O[g * BQ + i, d] = T.float32(0)
+                    Out[g * BQ + i, d] = T.float32(0)
                 for d in T.serial(D):
                     Qt[d, g * BQ + i] = T.if_then_else(
                         i < n_rows,
@@ -227,13 +228,14 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                             St[j, rg * LANES + lane] = fast_exp2(St[j, rg * LANES + lane] - vmax[lane])
                             vsum[lane] = vsum[lane] + St[j, rg * LANES + lane]
                     for lane in T.vectorized(LANES):
-                        lsum[rg * LANES + lane] = lsum[rg * LANES + lane] * alpha[rg * LANES + lane] + vsum[lane]
-                # O = O * alpha + P @ V, RB_O rows at a time
+                        lsum[rg * LANES + lane] = (lsum[rg * LANES + lane] * alpha[rg * LANES + lane]
+                                                   + vsum[lane])
+                # Out = Out * alpha + P @ V, RB_O rows at a time
                 for rb in T.serial(R // RB_O):
                     for rr in T.unroll(RB_O):
                         for dv in T.unroll(D // LANES):
                             for dl in T.vectorized(LANES):
-                                acc_o[rr, dv * LANES + dl] = O[rb * RB_O + rr, dv * LANES + dl] * alpha[
+                                acc_o[rr, dv * LANES + dl] = Out[rb * RB_O + rr, dv * LANES + dl] * alpha[
                                     rb * RB_O + rr]
                     for j in T.serial(BK):
                         for rr in T.unroll(RB_O):
@@ -244,12 +246,12 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                     for rr in T.unroll(RB_O):
                         for dv in T.unroll(D // LANES):
                             for dl in T.vectorized(LANES):
-                                O[rb * RB_O + rr, dv * LANES + dl] = acc_o[rr, dv * LANES + dl]
+                                Out[rb * RB_O + rr, dv * LANES + dl] = acc_o[rr, dv * LANES + dl]
             for g, i in T.grid(G, BQ):
                 if i < n_rows:
                     for d in T.vectorized(D):
                         output[q_start + q_first + i, h_kv * G + g, d] = T.Cast(
-                            dtype, O[g * BQ + i, d] / lsum[g * BQ + i])
+                            dtype, Out[g * BQ + i, d] / lsum[g * BQ + i])
                     lse[q_start + q_first + i, h_kv * G + g] = m[g * BQ + i] + T.log2(lsum[g * BQ + i])
 
     if paged:
@@ -275,18 +277,21 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
             q_rope_position_elem_offset = T.int32()
             length_info_elem_offset = T.int32()
             q = T.match_buffer(var_q, (total_len, H_qo, D), dtype)
-            q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_indptr_elem_offset)
+            q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32",
+                                      elem_offset=q_indptr_elem_offset)
             pages = T.match_buffer(var_pages, (max_num_pages, 2, H_kv, P, D), dtype)
             page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32",
                                          elem_offset=page_indptr_elem_offset)
-            page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
+            page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32",
+                                         elem_offset=page_values_elem_offset)
             k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
                                                elem_offset=k_rope_pos_offset_elem_offset)
             q_rope_position = T.match_buffer(var_q_rope_position, (total_len,), "int32",
                                              elem_offset=q_rope_position_elem_offset)
             output = T.match_buffer(var_output, (total_len, H_qo, D), dtype)
             lse = T.match_buffer(var_lse, (total_len, H_qo), "float32")
-            length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=length_info_elem_offset)
+            length_info = T.match_buffer(var_length_info, (batch_size,), "int32",
+                                         elem_offset=length_info_elem_offset)
             Kf = T.decl_buffer((max_num_pages * 2 * H_kv * P * D,), dtype, data=pages.data)
             Vf = T.decl_buffer((max_num_pages * 2 * H_kv * P * D,), dtype, data=pages.data)
             Kf4 = pages
@@ -304,7 +309,9 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                 for task in T.parallel(H_kv * n_blocks):
                     h_kv: T.let[T.int32] = task // n_blocks
                     qb: T.let[T.int32] = block_of(task % n_blocks, n_blocks)
-                    attend_task(q, q_rope_position, k_rope_pos_offset, output, lse, Kf, Vf, Kf4, tile_table, tile_first, q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode, rope_scale, rope_theta, sm_scale)
+                    attend_task(q, q_rope_position, k_rope_pos_offset, output, lse, Kf, Vf, Kf4, tile_table,
+                                tile_first, q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode,
+                                rope_scale, rope_theta, sm_scale)
         # fmt: on
         return batch_prefill_paged_kv
 
@@ -312,8 +319,9 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
     @T.prim_func(s_tir=True)
     def batch_prefill_ragged_kv(
         var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle, var_kv_indptr: T.handle,
-        var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle, var_output: T.handle, var_lse: T.handle,
-        causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32,
+        var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle, var_output: T.handle,
+        var_lse: T.handle, causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32,
+        rope_theta: T.float32, sm_scale: T.float32,
     ):
         T.func_attr({"tirx.is_scheduled": True, "global_symbol": PREFILL_RAGGED_SYMBOL,
                      KERNEL_KIND_ATTR: "attention"})
@@ -328,7 +336,8 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
         q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_indptr_elem_offset)
         k = T.match_buffer(var_k, (total_kv, H_kv, D), dtype)
         v = T.match_buffer(var_v, (total_kv, H_kv, D), dtype)
-        kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_indptr_elem_offset)
+        kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32",
+                                   elem_offset=kv_indptr_elem_offset)
         q_rope_position = T.match_buffer(var_q_rope_position, (total_q,), "int32",
                                          elem_offset=q_rope_position_elem_offset)
         k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
@@ -350,7 +359,9 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
             for task in T.parallel(H_kv * n_blocks):
                 h_kv: T.let[T.int32] = task // n_blocks
                 qb: T.let[T.int32] = block_of(task % n_blocks, n_blocks)
-                attend_task(q, q_rope_position, k_rope_pos_offset, output, lse, Kf, Vf, Kf4, tile_table, tile_first, q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode, rope_scale, rope_theta, sm_scale)
+                attend_task(q, q_rope_position, k_rope_pos_offset, output, lse, Kf, Vf, Kf4, tile_table,
+                            tile_first, q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode,
+                            rope_scale, rope_theta, sm_scale)
     # fmt: on
     return batch_prefill_ragged_kv
 
@@ -489,7 +500,7 @@ def decode_attention_kernel(
                     state[2] = state[0]
                     for j in T.serial(P):
                         state[2] = T.max(state[2], scores[j])
-                    state[3] = T.exp2(state[0] - state[2])
+                    state[3] = fast_exp2(state[0] - state[2])
                     state[1] = state[1] * state[3]
                     for d in T.vectorized(D):
                         o_local[d] = o_local[d] * state[3]
@@ -501,7 +512,7 @@ def decode_attention_kernel(
                                 row2, b, length_info, sliding_window)
                             page_no2: T.let[T.int32] = page_table_values[begin + seq_offset2 // P]
                             page_offset2: T.let[T.int32] = seq_offset2 % P
-                            scores[j] = T.exp2(scores[j] - state[0])
+                            scores[j] = fast_exp2(scores[j] - state[0])
                             state[1] = state[1] + scores[j]
                             for d in T.vectorized(D):
                                 o_local[d] = o_local[d] + scores[j] * T.Cast(
@@ -543,9 +554,10 @@ def merge_state_kernel(dtype: str) -> Any:
                 s_max: T.let[T.float32] = T.max(S[n, h], S_other[n, h])
                 w: T.let[T.float32] = T.exp2(S[n, h] - s_max)
                 w_other: T.let[T.float32] = T.exp2(S_other[n, h] - s_max)
-                for d in T.vectorized(D):
+                for d in T.serial(D):  # D is dynamic here: LLVM vectorizes the loop
                     V[n, h, d] = T.Cast(dtype, (T.Cast("float32", V[n, h, d]) * w
-                                                + T.Cast("float32", V_other[n, h, d]) * w_other) / (w + w_other))
+                                                + T.Cast("float32", V_other[n, h, d]) * w_other)
+                                        / (w + w_other))
                 S[n, h] = T.log2(w + w_other) + s_max
     # fmt: on
     return merge_state_inplace
@@ -582,7 +594,8 @@ def replacement_kernel(func: Any, target: Any = None) -> Any | None:
         q = func.params[0]
         cache = func.params[2] if symbol in (PREFILL_PAGED_SYMBOL, PREFILL_RAGGED_SYMBOL) else func.params[1]
         _len, h_qo, d = (static_int(x) for x in q.shape)
-        h_kv, d2 = static_int(cache.shape[-3 if symbol != PREFILL_RAGGED_SYMBOL else -2]), static_int(cache.shape[-1])
+        h_kv = static_int(cache.shape[-3 if symbol != PREFILL_RAGGED_SYMBOL else -2])
+        d2 = static_int(cache.shape[-1])
     except (AttributeError, IndexError, TypeError, ValueError):
         return None
     dtype = str(q.dtype)
@@ -598,5 +611,6 @@ def replacement_kernel(func: Any, target: Any = None) -> Any | None:
     if symbol == PREFILL_PAGED_SYMBOL:
         if page % 8:
             return None
-        return prefill_attention_kernel(h_kv, h_qo, d, dtype, paged=True, page_size=page, wide=_has_avx512(target))
+        return prefill_attention_kernel(h_kv, h_qo, d, dtype, paged=True, page_size=page,
+                                        wide=_has_avx512(target))
     return decode_attention_kernel(h_kv, h_qo, d, dtype, symbol == DECODE_SYMBOLS[1], page)
