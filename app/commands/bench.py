@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens of context before the timed decode, prefilled untimed (default 0)")
     parser.add_argument("--gen", type=int, default=512, help="tokens to decode (default 512)")
     parser.add_argument("--warmup", type=int, default=16,
-                        help="tokens decoded in the warm-up run (default 16)")
+                        help="tokens decoded in the warm-up run (default 16; 0: no warm-up)")
     parser.add_argument("--runs", type=int, default=1, help="measured runs; the best is reported (default 1)")
     parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
                         help="KV-cache size (default: the longest pass, rounded up, at least 1024)")
@@ -136,7 +136,7 @@ def measure(engine: Any, prompt_tokens: int, depth: int, gen: int, runs: int = 1
             seed: int = 0, log: Any = None) -> dict[str, Any]:
     """Prefill tok/s of a ``prompt_tokens`` prompt (None when 0) and decode tok/s of ``gen`` tokens
     after ``depth`` tokens of context, the best of ``runs`` each, on random token ids; a warm-up
-    pass of each kind first. The figures of the best runs, with their ReplyStats."""
+    pass of each kind first (none with ``warmup=0``). The figures of the best runs."""
     import numpy as np
 
     config = getattr(engine, "config", None)
@@ -153,11 +153,12 @@ def measure(engine: Any, prompt_tokens: int, depth: int, gen: int, runs: int = 1
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "depth": depth, "generated_tokens": gen,
                            "prefill_tok_s": None, "prefill_runs": [], "time_to_first_token_s": None}
     t0 = time.perf_counter()
-    if prompt_tokens:
-        say(f"warm-up: a {prompt_tokens}-token prompt")
-        _run_once(engine, ids(prompt_tokens), 2)
-    say(f"warm-up: {warmup} tokens")
-    _run_once(engine, ids(1), max(2, warmup))
+    if warmup > 0:  # 0: the caller has warmed the engine up
+        if prompt_tokens:
+            say(f"warm-up: a {prompt_tokens}-token prompt")
+            _run_once(engine, ids(prompt_tokens), 2)
+        say(f"warm-up: {warmup} tokens")
+        _run_once(engine, ids(1), max(2, warmup))
     out["warmup_s"] = round(time.perf_counter() - t0, 2)
     best_prefill: ReplyStats | None = None
     for _ in range(max(1, runs) if prompt_tokens else 0):
