@@ -201,7 +201,7 @@ def _decode_case(rng, dtype, h_q, h_kv, lengths):
 @pytest.mark.parametrize(("h_q", "h_kv"), HEADS)
 def test_decode_matches_numpy_short_and_long(target, h_q, h_kv):
     """One query per sequence: a single key, a partial page, exactly a page and a long context
-    (the length at which the keys are split over the threads and the partial softmaxes merged)."""
+    (94 pages, the online softmax rescaled across many pages)."""
     rng = np.random.default_rng(4)
     lengths = [1, 37, 16, 1500]
     q, pages, indptr, values, last, keys, vals = _decode_case(rng, "float32", h_q, h_kv, lengths)

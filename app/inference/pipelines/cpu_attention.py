@@ -18,8 +18,9 @@ accumulators (vector lanes along the keys); the online softmax rescales the runn
 tile and uses a polynomial ``exp2`` that vectorizes; ``O += P @ V`` runs ``RB_O`` rows at a time
 with the lanes along the head dimension. Causal tiles past a block's last query are skipped.
 
-The decode kernel splits each (sequence, query head) over the threads by ranges of pages when the
-context is long, and merges the partial softmaxes at the end. ``rotary_mode == 1`` (RoPE inside
+The decode kernel runs the (sequence, query head) pairs in parallel, each over all its pages (a
+page of keys at a time, vector loads, one rescale per page). Not done yet: splitting the keys of a
+pair over the threads and sharing a KV head's reads between its query heads. ``rotary_mode == 1`` (RoPE inside
 attention, ``RopeMode.INLINE``) uses the plain RoPE formula; llmchat's models use
 ``RopeMode.NORMAL`` (keys rotated when appended), so that path only keeps the signature whole.
 """
