@@ -116,19 +116,21 @@ def _paged_cache(rng, dtype, h_kv, kv_lengths):
     return pages, indptr, np.concatenate(values).astype("int32"), last, keys, vals
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(("dtype", "wide"), [("float32", True), ("float16", True), ("float32", False)])
 @pytest.mark.parametrize(("h_q", "h_kv"), HEADS)
-def test_paged_prefill_matches_numpy(target, dtype, h_q, h_kv):
+def test_paged_prefill_matches_numpy(target, dtype, wide, h_q, h_kv):
     """The chunk's queries against the keys already in the cache's pages (not causal, as the KV
     cache calls it, and causal): KV lengths of one page exactly, one past it, a single key and
-    33 (across two page boundaries); 1, 5, 20 and 3 queries."""
+    33 (across two page boundaries); 1, 5, 20 and 3 queries. ``wide=False``: the register tiles
+    for CPUs with 16 vector registers (AVX2)."""
     rng = np.random.default_rng(2)
     kv_lengths = [16, 17, 1, 33]
     q_lengths = [1, 5, 20, 3]
     pages, page_indptr, page_values, last, keys, vals = _paged_cache(rng, dtype, h_kv, kv_lengths)
     q_indptr = np.concatenate([[0], np.cumsum(q_lengths)]).astype("int32")
     q = rng.standard_normal((q_indptr[-1], h_q, HEAD_DIM)).astype(dtype)
-    kernel = _build(prefill_attention_kernel(h_kv, h_q, HEAD_DIM, dtype, paged=True, page_size=PAGE), target)
+    func = prefill_attention_kernel(h_kv, h_q, HEAD_DIM, dtype, paged=True, page_size=PAGE, wide=wide)
+    kernel = _build(func, target)
     for causal in (0, 1):
         out = _t(np.full(q.shape, np.nan, dtype))
         lse = _t(np.full(q.shape[:2], np.nan, "float32"))
