@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from app.inference.pipelines import cpu, cuda_attention, cuda_silu_gate
+from app.inference.pipelines import cpu_attention, cuda_attention, cuda_silu_gate
 from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
@@ -326,7 +326,7 @@ def decode_attention_case(h_q: int, h_kv: int, d: int, batches: list[list[int]],
         from tvm.relax.frontend.nn.llm.kv_cache import _attention_decode
 
         if not is_cuda(target):
-            return cpu.decode_attention_kernel(h_kv, h_q, d, "float16", False, PAGE)
+            return cpu_attention.decode_attention_kernel(h_kv, h_q, d, "float16", False, PAGE)
         func = cuda_attention.split_decode_attention(
             _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster)
         assert func is not None, "split_decode_attention did not take TVM's decode attention"

@@ -13,10 +13,10 @@ from app.inference.pipelines.cpu import (
     KERNEL_KIND_ATTR,
     configure_cpu_threads,
     cpu_pipeline,
-    decode_attention_kernel,
     default_cpu_threads,
     scheduled_module,
 )
+from app.inference.pipelines.cpu_attention import decode_attention_kernel
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ def test_decode_attention_matches_numpy(target, dtype):
 
 
 def test_model_gets_our_kernels(target):
-    """The model's matmuls are scheduled and TVM's scalar decode attention is replaced."""
+    """The model's matmuls are scheduled and TVM's scalar attention kernels are replaced."""
     from app.inference.compiler import export_model
     from app.inference.random_model import preset_config
 
@@ -222,11 +222,24 @@ def test_model_gets_our_kernels(target):
     mod = scheduled_module(export_model(cfg, target)[0], target)
     kinds: dict[str, str | None] = {gv.name_hint: _kind(f) for gv, f in mod.functions_items()
                                     if isinstance(f, tvm.tirx.PrimFunc)}
-    assert kinds["batch_decode_paged_kv_cpu"] == "attention"
+    for symbol in ("batch_decode_paged_kv_cpu", "batch_prefill_paged_kv_cpu", "batch_prefill_ragged_kv",
+                   "merge_state_inplace_cpu"):
+        assert kinds[symbol] == "attention", symbol
     matmuls = {name: kind for name, kind in kinds.items() if "matmul" in name}
     assert matmuls and all(kind in ("gemv", "block_gemv") for kind in matmuls.values()), matmuls
     # the four decode projections take the group-factored q4f16_1 kernel (cpu_gemv.py)
     assert sum(kind == "block_gemv" for kind in matmuls.values()) == 4, matmuls
+
+
+def test_model_builds_with_our_pipeline(tiny_model_dir, target, tmp_path):
+    """The whole model compiles with llmchat's CPU pipeline: no kernel of it makes the compiler
+    fall back to TVM's stock pipeline (which would still give right answers, slowly)."""
+    from app.inference.compiler import compile_library
+    from app.inference.config import ModelConfig
+
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    _params, stock = compile_library(cfg, target, tmp_path / "lib.so", report_pipeline=True)
+    assert stock is False and (tmp_path / "lib.so").is_file()
 
 
 # ------------------------------------------------------------------------------------------

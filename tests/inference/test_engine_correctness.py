@@ -33,6 +33,15 @@ def test_logits_match_reference(tiny_model_dir, monkeypatch, family, quantizatio
     check_engine_against_reference(tiny_model_dir(family, quantization), "cpu", tol, PROMPT_LEN, DECODE_STEPS)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_long_prompt_and_decode_after_it_match_reference(tiny_model_dir, family):
+    """A prompt of 200 tokens: 7 prefill chunks of 32 (each attends to its own keys and to the
+    earlier chunks' keys in the cache, then merges the two) over 13 KV pages of 16, with chunk and
+    page boundaries not aligned (32 and 16 divide 200 unevenly); then 40 decode steps, to 240
+    tokens of context (15 pages). GQA ratios 2 (llama) and 4 (qwen2)."""
+    check_engine_against_reference(tiny_model_dir(family, "q4f32_1"), "cpu", 1e-4, 200, 40)
+
+
 def test_quantized_weights_are_really_quantized(tiny_model_dir):
     """The q4 model stores MLC's layout: uint32 words [out, in/8] and one scale per 32 inputs."""
     params = load_numpy(tiny_model_dir("llama", "q4f16_1"))

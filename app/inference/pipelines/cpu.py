@@ -15,8 +15,8 @@ serial and scalar. ``cpu_pipeline`` adds, right after fusion:
   residual add) runs per row. With several activation rows (prefill) each activation row meets 32
   weight rows while it is in L1, and when the model materialises the dequantized weight in its
   own block, 8-row tiles of it are decoded once per call and reused by every activation row;
-* a vectorized, parallel paged-KV decode attention kernel in place of TVM's scalar
-  ``batch_decode_paged_kv_cpu`` (:func:`decode_attention_kernel`).
+* vectorized, parallel attention kernels over the paged KV cache (prompt and decode) in place of
+  TVM's scalar ones (:mod:`app.inference.pipelines.cpu_attention`).
 
 Small kernels (RMSNorm, SiLU, reshapes: a few microseconds per token) stay serial: a parallel
 launch would cost more than they do. Kernels that arrive scheduled (the KV-cache kernels carry
@@ -31,12 +31,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from app.inference.pipelines.cpu_attention import ATTENTION_SYMBOLS, KERNEL_KIND_ATTR, replacement_kernel
 from app.inference.pipelines.cpu_gemv import replace_block_gemv
 from app.inference.pipelines.tir_facts import static_int
 
 _SCHEDULED_ATTR = "tirx.is_scheduled"
-# Attribute set on PrimFuncs scheduled here (tests check it; harmless for codegen).
-KERNEL_KIND_ATTR = "llmchat.cpu_kernel"
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class CPUScheduleConfig:
     k_unroll: int = 4  # reduction steps unrolled together (4 x 8 lanes = one q4 group of 32)
     row_groups: int = 8  # groups of ``rows_per_step`` rows per thread task when there are many rows
     weight_tile_rows: int = 8  # dequantized weight rows decoded at once for several activation rows
-    replace_decode_attention: bool = True  # swap TVM's scalar paged-KV decode attention for ours
+    replace_attention: bool = True  # swap TVM's scalar paged-KV attention kernels for cpu_attention's
     factored_block_gemv: bool = True  # decode GEMVs in block formats: the kernel of cpu_gemv
 
 
@@ -137,8 +136,8 @@ def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> 
         for gvar, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc):
                 continue
-            if cfg.replace_decode_attention and _global_symbol(func) in _DECODE_ATTENTION_SYMBOLS:
-                fast = _replacement_decode_attention(func)
+            if cfg.replace_attention and _global_symbol(func) in ATTENTION_SYMBOLS:
+                fast = replacement_kernel(func, target)
                 if fast is not None:
                     updates[gvar] = fast
                 continue
@@ -351,182 +350,3 @@ def _matmul_schedule(func: Any, cfg: CPUScheduleConfig, keep_weight_block: bool)
     if weight_block is not None:
         sch.annotate(n_o, "llmchat.dequantize_tile", 1)
     return sch
-
-
-# --------------------------------------------------------------------------------------------
-# Paged-KV decode attention (replaces TVM's scalar `batch_decode_paged_kv_cpu`)
-# --------------------------------------------------------------------------------------------
-_DECODE_ATTENTION_SYMBOLS = ("batch_decode_paged_kv_cpu", "batch_decode_paged_kv_cpu_sliding_window")
-
-
-def decode_attention_kernel(
-    num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, sliding_window: bool, page_size: int
-) -> Any:
-    """A drop-in for TVM's ``batch_decode_paged_kv_cpu`` (same signature and results).
-
-    TVM's version walks the cache one position at a time with scalar loops and rescales the
-    output at every position. This one runs the (sequence, query head) pairs in parallel, reads
-    the cache a page at a time with vector loads, rescales once per page and folds the dot
-    products with a tree of vector adds. ``rotary_mode == 1`` (RoPE applied inside attention,
-    ``RopeMode.INLINE``) uses the plain RoPE formula; llmchat's models use ``RopeMode.NORMAL``,
-    where the cache rotates keys when they are appended and this kernel never rotates.
-    """
-    import math
-
-    from tvm.relax.frontend.nn.llm._kernel_common import (
-        _declare_length_info,
-        _get_kv_chunk_len,
-        _get_seq_offset,
-        _rope,
-    )
-    from tvm.script import tirx as T
-
-    H_qo, H_kv, D, P = num_qo_heads, num_kv_heads, head_dim, page_size
-    group = num_qo_heads // num_kv_heads
-    lanes = 16
-    folds = D // lanes
-    log2e = math.log2(math.exp(1))
-    neg = -3.0e38
-    symbol = _DECODE_ATTENTION_SYMBOLS[1 if sliding_window else 0]
-
-    # fmt: off
-    @T.prim_func(s_tir=True)
-    def batch_decode_paged_kv(
-        Q_handle: T.handle,
-        pages_handle: T.handle,
-        page_table_indptr_handle: T.handle,
-        page_table_values_handle: T.handle,
-        var_length_info: T.handle,
-        k_rope_pos_offset_handle: T.handle,
-        q_rope_position_handle: T.handle,
-        output_handle: T.handle,
-        lse_handle: T.handle,
-        rotary_mode: T.int32,
-        rope_scale: T.float32,
-        rope_theta: T.float32,
-        sm_scale: T.float32,
-    ):
-        T.func_attr({"tirx.is_scheduled": True, "global_symbol": symbol, KERNEL_KIND_ATTR: "attention"})
-        B = T.int32()
-        nnz_pages = T.int32()
-        max_num_pages = T.int32()
-        page_indptr_elem_offset = T.int32()
-        page_values_elem_offset = T.int32()
-        k_rope_pos_offset_elem_offset = T.int32()
-        q_rope_position_elem_offset = T.int32()
-        length_info_elem_offset = T.int32()
-        Q = T.match_buffer(Q_handle, (B, H_qo, D), dtype)
-        pages = T.match_buffer(pages_handle, (max_num_pages, 2, H_kv, P, D), dtype)
-        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32",
-                                           elem_offset=page_indptr_elem_offset)
-        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
-                                           elem_offset=page_values_elem_offset)
-        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",
-                                           elem_offset=k_rope_pos_offset_elem_offset)
-        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",
-                                         elem_offset=q_rope_position_elem_offset)
-        output = T.match_buffer(output_handle, (B, H_qo, D), dtype)
-        lse = T.match_buffer(lse_handle, (B, H_qo), "float32")
-        length_info = _declare_length_info(var_length_info, B, sliding_window, length_info_elem_offset)
-
-        for bh in T.parallel(B * H_qo):
-            with T.sblock("attn"):
-                q_local = T.sblock_alloc_buffer((D,), "float32")
-                o_local = T.sblock_alloc_buffer((D,), "float32")
-                rot_dot = T.sblock_alloc_buffer((1,), "float32")
-                p16 = T.sblock_alloc_buffer((lanes,), "float32")
-                p8 = T.sblock_alloc_buffer((8,), "float32")
-                p4 = T.sblock_alloc_buffer((4,), "float32")
-                p2 = T.sblock_alloc_buffer((2,), "float32")
-                scores = T.sblock_alloc_buffer((P,), "float32")
-                state = T.sblock_alloc_buffer((4,), "float32")  # m, d, new m, rescale
-                kv_len = T.sblock_alloc_buffer((1,), "int32")
-                b: T.let[T.int32] = bh // H_qo
-                h_qo: T.let[T.int32] = bh % H_qo
-                h_kv: T.let[T.int32] = h_qo // group
-                begin: T.let[T.int32] = page_table_indptr[b]
-                end: T.let[T.int32] = page_table_indptr[b + 1]
-                kv_len[0] = T.if_then_else(
-                    begin != end, _get_kv_chunk_len(end - begin, P, b, length_info, sliding_window), 0)
-                state[0] = T.float32(-5e4)
-                state[1] = T.float32(1.0)
-                for d in T.vectorized(D):
-                    o_local[d] = T.float32(0)
-                for d in T.serial(D):
-                    q_local[d] = T.Cast("float32", T.if_then_else(
-                        rotary_mode == 1,
-                        _rope(Q, q_rope_position[b], D, rope_theta, rope_scale, (b, h_qo, d), dtype, {}),
-                        Q[b, h_qo, d])) * (sm_scale * T.float32(log2e))
-                for chunk in T.serial((kv_len[0] + P - 1) // P):
-                    for j in T.serial(P):
-                        row: T.let[T.int32] = chunk * P + j
-                        if row < kv_len[0]:
-                            seq_offset: T.let[T.int32] = _get_seq_offset(row, b, length_info, sliding_window)
-                            page_no: T.let[T.int32] = page_table_values[begin + seq_offset // P]
-                            page_offset: T.let[T.int32] = seq_offset % P
-                            if rotary_mode == 1:
-                                rot_dot[0] = T.float32(0)
-                                for d in T.serial(D):
-                                    rot_dot[0] = rot_dot[0] + q_local[d] * T.Cast("float32", _rope(
-                                        pages, k_rope_pos_offset[b] + row, D, rope_theta, rope_scale,
-                                        (page_no, 0, h_kv, page_offset, d), dtype, {}))
-                                scores[j] = rot_dot[0]
-                            else:
-                                for i in T.vectorized(lanes):
-                                    p16[i] = q_local[i] * T.Cast(
-                                        "float32", pages[page_no, 0, h_kv, page_offset, i])
-                                for c in T.serial(folds - 1):
-                                    for i in T.vectorized(lanes):
-                                        p16[i] = p16[i] + q_local[(c + 1) * lanes + i] * T.Cast(
-                                            "float32",
-                                            pages[page_no, 0, h_kv, page_offset, (c + 1) * lanes + i])
-                                for i in T.vectorized(8):
-                                    p8[i] = p16[i] + p16[i + 8]
-                                for i in T.vectorized(4):
-                                    p4[i] = p8[i] + p8[i + 4]
-                                for i in T.vectorized(2):
-                                    p2[i] = p4[i] + p4[i + 2]
-                                scores[j] = p2[0] + p2[1]
-                        else:
-                            scores[j] = T.float32(neg)
-                    state[2] = state[0]
-                    for j in T.serial(P):
-                        state[2] = T.max(state[2], scores[j])
-                    state[3] = T.exp2(state[0] - state[2])
-                    state[1] = state[1] * state[3]
-                    for d in T.vectorized(D):
-                        o_local[d] = o_local[d] * state[3]
-                    state[0] = state[2]
-                    for j in T.serial(P):
-                        row2: T.let[T.int32] = chunk * P + j
-                        if row2 < kv_len[0]:
-                            seq_offset2: T.let[T.int32] = _get_seq_offset(
-                                row2, b, length_info, sliding_window)
-                            page_no2: T.let[T.int32] = page_table_values[begin + seq_offset2 // P]
-                            page_offset2: T.let[T.int32] = seq_offset2 % P
-                            scores[j] = T.exp2(scores[j] - state[0])
-                            state[1] = state[1] + scores[j]
-                            for d in T.vectorized(D):
-                                o_local[d] = o_local[d] + scores[j] * T.Cast(
-                                    "float32", pages[page_no2, 1, h_kv, page_offset2, d])
-                for d in T.vectorized(D):
-                    output[b, h_qo, d] = T.Cast(dtype, o_local[d] / state[1])
-                lse[b, h_qo] = state[0] + T.log2(state[1])
-    # fmt: on
-
-    return batch_decode_paged_kv
-
-
-def _replacement_decode_attention(func: Any) -> Any | None:
-    """Our decode attention for the shapes of TVM's ``func``, or None when they do not fit it."""
-    q, pages = func.params[0], func.params[1]
-    try:
-        _b, h_qo, d = (static_int(x) for x in q.shape)
-        _n, _two, h_kv, page, d2 = (static_int(x) for x in pages.shape)
-    except (AttributeError, TypeError, ValueError):
-        return None
-    dtype = str(q.dtype)
-    if None in (h_qo, d, h_kv, page) or d != d2 or d % 16 or h_qo % h_kv or dtype != str(pages.dtype):
-        return None
-    sliding = _global_symbol(func) == _DECODE_ATTENTION_SYMBOLS[1]
-    return decode_attention_kernel(h_kv, h_qo, d, dtype, sliding, page)
