@@ -19,7 +19,7 @@ from textual.widgets import Footer, Static
 
 from app import chat_commands
 from app.errors import LlmchatError
-from app.inference.api import ContextTrimmed, ReplyStats, SamplingParams, TextDelta
+from app.inference.api import ContextTrimmed, PrefillProgress, ReplyStats, SamplingParams, TextDelta
 from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine, error_markdown
 from app.widgets.prompt_input import PromptInput
 
@@ -63,6 +63,9 @@ class ReplyBuffer:
     text: str = ""
     stats: ReplyStats | None = None
     trimmed: ContextTrimmed | None = None
+    trimmed_shown: bool = False
+    prefill: PrefillProgress | None = None  # the prompt being read (the latest chunk's progress)
+    prefill_at: float = 0.0  # when it arrived
     error: BaseException | None = None
     _pending: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,6 +78,9 @@ class ReplyBuffer:
             self.last_token_at = now
             self.deltas += 1
             self._pending.append(text)
+
+    def set_prefill(self, progress: PrefillProgress) -> None:
+        self.prefill, self.prefill_at = progress, time.perf_counter()
 
     def take(self) -> str:
         with self._lock:
@@ -90,6 +96,8 @@ class ReplyBuffer:
         UTF-8 character, a possible stop string): hence "~". The exact numbers replace it at the end.
         """
         if self.first_token_at is None:
+            if self.prefill is not None:  # tokens read of the prompt, tok/s, time left
+                return self.prefill.format(since_s=time.perf_counter() - self.prefill_at)
             return f"waiting for the first token… {time.perf_counter() - self.started:.1f} s"
         ttft = self.first_token_at - self.started
         span = (self.last_token_at or self.first_token_at) - self.first_token_at
@@ -97,11 +105,19 @@ class ReplyBuffer:
         return f"▍ ~{self.deltas} tokens · ~{rate:.1f} tok/s · TTFT {ttft:.2f} s"
 
 
-def final_stats_line(stats: ReplyStats) -> str:
-    """The stats line kept under a finished reply."""
+def final_stats_line(stats: ReplyStats, prompt_total: int | None = None, text: str | None = None) -> str:
+    """The stats line kept under a finished reply (``prompt_total``: the prompt's tokens, when a
+    prefill was stopped; ``text``: the reply's text, to tell an empty reply)."""
     if stats.generated_tokens == 0:
-        return f"stopped during the prompt ({stats.prompt_tokens} tokens read)"
-    line = f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
+        of = f" of {prompt_total:,}" if prompt_total else ""
+        return f"stopped while reading the prompt ({stats.prompt_tokens:,}{of} tokens read)"
+    n = stats.generated_tokens
+    ttft = f"TTFT {stats.time_to_first_token_s:.2f} s"
+    if n == 1:  # no decode step: a decode speed would say 0.0
+        first = "no text: the model ended its reply at once" if not text else "1 token"
+        line = f"{first} · prefill: {stats.prefill_tok_s:.1f} tok/s · {ttft}"
+    else:
+        line = f"{n} tokens · {stats.format()} · {ttft}"
     notes = {"cancelled": "stopped", "length": "max_tokens reached", "context": "context window full"}
     if stats.finish_reason in notes:
         line += f" · {notes[stats.finish_reason]}"
@@ -312,6 +328,8 @@ class ChatScreen(Screen):
             for event in self.engine.chat(text, params):
                 if isinstance(event, TextDelta):
                     buffer.add(event.text)
+                elif isinstance(event, PrefillProgress):
+                    buffer.set_prefill(event)
                 elif isinstance(event, ReplyStats):
                     buffer.stats = event
                 elif isinstance(event, ContextTrimmed):
@@ -330,6 +348,8 @@ class ChatScreen(Screen):
         buffer, reply = self._buffer, self._reply
         if buffer is None or reply is None:
             return
+        if buffer.trimmed is not None and not buffer.trimmed_shown:  # before the prompt's wait
+            await self._show_trimmed(buffer, reply[0])
         text = buffer.take()
         if text:
             await reply[0].append(text)
@@ -355,7 +375,8 @@ class ChatScreen(Screen):
         stats_line.remove_class("live")
         log = self.query_one(ChatLog)
         if buffer.stats is not None:
-            stats_line.update(final_stats_line(buffer.stats))
+            total = buffer.prefill.total if buffer.prefill is not None else None
+            stats_line.update(final_stats_line(buffer.stats, total, buffer.text))
         else:
             stats_line.update("no reply" if not buffer.text else "stopped")
         if buffer.text:
@@ -365,11 +386,8 @@ class ChatScreen(Screen):
             await reply.remove()
             # no reply: the user turn is not left in the history as an orphan
             self.llm_app.forget_message(self._user_row)
-        if buffer.trimmed is not None:
-            await log.add_notice(
-                f"*The conversation no longer fitted the {buffer.trimmed.context_window}-token context: "
-                f"the oldest {buffer.trimmed.dropped_messages} messages were dropped.*"
-            )
+        if buffer.trimmed is not None and not buffer.trimmed_shown:
+            await self._show_trimmed(buffer, reply if reply.is_attached else None)
         if buffer.error is not None:
             await log.add_error(buffer.error)
         self._buffer = None
@@ -377,6 +395,18 @@ class ChatScreen(Screen):
         self._stopping = False
         self._idle.set()
         self.refresh_context()
+
+    async def _show_trimmed(self, buffer: ReplyBuffer, reply: AssistantMessage | None) -> None:
+        """The notice that the oldest messages were dropped, above the reply (shown as soon as the
+        engine says so: before the prompt is read, not after the reply)."""
+        trimmed = buffer.trimmed
+        assert trimmed is not None
+        buffer.trimmed_shown = True
+        n = trimmed.dropped_messages
+        await self.query_one(ChatLog).add_notice(
+            f"*The conversation no longer fitted the {trimmed.context_window:,}-token context: "
+            f"the oldest {n} {'message was' if n == 1 else 'messages were'} dropped.*", before=reply,
+        )
 
     # -- actions -------------------------------------------------------------------------------
     def action_stop(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 from textual.css.query import NoMatches
 
@@ -310,12 +311,20 @@ async def test_ctrl_c_stops_a_long_prompt_during_its_prefill(make_app):
         # ~6,000 tokens: seconds of prefill on the tiny model (chunks of 32 tokens)
         await type_and_send(pilot, "The quick brown fox jumps over the lazy dog. " * 170)
         await wait_until(pilot, lambda: chat.replying)
+        stats_line = chat.query_one(ChatLog).query(StatsLine).last()
+        # the prefill's progress in the pane, per chunk: tokens read of the total, tok/s, time left
+        progress = re.compile(r"reading the prompt: ([\d,]+) / ([\d,]+) tokens · [\d,]+ tok/s · ~\d+ s left")
+        await wait_until(pilot, lambda: progress.match(str(stats_line.render())))
+        done, total = (int(g.replace(",", "")) for g in progress.match(str(stats_line.render())).groups())
+        assert 0 < done < total and total > 5000
         await pilot.press("ctrl+c")
         await wait_until(pilot, lambda: not chat.replying, timeout=10)
         assert app.is_running
         assert chat.engine.session_stats.replies == replies  # no token was generated
-        line = str(chat.query_one(ChatLog).query(StatsLine).last().render())
-        assert line.startswith("stopped during the prompt"), line
+        line = str(stats_line.render())
+        match = re.fullmatch(r"stopped while reading the prompt \(([\d,]+) of ([\d,]+) tokens read\)", line)
+        assert match, line
+        assert int(match[2].replace(",", "")) == total and int(match[1].replace(",", "")) < total
         await send_and_finish(pilot, chat, "short one")  # the KV cache is consistent again
         assert chat.engine.last_stats.finish_reason == "length"
 
@@ -364,3 +373,49 @@ async def test_model_command_switches_and_unknown_model_is_a_readable_error(make
         assert "no-such-model" in panel and "fix:" in panel
         await pilot.press("escape")  # back to the chat
         await wait_until(pilot, lambda: app.screen is new_chat)
+
+
+async def test_context_trimmed_notice_shows_before_the_prompt_is_read(make_app, chat_model_dir):
+    """#18 item 4: the "no longer fitted" notice is on screen while the prompt is still being read
+    (the prefill held after its first chunk), above the reply; not after the reply."""
+    import threading
+
+    from app.inference.engine import load_engine
+
+    engine = load_engine(chat_model_dir, device="cpu", context_window=512)
+    app = make_app(engine=engine)
+    release = threading.Event()
+    real_steps = engine.runtime.prefill_steps
+
+    def held_steps(ids, cancel=None):  # the real prefill, held after its first chunk until released
+        steps, held = real_steps(ids, cancel), False
+        while True:
+            try:
+                done = next(steps)
+            except StopIteration as end:
+                return end.value
+            yield done
+            if not held:
+                held = True
+                assert release.wait(20)
+
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await send_and_finish(pilot, chat, "The quick brown fox jumps over the lazy dog. " * 6)
+        engine.runtime.prefill_steps = held_steps
+        try:
+            await type_and_send(pilot, "A lazy dog sleeps under the quick brown fox. " * 8)
+            log = chat.query_one(ChatLog)
+            await wait_until(pilot, lambda: any("no longer fitted" in n.source for n in log.query(Notice)))
+            assert chat.replying and chat._buffer.first_token_at is None  # still reading the prompt
+            notice = next(n for n in log.query(Notice) if "no longer fitted" in n.source)
+            children = list(log.children)
+            assert children.index(notice) < children.index(log.query(AssistantMessage).last())
+            assert "512-token context: the oldest 2 messages were dropped" in notice.source
+            assert "reading the prompt" in str(log.query(StatsLine).last().render())
+        finally:
+            release.set()
+        await wait_until(pilot, lambda: not chat.replying)
+        assert sum("no longer fitted" in n.source for n in log.query(Notice)) == 1  # shown once
+        del engine.runtime.prefill_steps
