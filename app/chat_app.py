@@ -90,6 +90,13 @@ def _fit(entry: Any, report: Any) -> str:
     return str(estimate(entry, getattr(report, "memory_budget_bytes", None)).verdict)
 
 
+def _speed(report: Any) -> Callable[[Any], Any]:
+    """entry -> the estimated decode speed on the probed hardware (``SpeedEstimate`` or None)."""
+    from app.inference.speed import speed_function
+
+    return speed_function(report)
+
+
 @dataclass
 class Services:
     """What the UI calls outside itself; each is replaceable in tests."""
@@ -102,6 +109,7 @@ class Services:
     remove_model: Callable[[str], Any] = _remove
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
     fit: Callable[[Any, Any], str] = _fit
+    speed: Callable[[Any], Callable[[Any], Any]] = _speed
     default_model_id: str = DEFAULT_MODEL_ID
     #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
     remote_endpoint: str | None = None

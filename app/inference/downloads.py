@@ -48,6 +48,7 @@ from app.inference.catalog import (
     parse_hf_reference,
     staging_path,
 )
+from app.units import format_bytes as _format_bytes
 
 #: connection attempts per file before giving up (each resumes where the last stopped)
 MAX_ATTEMPTS = 4
@@ -106,14 +107,6 @@ def _endpoint() -> str:
     from huggingface_hub import constants
 
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def _format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def _format_eta(seconds: float | None) -> str:

@@ -20,6 +20,7 @@ class CatalogData:
     installed: set[str] = field(default_factory=set)
     report: Any = None
     probe_error: BaseException | None = None
+    speeds: dict[str, Any] = field(default_factory=dict)  # id -> SpeedEstimate (or None: unknown)
 
 
 class CatalogLoaded(Message):
@@ -42,7 +43,23 @@ def load_catalog_data(app: LlmchatApp) -> CatalogData:
     data.report = app.hardware_report
     data.entries = list(app.services.load_catalog().entries)
     data.installed = set(app.services.list_installed())
+    data.speeds = estimate_speeds(app, data.report, data.entries)
     return data
+
+
+def estimate_speeds(app: LlmchatApp, report: Any, entries: list[Any]) -> dict[str, Any]:
+    """Each entry's estimated decode speed here (bench results read once); None where unknown."""
+    try:
+        speed = app.services.speed(report)
+    except Exception:
+        return {}
+    speeds = {}
+    for entry in entries:
+        try:
+            speeds[entry.id] = speed(entry)
+        except Exception:
+            speeds[entry.id] = None
+    return speeds
 
 
 def fit_function(app: LlmchatApp, report: Any):

@@ -20,6 +20,7 @@ from textual.widgets import Footer, Static
 from app import chat_commands
 from app.errors import LlmchatError
 from app.inference.api import ContextTrimmed, PrefillProgress, ReplyStats, SamplingParams, TextDelta
+from app.units import format_bytes
 from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine, error_markdown
 from app.widgets.prompt_input import PromptInput
 
@@ -130,16 +131,6 @@ def _show_value(key: str, value: object) -> str:
     if key == "stop":
         return ", ".join(repr(v) for v in value) if value else "none"  # type: ignore[union-attr]
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def format_bytes(count: float | None) -> str:
-    if count is None:
-        return "unknown"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(count) < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 class ChatScreen(Screen):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,12 @@ async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
         assert table.row_count > 1  # the whole catalog with fit badges
         fit_cells = [str(table.get_row_at(i)[4]) for i in range(table.row_count)]
         assert set(fit_cells) <= {"fits", "tight", "does not fit"} and "fits" in fit_cells
+        # the estimated decode speed on this Deck (its bandwidth ÷ the weights): the 8B one is slow
+        speeds = {str(table.coordinate_to_cell_key((i, 0))[0].value): str(table.get_row_at(i)[5])
+                  for i in range(table.row_count)}
+        assert all(re.fullmatch(r"~[\d.,]+ tok/s(\nslow)?", cell) for cell in speeds.values()), speeds
+        assert speeds["llama-3.1-8b-instruct"].endswith("slow")
+        assert not speeds["smollm2-135m-instruct"].endswith("slow")
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, (LoadingScreen, ChatScreen)))
         loading = app.screen
@@ -111,7 +118,7 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
         hub.release_stall.set()
         await pilot.press("d")
         await wait_until(pilot, lambda: not screen.downloading and TINY_ID in list_installed(), timeout=60)
-        await wait_until(pilot, lambda: "installed" in str(table.get_row(TINY_ID)[5]))
+        await wait_until(pilot, lambda: "installed" in str(table.get_row(TINY_ID)[6]))
         await pilot.press("x")
         assert TINY_ID in list_installed()  # the first x only asks
         await pilot.press("x")
