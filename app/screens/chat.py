@@ -550,11 +550,40 @@ class ChatScreen(Screen):
         self.refresh_context()
 
     async def _command_model(self, arg: str) -> None:
-        if not arg.strip():
+        model_id = arg.strip()
+        if not model_id:
             self.llm_app.action_open_models()
             return
+        question = self.download_question(model_id)
+        if question is not None:
+            from app.screens.confirm import ConfirmScreen
+
+            if not await self.app.push_screen_wait(ConfirmScreen(question, yes="Download")):
+                await self.query_one(ChatLog).add_notice(f"*Not downloading {model_id}.*")
+                return
         await self.wait_reply_stopped()
-        self.llm_app.start_model(arg.strip())
+        self.llm_app.start_model(model_id)
+
+    def download_question(self, model_id: str) -> str | None:
+        """What to ask before ``/model ID`` downloads a model that is not installed (its size);
+        None when nothing would be downloaded (installed, a server's model, or unknown: the loading
+        screen then says what is wrong)."""
+        services = self.llm_app.services
+        if services.remote_endpoint is not None or services.installed_model_path(model_id) is not None:
+            return None
+        try:
+            entries = {entry.id: entry for entry in services.load_catalog().entries}
+        except Exception:
+            entries = {}
+        entry = entries.get(model_id)
+        if entry is not None:
+            size = format_bytes(entry.download_bytes)
+        elif model_id.upper().startswith("HF://"):
+            size = "a size known once the repository is listed"
+        else:
+            return None
+        return (f"{model_id} is not installed. Download it ({size}), compile it for this machine and "
+                f"switch to it?")
 
     async def _command_models(self, arg: str) -> None:
         self.llm_app.action_open_models()

@@ -419,3 +419,40 @@ async def test_context_trimmed_notice_shows_before_the_prompt_is_read(make_app, 
         await wait_until(pilot, lambda: not chat.replying)
         assert sum("no longer fitted" in n.source for n in log.query(Notice)) == 1  # shown once
         del engine.runtime.prefill_steps
+
+
+async def test_model_command_asks_before_downloading_with_the_size(make_app):
+    """#20 item 8: /model ID of a catalog model that is not installed asks first, with its size;
+    n declines (nothing downloaded), y starts the download."""
+    from app.errors import LlmchatError
+    from app.inference.catalog import load_catalog
+    from app.screens.confirm import ConfirmScreen
+    from app.screens.loading import LoadingScreen
+    from app.units import format_bytes
+
+    asked: list[str] = []
+
+    def download(model_id, progress, cancel):
+        asked.append(model_id)
+        raise LlmchatError(f"{model_id}: no network in this test.", "none")
+
+    app = make_app()
+    app.services.download_model = download
+    entry = next(e for e in load_catalog().entries if e.id == "qwen2.5-0.5b-instruct")
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/model qwen2.5-0.5b-instruct")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        question = str(app.screen.query_one("#confirm-question").render())
+        assert "qwen2.5-0.5b-instruct is not installed" in question
+        assert f"Download it ({format_bytes(entry.download_bytes)})" in question
+        await pilot.press("n")
+        await wait_until(pilot, lambda: any("Not downloading" in n.source for n in notices(chat)))
+        assert app.screen is chat and asked == []
+        await type_and_send(pilot, "/model qwen2.5-0.5b-instruct")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
+        assert asked == ["qwen2.5-0.5b-instruct"]
+        # an installed model switches at once (no question)
+        assert chat.download_question(chat.engine.info.model_id) is None
