@@ -228,6 +228,27 @@ class LlmchatApp(App):
         self._params = effective_params(self.model_sampling.params, merged)  # raises on a bad value
         self.sampling_overrides = merged
 
+    def save_sampling(self) -> None:
+        """Keep the /set values for the loaded model in the config directory (LlmchatError when that
+        fails: they still apply until the app quits)."""
+        if self.engine is not None:
+            from app import settings
+
+            settings.save_overrides(self.engine.info.model_id, self.sampling_overrides)
+
+    def load_saved_sampling(self, model_id: str, switched: bool) -> None:
+        """The /set values saved for ``model_id`` replace the current ones; with none saved, a model
+        switched to starts from its defaults (the first model keeps what the app was started with)."""
+        from app import settings
+
+        saved, problems = settings.load_overrides(model_id)
+        for problem in problems:
+            self.notify(problem, severity="warning", timeout=12, markup=False)
+        if saved is not None:
+            self.sampling_overrides = saved
+        elif switched:
+            self.sampling_overrides = {}
+
     # -- start ---------------------------------------------------------------------------------
     def on_mount(self) -> None:
         options = self.options
@@ -279,6 +300,8 @@ class LlmchatApp(App):
         self.conversation_id = None
         self.saved_messages = []
         self.model_sampling = model_sampling(engine.info.model_path, engine.info.model_id)
+        switched = old is not None and old.info.model_id != engine.info.model_id
+        self.load_saved_sampling(engine.info.model_id, switched)
         self.set_sampling()
         if resume_id is not None:
             try:

@@ -510,11 +510,18 @@ class ChatScreen(Screen):
             app.set_sampling(reset=True)
             back = "*Sampling settings back to this model's defaults.*\n\n"
             await log.add_notice(back + self.sampling_markdown())
+            app.save_sampling()
         elif arg.strip():
             overrides = sampling.parse_set_command(arg)
             app.set_sampling(overrides)
             changed = ", ".join(f"{key}={_show_value(key, value)}" for key, value in overrides.items())
-            await log.add_notice(f"*Set {changed}.*")
+            try:
+                app.save_sampling()
+            except LlmchatError:
+                await log.add_notice(f"*Set {changed}* (for this session only).")
+                raise
+            await log.add_notice(f"*Set {changed}* (kept for {self.engine.info.model_id}; "
+                                 "`/set reset` goes back to its defaults).")
         else:
             await log.add_notice(self.sampling_markdown())
 
