@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,20 @@ from app.inference.model_defaults import ModelSampling, effective_params, model_
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
+
+
+def screenshot_dir() -> Path:
+    """Where screenshots go: the user's Downloads directory if it exists, else one of llmchat's own."""
+    from platformdirs import user_downloads_path
+
+    from app.paths import data_dir
+
+    downloads = user_downloads_path()
+    if downloads.is_dir() and os.access(downloads, os.W_OK):
+        return downloads
+    own = data_dir() / "screenshots"
+    own.mkdir(parents=True, exist_ok=True)
+    return own
 
 
 def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
@@ -461,6 +476,14 @@ class LlmchatApp(App):
         from app.widgets.chat_log import error_markdown
 
         self.notify(error_markdown(err).replace("**", ""), severity="error", timeout=12, markup=False)
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's "Save screenshot": into the Downloads directory where there is one, else
+        ``<data dir>/screenshots`` (Textual's default fails when ~/Downloads does not exist)."""
+        if path is None:
+            path = str(screenshot_dir())
+        return super().deliver_screenshot(filename, path, time_format)
 
     # -- quit ----------------------------------------------------------------------------------
     async def action_interrupt(self) -> None:

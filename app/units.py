@@ -1,6 +1,6 @@
-"""Sizes as llmchat shows them: binary units everywhere (KiB, MiB, GiB), as the hardware report
-(VRAM, the memory budget) and the drivers count memory, so a download, a budget and the memory in
-use compare at a glance."""
+"""Counts and sizes as llmchat shows them: ``plural`` ("1 reply", "2 replies"), and sizes in binary
+units everywhere (KiB, MiB, GiB), as the hardware report (VRAM, the memory budget) and the drivers
+count memory, so a download, a budget and the memory in use compare at a glance."""
 
 from __future__ import annotations
 
@@ -18,3 +18,13 @@ def format_bytes(count: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= KIB
     return f"{value:.2f} GiB"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 token``, ``2 tokens``, ``1 reply``, ``3 replies`` (``many``: an irregular plural);
+    thousands separated by commas."""
+    if count == 1:
+        return f"1 {word}"
+    if many is None:
+        many = word[:-1] + "ies" if word.endswith("y") and word[-2:-1] not in "aeiou" else word + "s"
+    return f"{count:,} {many}"

@@ -49,6 +49,7 @@ from app.inference.catalog import (
     staging_path,
 )
 from app.units import format_bytes as _format_bytes
+from app.units import plural
 
 #: connection attempts per file before giving up (each resumes where the last stopped)
 MAX_ATTEMPTS = 4
@@ -660,7 +661,7 @@ def download_model(
             )
 
         tracker = _Progress(progress, total, done, entry.id)
-        start = f"{entry.id}: downloading {len(files)} files, {_format_bytes(total)} from {repo}"
+        start = f"{entry.id}: downloading {plural(len(files), 'file')}, {_format_bytes(total)} from {repo}"
         tracker.emit(message=start)
         # tensor-cache.json first (it holds the md5 sums of the shards), then small files before big ones
         ordered = sorted(files, key=lambda f: (f.name not in CACHE_FILES, f.size or 0, f.name))

@@ -20,7 +20,7 @@ from textual.widgets import Footer, Static
 from app import chat_commands
 from app.errors import LlmchatError
 from app.inference.api import ContextTrimmed, PrefillProgress, ReplyStats, SamplingParams, TextDelta
-from app.units import format_bytes
+from app.units import format_bytes, plural
 from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine, error_markdown
 from app.widgets.prompt_input import PromptInput
 
@@ -103,15 +103,16 @@ class ReplyBuffer:
         ttft = self.first_token_at - self.started
         span = (self.last_token_at or self.first_token_at) - self.first_token_at
         rate = (self.deltas - 1) / span if span > 0 else 0.0
-        return f"▍ ~{self.deltas} tokens · ~{rate:.1f} tok/s · TTFT {ttft:.2f} s"
+        return f"▍ ~{plural(self.deltas, 'token')} · ~{rate:.1f} tok/s · TTFT {ttft:.2f} s"
 
 
 def final_stats_line(stats: ReplyStats, prompt_total: int | None = None, text: str | None = None) -> str:
     """The stats line kept under a finished reply (``prompt_total``: the prompt's tokens, when a
     prefill was stopped; ``text``: the reply's text, to tell an empty reply)."""
     if stats.generated_tokens == 0:
-        of = f" of {prompt_total:,}" if prompt_total else ""
-        return f"stopped while reading the prompt ({stats.prompt_tokens:,}{of} tokens read)"
+        read = f"{stats.prompt_tokens:,} of {plural(prompt_total, 'token')}" if prompt_total else \
+            plural(stats.prompt_tokens, "token")
+        return f"stopped while reading the prompt ({read} read)"
     n = stats.generated_tokens
     ttft = f"TTFT {stats.time_to_first_token_s:.2f} s"
     if n == 1:  # no decode step: a decode speed would say 0.0
@@ -258,8 +259,8 @@ class ChatScreen(Screen):
     def on_pasted(self, event: PromptInput.Pasted) -> None:
         lines = event.text.count("\n") + 1
         tokens = self.count_tokens(event.text)
-        counted = f", {tokens:,} tokens" if tokens is not None else ""
-        self.notify(f"Pasted {lines:,} {'line' if lines == 1 else 'lines'}{counted}.", timeout=4)
+        counted = f", {plural(tokens, 'token')}" if tokens is not None else ""
+        self.notify(f"Pasted {plural(lines, 'line')}{counted}.", timeout=4)
         self.update_context_meter()
 
     # -- state ---------------------------------------------------------------------------------
@@ -467,7 +468,7 @@ class ChatScreen(Screen):
         session_decode = decode_steps / session.decode_s if session.decode_s > 0 else 0.0
         session_prefill = session.prompt_tokens / session.prefill_s if session.prefill_s > 0 else 0.0
         lines.append(
-            f"- session: {session.replies} {'reply' if session.replies == 1 else 'replies'}, "
+            f"- session: {plural(session.replies, 'reply')}, "
             f"{session.prompt_tokens} prompt tokens, "
             f"{session.generated_tokens} generated tokens "
             f"(prefill: {session_prefill:.1f} tok/s, decode: {session_decode:.1f} tok/s)"
@@ -606,9 +607,11 @@ class ChatScreen(Screen):
         if conversation_id is None:
             raise LlmchatError("There is nothing to export yet.", "send a message first")
         target = Path(arg.strip()).expanduser() if arg.strip() else Path.cwd()
-        path = self.llm_app.history.export_markdown(conversation_id, target)
-        await self.query_one(ChatLog).add_notice(f"*Exported to `{path}`.*")
-        self.notify(f"Exported to {path}")
+        path = Path(self.llm_app.history.export_markdown(conversation_id, target)).resolve()
+        where = "" if arg.strip() else \
+            f" — the current directory ({path.parent}); `/export PATH` picks another"
+        await self.query_one(ChatLog).add_notice(f"*Exported to `{path}`*{where}.")
+        self.notify(f"Exported to {path}", markup=False)
 
     async def _command_exit(self, arg: str) -> None:
         await self.app.action_quit()

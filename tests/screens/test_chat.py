@@ -456,3 +456,56 @@ async def test_model_command_asks_before_downloading_with_the_size(make_app):
         assert asked == ["qwen2.5-0.5b-instruct"]
         # an installed model switches at once (no question)
         assert chat.download_question(chat.engine.info.model_id) is None
+
+
+def test_final_stats_line_of_an_empty_reply_and_a_stopped_prefill():
+    """#20 item 10: no "1 tokens · decode 0.0 tok/s"; counts in the singular where they are 1."""
+    from app.inference.api import ReplyStats
+    from app.screens.chat import final_stats_line
+
+    empty = ReplyStats(prompt_tokens=20, generated_tokens=1, time_to_first_token_s=0.5, prefill_s=0.5)
+    line = final_stats_line(empty, text="")
+    assert line == "no text: the model ended its reply at once · prefill: 40.0 tok/s · TTFT 0.50 s"
+    assert "decode" not in final_stats_line(empty, text="A") and final_stats_line(empty, text="A").startswith(
+        "1 token ·")
+    stopped = ReplyStats(prompt_tokens=1, generated_tokens=0, finish_reason="cancelled")
+    assert final_stats_line(stopped, 1) == "stopped while reading the prompt (1 of 1 token read)"
+    assert final_stats_line(stopped) == "stopped while reading the prompt (1 token read)"
+
+
+async def test_export_without_a_path_says_where_it_went(make_app, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await send_and_finish(pilot, chat, "Hello")
+        await type_and_send(pilot, "/export")
+        await wait_until(pilot, lambda: any("Exported to" in n.source for n in notices(chat)))
+        note = next(n.source for n in notices(chat) if "Exported to" in n.source)
+        (exported,) = tmp_path.glob("*.md")
+        assert f"`{exported.resolve()}`" in note
+        assert f"the current directory ({tmp_path.resolve()})" in note and "/export PATH" in note
+
+
+async def test_palette_screenshot_without_a_downloads_directory(make_app, tmp_path, monkeypatch):
+    """#20 item 10: Textual saves into ~/Downloads, which need not exist: then llmchat's own folder."""
+    from app import paths
+
+    monkeypatch.setenv("XDG_DOWNLOAD_DIR", str(tmp_path / "no-such-downloads"))
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await open_chat(pilot)
+        app.deliver_screenshot()
+        folder = paths.data_dir() / "screenshots"
+        await wait_until(pilot, lambda: folder.is_dir() and list(folder.glob("*.svg")))
+        await wait_until(pilot, lambda: any("Saved screenshot" in str(n.message) for n in app._notifications))
+        assert not (tmp_path / "no-such-downloads").exists()
+        (svg,) = folder.glob("*.svg")
+        assert svg.read_text().lstrip().startswith("<svg")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    monkeypatch.setenv("XDG_DOWNLOAD_DIR", str(downloads))
+    from app.chat_app import screenshot_dir
+
+    assert screenshot_dir() == downloads  # where it exists, the Downloads directory
