@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -198,3 +199,32 @@ async def test_probe_errors_are_messages_and_the_catalog_still_shows():
         report = str(app.screen.query_one("#hardware-report").render())
         assert "permission denied" in report and "run llmchat as your own user" in report
         assert "Traceback" not in report
+
+
+@pytest.mark.parametrize("size", [(90, 30), (80, 24), (100, 44)])
+async def test_first_run_parts_do_not_overlap(size):
+    """#20 item 10: at 90×30 the hint, the catalog and the hardware summary (the Steam Deck's, the
+    longest) each have rows of their own above the footer; a smaller terminal scrolls the page."""
+    from textual.widgets import Footer
+
+    app = LlmchatApp(StartOptions(device="cpu"), real_services(list_installed=lambda: []))
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        table = app.screen.query_one(CatalogTable)
+        await wait_until(pilot, lambda: table.row_count > 0)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        parts = [app.screen.query_one(f"#{name}") for name in
+                 ("welcome", "hardware-summary", "first-run-catalog", "first-run-status")]
+        regions = [part.region for part in parts]
+        footer = app.screen.query_one(Footer).region
+        assert all(r.height > 0 for r in regions), regions
+        assert regions[2].height >= 7  # a few rows of the catalog are always visible
+        for a, b in itertools.combinations(regions, 2):
+            assert not a.overlaps(b), (a, b)
+        page = app.screen.query_one("#first-run")
+        if size[1] < 30:  # too short for everything: the page scrolls (nothing is drawn over another)
+            assert page.max_scroll_y > 0
+        else:
+            assert page.max_scroll_y == 0 and not any(r.overlaps(footer) for r in regions)
+        assert "Enter: download and chat" in str(parts[3].render())
