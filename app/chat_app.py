@@ -43,10 +43,11 @@ def screenshot_dir() -> Path:
     return own
 
 
-def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
+def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None,
+                 context_window: int | None = None) -> Engine:
     from app.inference.engine import load_engine
 
-    return load_engine(model, device=device, progress=progress)
+    return load_engine(model, device=device, progress=progress, context_window=context_window)
 
 
 def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:

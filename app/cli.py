@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, where the mlc_llm package "
         "(MLC's wheels) is installed",
     )
+    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+                        help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_endpoint_arguments(parser)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="an extra stop string (repeatable)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
-    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--context-window", type=int, default=argparse.SUPPRESS, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_engine_argument(parser)
     from app.cli import add_endpoint_arguments
