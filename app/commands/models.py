@@ -152,7 +152,7 @@ def _speed_text(row: dict) -> str:
     if speed is None:
         return "?"
     tok_s = speed["decode_tok_s"]
-    figure = f"{tok_s:.1f}" if tok_s < 10 else f"{tok_s:,.0f}"
+    figure = f"{tok_s:.1f}" if tok_s < 10 else f"{tok_s:.0f}"
     return f"~{figure} tok/s" + (" SLOW" if speed["slow"] else "")
 
 

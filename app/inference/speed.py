@@ -45,7 +45,7 @@ class SpeedEstimate:
 
     def short(self) -> str:
         """``~12 tok/s``; ``~2 tok/s slow`` below SLOW_TOK_S."""
-        figure = f"{self.tok_s:.1f}" if self.tok_s < 10 else f"{self.tok_s:,.0f}"
+        figure = f"{self.tok_s:.1f}" if self.tok_s < 10 else f"{self.tok_s:.0f}"
         return f"~{figure} tok/s" + (" slow" if self.slow else "")
 
     def to_dict(self) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class CatalogTable(DataTable):
         model_width = max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)])
         self.clear(columns=True)
         self.add_column("Model", width=model_width)
-        columns = (("Params", 6), ("Download", 9), ("Context", 7), ("Fit", 12), ("Speed", 11),
+        columns = (("Params", 6), ("Download", 9), ("Context", 7), ("Fit", 12), ("Speed", 12),
                    ("Installed", 11))
         for label, width in columns:
             self.add_column(label, width=width)
