@@ -12,6 +12,8 @@ from textual.widgets import DataTable
 
 from app.units import format_bytes
 
+#: widest Model column
+MODEL_WIDTH = 28
 FIT_STYLES = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
@@ -65,11 +67,12 @@ class CatalogTable(DataTable):
         estimated decode speed per id (``app.inference.speed.SpeedEstimate``)."""
         entries = list(entries)
         # explicit widths: auto-sized two-line cells were sometimes measured before they had content
-        model_width = max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)])
+        # at most MODEL_WIDTH: every column fits a 100-column terminal (a longer name is cut with "…")
+        model_width = min(MODEL_WIDTH, max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)]))
         self.clear(columns=True)
         self.add_column("Model", width=model_width)
         columns = (("Params", 6), ("Download", 9), ("Context", 7), ("Fit", 12), ("Speed", 12),
-                   ("Installed", 11))
+                   ("Installed", 9))
         for label, width in columns:
             self.add_column(label, width=width)
         for entry in entries:
@@ -78,13 +81,14 @@ class CatalogTable(DataTable):
             except Exception:
                 verdict = "?"
             self.add_row(
-                Text(f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id),
+                Text(f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id, no_wrap=True,
+                     overflow="ellipsis"),
                 human_count(entry.parameters),
                 human_bytes(entry.download_bytes),
                 human_context(entry.context_window),
                 fit_badge(verdict),
                 speed_cell((speeds or {}).get(entry.id)),
-                Text("✓ installed", style="green") if entry.id in installed else Text("—", style="dim"),
+                Text("✓ yes", style="green") if entry.id in installed else Text("—", style="dim"),
                 key=entry.id,
                 height=2 if entry.name != entry.id or self._slow(speeds, entry.id) else 1,
             )

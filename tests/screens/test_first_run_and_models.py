@@ -119,7 +119,7 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
         hub.release_stall.set()
         await pilot.press("d")
         await wait_until(pilot, lambda: not screen.downloading and TINY_ID in list_installed(), timeout=60)
-        await wait_until(pilot, lambda: "installed" in str(table.get_row(TINY_ID)[6]))
+        await wait_until(pilot, lambda: "✓ yes" in str(table.get_row(TINY_ID)[6]))
         await pilot.press("x")
         assert TINY_ID in list_installed()  # the first x only asks
         await pilot.press("x")
