@@ -287,6 +287,7 @@ async def test_ctrl_c_stops_the_reply_and_ctrl_c_at_the_idle_prompt_quits(make_a
         assert stats.finish_reason == "cancelled" and stats.generated_tokens < 8000
         assert reply.source.strip()  # what was generated is kept
         assert "stopped" in str(chat.query_one(ChatLog).query(StatsLine).last().render())
+        app.params.max_tokens = 8  # (not 8,000: that reply would run to the window's end, ~30 s here)
         await send_and_finish(pilot, chat, "still here?")  # the chat goes on
         await pilot.press("ctrl+c")  # nothing to stop: quit
         await wait_until(pilot, lambda: not app.is_running, timeout=10)
