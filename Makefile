@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-gpu lint clean screenshots
+.PHONY: run test test-gpu gpu-cache test-gpu-prebuilt lint clean screenshots
 
 # llama.cpp's OpenAI-compatible server (llama-cpp-python[server], compiled from source: minutes) in
 # a virtual environment of its own, for the remote engine's test against a third-party server
@@ -39,6 +39,19 @@ test-gpu: $(BIN)/llmchat  ## the GPU suite (tests/gpu, marker gpu) on an NVIDIA 
 
 screenshots: $(BIN)/llmchat  ## the README's pictures (assets/*.svg) from the real app under Pilot
 	$(BIN)/python tools/screenshots.py
+
+# The GPU suite on a machine without TVM's compiler (tests/gpu/prebuilt.py): compile what it needs
+# here (TVM's compiler and nvcc, no GPU), carry GPU_CACHE there and run test-gpu-prebuilt with the
+# Python that has llmchat's dependencies (PY); anything missing or stale in the cache fails
+GPU_ARCH ?= sm_90
+GPU_CACHE ?= scratch/gpu-test-cache
+PY ?= python3
+gpu-cache: $(BIN)/llmchat  ## compile everything the GPU suite needs into GPU_CACHE (no GPU needed)
+	$(BIN)/python -m tests.gpu.prebuilt build --arch $(GPU_ARCH) --out $(GPU_CACHE)
+
+test-gpu-prebuilt:  ## the GPU suite loading only from GPU_CACHE (no TVM compiler; no venv made)
+	LLMCHAT_GPU_TEST_CACHE=$(GPU_CACHE) LLMCHAT_NO_SKIP=1 $(PY) -m pytest -q -m gpu -rs -p no:cacheprovider \
+		$(PYTEST_ARGS) tests/gpu
 
 lint: $(BIN)/llmchat
 	$(BIN)/ruff check app tests

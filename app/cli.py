@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from app import __version__
-from app.errors import LlmchatError, NotAvailableYet
+from app.errors import LlmchatError, NotAvailableYet, check_arguments
 
 #: subcommand name -> module under app.commands
 SUBCOMMANDS: dict[str, str] = {
@@ -28,6 +28,27 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "bench",
     "serve": "serve",
 }
+
+
+VERBOSE_HELP = ("also print the debug log on stderr (what llmchat falls back from and why; always "
+                "written to debug.log in the cache directory; the chat app names that file at exit)")
+
+
+#: the smallest KV cache a reply can be written into
+MIN_CONTEXT_WINDOW = 2
+
+
+def context_window_arg(text: str) -> int:
+    """``--context-window N``: a whole number of tokens, at least MIN_CONTEXT_WINDOW (0 never
+    silently means the default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from None
+    if value < MIN_CONTEXT_WINDOW:
+        raise argparse.ArgumentTypeError(
+            f"{value} tokens is too small: give at least 64, or leave it out for the model's default")
+    return value
 
 
 def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -72,14 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, where the mlc_llm package "
         "(MLC's wheels) is installed",
     )
-    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_endpoint_arguments(parser)
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = _command_module(name)
         sub = subs.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
+        sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     return parser
 
 
@@ -95,19 +118,35 @@ def _clean_quietly() -> None:
 
         clean_stale()
     except Exception:  # a cleanup problem must not keep anyone from chatting
-        pass
+        from app.debug_log import log
+
+        log.warning("cleaning stale temporaries failed", exc_info=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``llmchat`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_arguments(argv)
+    except LlmchatError as err:
+        return _fail(err)
     args = build_parser().parse_args(argv)
+    from app import debug_log
+
+    verbose = bool(getattr(args, "verbose", False))
+    # the chat app owns the terminal: its debug lines go to the file only (named at exit)
+    debug_log.setup(verbose=verbose and args.command is not None)
     if args.command != "clean":
         _clean_quietly()
     try:
         if args.command is None:
             from app.tui import run_tui  # imported lazily: Textual is slow to import
 
-            return run_tui(args)
+            try:
+                return run_tui(args)
+            finally:
+                if verbose:
+                    print(f"llmchat: the debug log is {debug_log.log_path()}", file=sys.stderr)
         return int(_command_module(args.command).run(args) or 0)
     except LlmchatError as err:
         return _fail(err)

@@ -23,6 +23,34 @@ class NotAvailableYet(LlmchatError):
     """A command that a later release fills in."""
 
 
+def decode_utf8(data: bytes, what: str) -> str:
+    """``data`` as text, or an error naming ``what`` and the first byte that is not UTF-8.
+
+    The one check for text from outside (stdin, command-line arguments): the tokenizer accepts
+    only real text, and a lone byte must not become a traceback deep inside it."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = data[err.start:err.start + 1].hex()
+        raise LlmchatError(
+            f"{what} is not valid UTF-8 (byte 0x{bad} at offset {err.start}).",
+            "pass the text encoded as UTF-8 (set a UTF-8 locale, e.g. LANG=C.UTF-8, or convert it with "
+            "iconv -f LATIN1 -t UTF-8)",
+        ) from None
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Command-line arguments are decoded with surrogate escapes: one that held bytes that are not
+    UTF-8 is an error naming it."""
+    import os
+
+    for index, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            decode_utf8(os.fsencode(arg), f"argument {index} ({arg.encode('utf-8', 'replace').decode()!r})")
+
+
 def os_error(err: OSError, what: str, fix: str | None = None) -> LlmchatError:
     """The one place an ``OSError`` becomes a message: ``what`` failed, why in plain words (disk
     full, permission denied, read-only, not a directory …) and a fix fitting the cause.

@@ -58,9 +58,11 @@ def _guarded(method):
 
     return wrapper
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
+#: the schema's history, in order: migration N takes a file of version N - 1 (``PRAGMA
+#: user_version``; 0: a new file) to version N. Append only: a released migration never changes
+#: (tests/test_history_migrations.py opens a file of every earlier version).
+MIGRATIONS: list[tuple[int, str]] = [
+    (1, """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL DEFAULT '',
@@ -78,7 +80,55 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
-"""
+"""),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def migrate(db: sqlite3.Connection, migrations: list[tuple[int, str]] | None = None) -> int:
+    """Bring ``db`` to the newest schema: each migration after the file's ``user_version``, in
+    order, in a transaction of its own with the version it reaches (an interrupted upgrade leaves
+    the file at the last version completed). The version before. A file of a newer llmchat is
+    refused, never changed."""
+    migrations = MIGRATIONS if migrations is None else migrations
+    version = refuse_newer(db, migrations[-1][0])
+    for target, script in migrations:
+        if target <= version:
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(script):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version={int(target)}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    return version
+
+
+def refuse_newer(db: sqlite3.Connection, newest: int = SCHEMA_VERSION) -> int:
+    """The file's schema version; an LlmchatError when a newer llmchat wrote it."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > newest:
+        raise LlmchatError(
+            f"The chat history {db.execute('PRAGMA database_list').fetchone()[2]} was written by a newer "
+            f"llmchat (schema version {version}; this one reads up to {newest}).",
+            "update llmchat, or set LLMCHAT_DATA_DIR to another directory to start a new history")
+    return version
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a migration script (``executescript`` would commit the transaction)."""
+    out, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            out.append(current.strip())
+            current = ""
+    if current.strip():
+        out.append(current.strip())
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,6 +181,7 @@ class HistoryStore:
         """Open the file, check its integrity and create the schema (DatabaseError when damaged)."""
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            refuse_newer(db)  # before anything writes to the file
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")
@@ -139,8 +190,7 @@ class HistoryStore:
                 err = sqlite3.DatabaseError(f"database disk image is malformed: {'; '.join(problems[:3])}")
                 err.sqlite_errorcode = 11
                 raise err
-            db.executescript(_SCHEMA)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            migrate(db)
         except BaseException:
             db.close()
             raise

@@ -8,6 +8,9 @@ Subcommands
   run       on the GPU machine (a runtime-only TVM is enough): load each cached library with
             random weights, check it against the plain TVM pipeline's logits, and measure decode
             (1-token prompt + 512 greedy tokens) and prefill (512-token prompt). JSON to --out.
+  depth     on the GPU machine: prefill speed at prompt lengths N and decode speed after N tokens
+            of context (llama-bench's -p N and -n 128 -d N), random prompt ids, a fresh sequence
+            for every measured run. JSON to --out.
   copy-bw   device-to-device copy bandwidth (bytes read + written per second), via PyTorch.
   make-gguf a Llama-architecture GGUF with random Q4_0 weights of the same shapes, for llama.cpp.
 
@@ -34,6 +37,7 @@ GGUF_SHAPES = {
     "llama2-7b": (4096, 11008, 32, 32, 32, "ggml-vocab-llama-spm.gguf"),
     "qwen2.5-3b": (2048, 11008, 36, 16, 2, "ggml-vocab-qwen2.gguf"),
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, "ggml-vocab-qwen2.gguf"),
+    "llama3-8b": (4096, 14336, 32, 32, 8, "ggml-vocab-llama-bpe.gguf"),
 }
 
 
@@ -268,6 +272,65 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fresh_prompt_runner(engine: Any, rng: Any) -> Any:
+    """``run(n, max_tokens)``: a greedy reply to n fresh random ids (no prefix to reuse); its stats."""
+    from app.inference.api import SamplingParams
+
+    vocab = engine.config.vocab_size
+
+    def run(n: int, max_tokens: int) -> Any:
+        ids = rng.integers(0, vocab, size=max(1, n)).tolist()
+        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=0)
+        for _ in engine.generate(ids, params, ignore_eos=True, detokenize=False):
+            pass
+        return engine.last_stats
+
+    return run
+
+
+def cmd_depth(args: argparse.Namespace) -> int:
+    """Prefill tok/s for each prompt length and decode tok/s after each depth, per preset."""
+    _set_cache(args.cache)
+    import numpy as np
+    import tvm
+
+    from app.inference.cuda_support import prepare_cuda_runtime
+    from app.inference.random_model import load_random_engine
+
+    prepare_cuda_runtime()
+    _use_manifest(Path(args.cache), args.quant, args.context)
+    dev = tvm.cuda(0)
+    results: dict[str, Any] = {"device": dev.device_name, "tvm": tvm.__version__, "context": args.context,
+                               "gen": args.gen, "repeats": args.repeats, "presets": {}}
+    prompts = [int(x) for x in args.prompts.split(",") if x]
+    depths = [int(x) for x in args.depths.split(",") if x]
+    for preset in args.presets.split(","):
+        res: dict[str, Any] = {"prefill": {}, "decode_at_depth": {}}
+        try:
+            engine = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
+            run = _fresh_prompt_runner(engine, np.random.default_rng(3))
+            run(1, 32)  # warm-up: module load, CUDA-graph capture
+            for d in depths:
+                stats = [run(d, args.gen + 1) for _ in range(args.repeats)]  # first token: prefill's
+                res["decode_at_depth"][str(d)] = {"tok_s": round(max(s.decode_tok_s for s in stats), 1),
+                                                  "runs": [round(s.decode_tok_s, 1) for s in stats],
+                                                  "generated": stats[0].generated_tokens}
+                print("DECODE", preset, d, res["decode_at_depth"][str(d)], flush=True)
+            for n in prompts:
+                run(n, 1)
+                stats = [run(n, 1) for _ in range(args.repeats)]
+                res["prefill"][str(n)] = {"tok_s": round(max(s.prefill_tok_s for s in stats), 1),
+                                          "runs": [round(s.prefill_tok_s, 1) for s in stats]}
+                print("PREFILL", preset, n, res["prefill"][str(n)], flush=True)
+            engine.close()
+            del engine
+        except Exception as err:  # keep measuring the other presets
+            res["error"] = f"{type(err).__name__}: {err}"[:3000]
+        results["presets"][preset] = res
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
 def _logit_check(a: list[Any], b: list[Any]) -> dict[str, Any]:
     import numpy as np
 
@@ -457,7 +520,7 @@ def cmd_make_gguf(args: argparse.Namespace) -> int:
     hidden, ffn, layers, heads, kv_heads, vocab_file = GGUF_SHAPES[args.preset]
     vocab = gguf.GGUFReader(os.path.join(args.vocab_dir, vocab_file))
     w = gguf.GGUFWriter(args.out, "llama")
-    w.add_context_length(4096)
+    w.add_context_length(16384)  # depth runs go past Llama-2's 4,096 (random weights: no matter)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ffn)
@@ -540,6 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--backend", choices=("cuda", "vulkan"), default="cuda")
     r.add_argument("--reference", choices=("none", "cuda"), default="none",
                    help="vulkan: check the logits against the CUDA library of the same preset")
+    d = sub.add_parser("depth", parents=[common])
+    d.add_argument("--prompts", default="512,4096,8192", help="prompt lengths for prefill (comma list)")
+    d.add_argument("--depths", default="0,4096,8192", help="context depths for decode (comma list)")
+    d.add_argument("--gen", type=int, default=128)
+    d.add_argument("--repeats", type=int, default=2)
+    d.add_argument("--out", required=True)
     sub.add_parser("copy-bw")
     w = sub.add_parser("wgsl-copy")
     w.add_argument("--build", default=None, metavar="LIB")
@@ -551,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     return {"compile": cmd_compile, "run": cmd_run, "copy-bw": cmd_copy_bw,
-            "make-gguf": cmd_make_gguf, "wgsl-copy": cmd_wgsl_copy}[args.cmd](args)
+            "make-gguf": cmd_make_gguf, "wgsl-copy": cmd_wgsl_copy, "depth": cmd_depth}[args.cmd](args)
 
 
 if __name__ == "__main__":

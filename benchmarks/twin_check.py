@@ -20,6 +20,11 @@ Usage (on the GPU machine; the TVM compiler and nvcc build what is not in the ca
 The presets' libraries can be built ahead of time elsewhere (``--arch sm_90``) with
   python benchmarks/gpu_decode.py compile --cache DIR --arch sm_90 --presets qwen2.5-0.5b --plain ""
 (``compile`` records them in DIR/manifest.json, which this script honours like ``gpu_decode run``).
+The tiny models' libraries and parameter lists come from the GPU suite's prebuilt cache
+(tests/gpu/prebuilt.py, ``make gpu-cache``) on a machine without TVM's compiler:
+  LLMCHAT_GPU_TEST_CACHE=C python benchmarks/twin_check.py --cache C/llmchat-cache --presets "" --out t.json
+where nothing is compiled (a missing library is an error naming the cache); the same tiny-model
+checks run in the GPU suite (tests/gpu/test_cuda_twin.py).
 
 It prints one ``RESULT {...}`` line per model and writes the JSON summary to ``--out``:
   {"pass": bool, "device": ..., "models": {name: {"pass", "max_rel_err", "argmax_equal",
@@ -124,9 +129,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     else:
         os.environ.pop("LLMCHAT_GPU_RUNTIME", None)
     from app.inference.cuda_support import prepare_cuda_runtime
+    from tests.gpu import prebuilt
 
     prepare_cuda_runtime()
     import tvm
+
+    if prebuilt.cache_root() is not None:  # the GPU suite's prebuilt cache: load, never compile
+        prebuilt.forbid_compiling(prebuilt.cache_root())
 
     import app.inference.compiler as compiler
     from benchmarks import gpu_decode

@@ -139,6 +139,19 @@ def _isolated_dirs(_session_dirs: Path, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(_session_dirs / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def _no_system_keyring() -> Iterator[None]:
+    """No test reaches the user's keyring (saved servers' API keys): keyring's 'no backend' is in force
+    (tests that need a keyring put one of their own in)."""
+    import keyring
+    from keyring.backends import fail
+
+    previous = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    yield
+    keyring.set_keyring(previous)
+
+
 def build_tokenizer(out_dir: Path) -> int:
     """Train a small byte-level BPE, write tokenizer.json + tokenizer_config.json; its vocab size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -161,8 +174,9 @@ def build_tokenizer(out_dir: Path) -> int:
 
 def write_tiny_model(out_dir: Path, family: str, quantization: str, seed: int = 0,
                      context_window: int = 256, prefill_chunk: int = 32, **overrides: Any) -> Path:
-    """A complete MLC-format model directory with random weights."""
-    from app.inference.compiler import parameter_specs
+    """A complete MLC-format model directory with random weights. Its parameter list comes from
+    TVM's model exporter, or from the GPU suite's prebuilt cache where it runs from one
+    (tests/gpu/prebuilt.py: the GPU machine has no TVM compiler)."""
     from app.inference.config import ModelConfig
     from app.inference.random_model import random_params
     from app.inference.weights import write_tensor_cache
@@ -187,6 +201,8 @@ def write_tiny_model(out_dir: Path, family: str, quantization: str, seed: int = 
     }
     (out_dir / "mlc-chat-config.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
     cfg = ModelConfig.load(out_dir)
+    from tests.gpu.prebuilt import parameter_specs
+
     specs = parameter_specs(cfg)
     write_tensor_cache(random_params(cfg, specs, seed=seed, exact=True), out_dir, shard_bytes=64 << 10)
     return out_dir

@@ -36,6 +36,11 @@ from urllib.parse import unquote, urlsplit
 SEND_CHUNK = 1 << 20
 
 
+def _git_blob_id(data: bytes) -> str:
+    """git's object id of a blob (what the Hub lists as ``blobId`` for a file kept in git)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 @dataclass
 class Faults:
     """What to break. Counts say how many more requests get the fault (-1 = every request)."""
@@ -160,9 +165,11 @@ class _Handler(BaseHTTPRequestHandler):
         siblings = []
         for name, data in repo.files.items():
             size = hub.faults.listed_size.get(name, len(data))
-            sibling: dict = {"rfilename": name, "size": size, "blobId": hashlib.sha1(data).hexdigest()}
+            sibling: dict = {"rfilename": name, "size": size, "blobId": _git_blob_id(data)}
             if repo.is_lfs(name):
                 sha256 = hashlib.sha256(data).hexdigest()
+                pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n"
+                sibling["blobId"] = _git_blob_id(pointer.encode())  # the Hub lists the pointer's id
                 sibling["lfs"] = {"size": size, "sha256": sha256, "pointerSize": 134}
             siblings.append(sibling)
         siblings += hub.faults.extra_listing
@@ -217,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             end = min(end, size - 1)
             status_code = 206
-        etag = hashlib.sha256(data).hexdigest() if repo.is_lfs(filename) else hashlib.sha1(data).hexdigest()
+        etag = hashlib.sha256(data).hexdigest() if repo.is_lfs(filename) else _git_blob_id(data)
         self.send_response(status_code)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(end - start + 1))
@@ -362,6 +369,7 @@ def make_tiny_mlc_model(
             "quantization": "q4f16_1",
             "model_config": {
                 "hidden_size": 64,
+                "intermediate_size": 128,
                 "num_hidden_layers": 2,
                 "num_attention_heads": 4,
                 "num_key_value_heads": 2,
@@ -372,7 +380,7 @@ def make_tiny_mlc_model(
             "context_window_size": 512,
             "vocab_size": 256,
             "tokenizer_files": ["tokenizer.json"],
-            "conv_template": {"name": "chatml"},
+            "conv_template": "chatml",
         }
     ).encode()
     tokenizer = {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}

@@ -116,3 +116,50 @@ def test_scratch_is_kept_while_a_setup_holds_the_lock(tmp_path):
         holder.stdin.close()
         holder.wait(timeout=30)
     assert old in stale_temporaries()
+
+
+def test_remove_reclaims_the_models_temporaries_and_says_how_much(tmp_path):
+    """`llmchat remove ID` also removes what interrupted runs left of that model: its import staging
+    of a dead process and a half-removed copy (a remove killed mid-way), and says what it reclaimed."""
+    from app.cli import main
+    from app.inference.catalog import remove_model_report
+
+    models = paths.models_dir()
+    installed = models / "victim"
+    installed.mkdir(parents=True)
+    (installed / "params_shard_0.bin").write_bytes(b"\0" * 50_000)
+    dead = models / f".victim.importing-{_dead_pid()}"
+    dead.mkdir()
+    (dead / "params_shard_0.bin").write_bytes(b"\0" * 30_000)
+    live = models / f".victim.importing-{os.getpid()}"  # an import running now: kept
+    live.mkdir()
+    trash = models / ".trash-victim-0123abcd"  # fresh: the start's cleanup waits an hour for it
+    trash.mkdir()
+    (trash / "params_shard_1.bin").write_bytes(b"\0" * 20_000)
+    other = models / ".trash-victim2-0123abcd"  # another model's: kept
+    other.mkdir()
+
+    report = remove_model_report("victim")
+    assert sorted(report.removed) == sorted([installed, dead, trash])
+    assert report.bytes == 100_000
+    assert live.exists() and other.exists() and not installed.exists()
+
+    installed.mkdir()
+    (installed / "tokenizer.json").write_bytes(b"{}" * 500)
+    trash.mkdir()
+    (trash / "x").write_bytes(b"\0" * 4000)
+    assert main(["remove", "victim"]) == 0
+
+
+def test_remove_prints_what_it_reclaimed(tmp_path):
+    models = paths.models_dir()
+    (models / "victim").mkdir(parents=True)
+    (models / "victim" / "params_shard_0.bin").write_bytes(b"\0" * 50_000)
+    (models / ".trash-victim-0123abcd").mkdir()
+    (models / ".trash-victim-0123abcd" / "x").write_bytes(b"\0" * 25_000)
+    out = _llmchat("remove", "victim")
+    assert out.returncode == 0, out.stderr
+    assert f"removed {models / 'victim'}" in out.stdout
+    assert f"removed {models / '.trash-victim-0123abcd'}" in out.stdout
+    assert "reclaimed 75.0 KB" in out.stdout
+    assert not any(models.iterdir())

@@ -46,3 +46,14 @@ def test_unknown_subcommand_fails(capsys):
     assert exit_info.value.code != 0
     assert "invalid choice" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("command", ["ask", "bench", "serve"])
+@pytest.mark.parametrize("value", ["0", "-5", "1"])
+def test_a_context_window_below_two_tokens_is_refused_never_the_default(command, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--context-window", value, *(["hi"] if command == "ask" else [])])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --context-window: {value} tokens is too small" in err
+    assert "leave it out for the model's default" in err

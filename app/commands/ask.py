@@ -15,6 +15,8 @@ HELP = "answer one prompt, streaming the reply to stdout"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app.cli import context_window_arg
+
     # SUPPRESS: a value given before the subcommand (llmchat --model X ask ...) is kept
     parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
                         help="catalog id or model directory (default: the built-in default model)")
@@ -36,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="an extra stop string (repeatable)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
-    parser.add_argument("--context-window", type=int, default=argparse.SUPPRESS, metavar="TOKENS",
-                        help="KV-cache size in tokens (default: the model's, at most 8192)")
+    parser.add_argument("--context-window", type=context_window_arg, default=argparse.SUPPRESS,
+                        metavar="TOKENS", help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_engine_argument(parser)
     from app.cli import add_endpoint_arguments
 
@@ -150,7 +152,11 @@ def read_prompt(parts: list[str]) -> str:
         return " ".join(parts)
     if sys.stdin is None or sys.stdin.isatty():
         raise LlmchatError("No prompt given.", 'llmchat ask "your question"')
-    text = sys.stdin.read().strip()
+    from app.errors import decode_utf8
+
+    stream = getattr(sys.stdin, "buffer", None)
+    text = (decode_utf8(stream.read(), "the prompt read from stdin") if stream is not None
+            else sys.stdin.read()).strip()
     if not text:
         raise LlmchatError("The prompt read from stdin is empty.", 'llmchat ask "your question"')
     return text

@@ -22,6 +22,7 @@ HELP = "measure prefill and decode speed (MLC's protocol: 1-token prompt, 512 to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app.cli import context_window_arg
     from app.inference.random_model import PRESETS
 
     parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=16,
                         help="tokens decoded in the warm-up run (default 16)")
     parser.add_argument("--runs", type=int, default=1, help="measured runs; the best is reported (default 1)")
-    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
                         help="KV-cache size (default: prompt + gen, rounded up, at least 1024)")
     parser.add_argument("--arch", default=None, help="GPU architecture to compile for (e.g. sm_90, gfx1100)")
     parser.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
@@ -50,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _probe_bandwidth(backend: str) -> tuple[float | None, str | None]:
     """(bytes/s, device name) of the GPU the probe picked, when it matches ``backend``."""
     try:
-        from app.inference.hardware import probe
+        from app.inference.hardware import shared_probe
 
-        report = probe()
+        report = shared_probe()
     except Exception:  # the probe is best effort
         return None, None
     gpu = getattr(report, "gpu", None)

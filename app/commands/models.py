@@ -36,7 +36,7 @@ def probe_report(timeout_s: float = PROBE_TIMEOUT_S) -> Any:
         try:
             from app.inference import hardware
 
-            result[0] = hardware.probe()  # type: ignore[attr-defined]
+            result[0] = hardware.shared_probe()  # type: ignore[attr-defined]
         except Exception:  # the probe belongs to another module: any failure means "unknown"
             result[0] = None
 
@@ -69,9 +69,14 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
     probe's, for the estimated decode speed (None: unknown)."""
     from app.inference import fit
     from app.inference.catalog import installed_model_path, list_installed, load_catalog
+    from app.inference.installed import quick_problem, repair_fix
     from app.inference.speed import speed_function
 
     speed = speed_function(report)
+
+    def health(path) -> dict:
+        problem = quick_problem(path) if path is not None else None
+        return {"broken": problem, "fix": repair_fix(path) if problem else None}
 
     catalog = load_catalog()
     installed = set(list_installed())
@@ -96,6 +101,7 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
                 "origin": entry.origin,
                 "installed": path is not None,
                 "path": str(path) if path else None,
+                **health(path),
                 "fit": {
                     "verdict": est.verdict,
                     "context": est.context,
@@ -126,6 +132,7 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
                 "origin": "installed",
                 "installed": True,
                 "path": str(path) if path else None,
+                **health(path),
                 "fit": {
                     "verdict": "unknown",
                     "context": None,
@@ -174,12 +181,15 @@ def run(args: argparse.Namespace) -> int:
                 str(row["context_window"] or "-"),
                 _fit_text(row),
                 _speed_text(row),
-                "yes" if row["installed"] else "",
+                ("broken" if row["broken"] else "yes") if row["installed"] else "",
             )
         )
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    for row in rows:
+        if row["broken"]:
+            print(f"\n{row['id']} is broken: {row['broken']}\n  fix: {row['fix']}")
     context = args.context or 4096
     memory = format_bytes(budget) if budget else "unknown (pass --memory GIB)"
     print(f"\nfit at {context} tokens of context, memory budget {memory}; `llmchat download ID` to get one")

@@ -14,6 +14,8 @@ API_KEY_ENV = "LLMCHAT_SERVE_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app.cli import context_window_arg
+
     parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
                         help="catalog id or model directory (default: the built-in default model)")
     parser.add_argument("--device", default=argparse.SUPPRESS,
@@ -26,17 +28,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
     parser.add_argument("--max-queue", type=int, default=16, metavar="N",
                         help="requests that may wait behind the running one; more get 429 (default 16)")
-    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model's name in the API (default: its llmchat id)")
+    from app.commands.ask import add_engine_argument
+
+    add_engine_argument(parser)
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's log level (default info)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.ask import StderrProgress, check_device_first, resolve_model
+    from app.commands.ask import StderrProgress, check_device_first, open_engine, resolve_model
     from app.errors import LlmchatError
     from app.serve.run import bind, run_server
     from app.serve.server import check_bind, create_app
@@ -50,10 +55,7 @@ def run(args: argparse.Namespace) -> int:
         progress = StderrProgress()
         check_device_first(args)
         model = resolve_model(getattr(args, "model", None), progress)
-        from app.inference.engine import load_engine
-
-        engine = load_engine(model, device=getattr(args, "device", None) or "auto", progress=progress,
-                             context_window=args.context_window)
+        engine = open_engine(args, model, progress, args.context_window)  # --engine tvm or mlc
         try:
             app = create_app(engine, api_key=api_key, max_queue=args.max_queue,
                              model_id=args.served_model_name)

@@ -353,20 +353,35 @@ def staging_path(model_id: str) -> Path:
 
 
 def remove_model(model_id: str) -> list[Path]:
-    """Remove an installed model and any partial download of it; returns what was removed."""
+    """Remove an installed model, any partial download of it and what interrupted runs left of it
+    (``cleanup.model_temporaries``); returns what was removed."""
+    return remove_model_report(model_id).removed
+
+
+def remove_model_report(model_id: str):
+    """``remove_model`` with the bytes it reclaimed (a ``cleanup.CleanReport``)."""
+    from app.cleanup import CleanReport, model_temporaries, remove_paths, tree_size
+
     _check_id(model_id)
-    removed: list[Path] = []
+    report = CleanReport()
     installed = installed_model_path(model_id)
     if installed is not None:
+        size = tree_size(installed)
         # rename first: the model stops being "installed" atomically, then the files go
         trash = paths.models_dir() / f".trash-{model_id}-{uuid.uuid4().hex[:8]}"
-        installed.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
-        removed.append(installed)
+        try:
+            installed.rename(trash)
+        except OSError as err:
+            from app.errors import os_error
+
+            raise os_error(err, f"Cannot remove {installed}") from None
+        shutil.rmtree(trash, ignore_errors=True)  # what stays is a temporary `llmchat clean` finds
+        report.removed.append(installed)
+        report.bytes += size - (tree_size(trash) if trash.exists() else 0)
     staging = staging_path(model_id)
     if staging.exists():
-        shutil.rmtree(staging, ignore_errors=True)
-        removed.append(staging)
-    if not removed:
+        remove_paths([staging], report)
+    remove_paths(model_temporaries(model_id), report)
+    if not report.removed:
         raise LlmchatError(f"model '{model_id}' is not installed", "`llmchat models` lists what is installed")
-    return removed
+    return report

@@ -595,6 +595,23 @@ def _cached_entry(lib: Path, meta_path: Path) -> CompiledModel | None:
         return None
 
 
+def _known_fallback(cfg: ModelConfig, device: DeviceSpec, key: str,
+                    fallback_key: str) -> CompiledModel | None:
+    """The stock-pipeline library cached when llmchat's schedules failed for exactly these sources
+    (``key``): the failure would repeat, so a start does not pay for it again."""
+    base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{fallback_key}"
+    meta_path = base.with_suffix(".json")
+    try:
+        if json.loads(meta_path.read_text(encoding="utf-8")).get("schedules_failed_for") != key:
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    from app.debug_log import log
+
+    log.info("llmchat's schedules failed before for key %s: using the stock library %s", key, base.name)
+    return _cached_entry(base.with_suffix(".so"), meta_path)
+
+
 def _drop_entry(lib: Path, meta_path: Path) -> None:
     for path in (meta_path, lib):  # metadata first: a half-removed entry is never "complete"
         with contextlib.suppress(FileNotFoundError):
@@ -635,20 +652,37 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
             progress(ProgressEvent("compile", f"the cached library {lib.name} is damaged or incomplete: "
                                    "rebuilding it", 0, 3))
         _drop_entry(lib, meta_path)
+    fallback_key = cache_key(cfg, device.backend, fingerprint, plain_pipeline=True)
+    known = None if _plain_pipeline() else _known_fallback(cfg, device, key, fallback_key)
+    if known is not None:
+        if progress:
+            progress(ProgressEvent("compile", f"llmchat's schedules failed for this model before: using the "
+                                   f"cached library of TVM's stock pipeline (slower; delete "
+                                   f"{known.lib_path.name} to try the schedules again)", 3, 3))
+        return known
+    try:  # a cache that cannot take the library fails now, not after minutes of compiling
+        libs_dir().mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=libs_dir(), prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise cache_write_error(libs_dir(), err) from err
     target = make_target(device, arch)
     t0 = time.monotonic()
-    fallback_key = cache_key(cfg, device.backend, fingerprint, plain_pipeline=True)
     params, stock = compile_library(cfg, target, lib, progress, device_label=str(device),
                                     report_pipeline=True)
+    normal_key = key
     if stock and not _plain_pipeline():
         # TVM's stock pipeline stood in for llmchat's schedules: that slower library is cached under
-        # the stock pipeline's key, never under this one, so a later start tries the schedules again
+        # the stock pipeline's key, never under this one; its metadata names this key, so a later
+        # start with the same sources takes it at once, and changed sources try the schedules again
         fallback = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{fallback_key}"
         os.replace(lib, fallback.with_suffix(".so"))
         lib, meta_path, key = fallback.with_suffix(".so"), fallback.with_suffix(".json"), fallback_key
     meta = {"params": params, "target": str(target), "compute_dtype": cfg.activation_dtype, "key": key,
             "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key(),
             "pipeline": "tvm-default" if stock else "llmchat",
+            # the schedules failed for these sources: later starts take this library at once
+            **({"schedules_failed_for": normal_key} if stock and not _plain_pipeline() else {}),
             "size": lib.stat().st_size, "sha256": file_digest(lib)}
     try:
         _write_json_atomic(meta_path, meta)

@@ -62,3 +62,39 @@ class PinnedReadback:
         if self._host:
             self._rt.cudaFreeHost(self._host)
             self._host = ctypes.c_void_p()
+
+
+class StepFence:
+    """Keeps each forward step of TVM's paged KV cache from starting before the previous one ended.
+
+    On CUDA the KV cache copies a step's page tables (positions, page indices, lengths) from one
+    page-locked host buffer into one device buffer, on a copy stream of its own that does not wait
+    for the kernels queued before it (TVM expects the host to synchronise after every step, as a
+    sampler does). A step queued while an earlier one still runs, as greedy batches and chunked
+    prompts do, would overwrite the tables that the earlier step's attention reads: wrong attention,
+    and past a few thousand tokens of context, reads outside the cache (an illegal address). The
+    fence records an event after each step and waits for it before the next one begins; the GPU
+    keeps the work of one step queued while the host prepares the next."""
+
+    def __init__(self, cudart: Any) -> None:
+        self._rt = cudart
+        self._event = ctypes.c_void_p()
+        PinnedReadback._check(cudart.cudaEventCreateWithFlags(ctypes.byref(self._event), _DISABLE_TIMING),
+                              "cudaEventCreateWithFlags")
+        self._marked = False
+
+    def mark(self) -> None:
+        """After a step's kernels are queued (on the default stream, as TVM's)."""
+        PinnedReadback._check(self._rt.cudaEventRecord(self._event, None), "cudaEventRecord")
+        self._marked = True
+
+    def wait(self) -> None:
+        """Before the next step begins: wait until the marked step has run."""
+        if self._marked:
+            PinnedReadback._check(self._rt.cudaEventSynchronize(self._event), "cudaEventSynchronize")
+            self._marked = False
+
+    def close(self) -> None:
+        if self._event:
+            self._rt.cudaEventDestroy(self._event)
+            self._event = ctypes.c_void_p()

@@ -80,12 +80,38 @@ def _report(progress: ProgressCallback | None, stage: str, message: str,
         progress(ProgressEvent(stage, message, done, total))  # type: ignore[arg-type]
 
 
-def pip_download(package: str, version: str, dest: Path, progress: ProgressCallback | None = None) -> Path:
-    """``pip download --no-deps --only-binary=:all: package==version`` into ``dest``; the wheel's path."""
+#: the first pip with ``--progress-bar raw`` (machine-readable progress lines)
+RAW_PROGRESS_PIP = (24, 1)
+
+
+def pip_version(python: str = sys.executable) -> tuple[int, ...] | None:
+    """The version of ``python``'s pip (``python -m pip --version``), None when it cannot be run."""
+    try:
+        out = subprocess.run([python, "-m", "pip", "--version", "--disable-pip-version-check"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.match(r"pip (\d+)\.(\d+)", out.strip())
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def pip_download(package: str, version: str, dest: Path, progress: ProgressCallback | None = None,
+                 python: str = sys.executable) -> Path:
+    """``pip download --no-deps --only-binary=:all: package==version`` into ``dest``; the wheel's path.
+
+    Works with the pip that is there: pips before 24.1 have no ``--progress-bar raw``, so they
+    download without progress lines (the progress then says only that pip is downloading)."""
     spec = f"{package}=={version}"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", spec,
-           "-d", str(dest), "--progress-bar", "raw", "--no-cache-dir", "--disable-pip-version-check"]
-    _report(progress, "download", f"downloading {spec} from PyPI")
+    found = pip_version(python)
+    raw = found is not None and found >= RAW_PROGRESS_PIP
+    cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", spec,
+           "-d", str(dest), "--progress-bar", "raw" if raw else "off", "--no-cache-dir",
+           "--disable-pip-version-check"]
+    if raw:
+        _report(progress, "download", f"downloading {spec} from PyPI")
+    else:
+        pip_name = f"pip {'.'.join(map(str, found))}" if found else "this pip"
+        _report(progress, "download", f"downloading {spec} from PyPI ({pip_name} shows no progress)")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -183,14 +209,21 @@ def _setup_lock() -> Iterator[None]:
 
 
 def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
-    """The default model's directory, downloading and importing it the first time."""
+    """The default model's directory, downloading and importing it the first time.
+
+    A data or cache directory that cannot be written is a message (``os_error``)."""
     target = paths.models_dir() / DEFAULT_MODEL_ID
     if target.is_dir():
         return target
-    with _setup_lock():
-        if target.is_dir():  # another llmchat set it up while we waited
-            return target
-        return _set_up(target, progress)
+    try:
+        with _setup_lock():
+            if target.is_dir():  # another llmchat set it up while we waited
+                return target
+            return _set_up(target, progress)
+    except OSError as err:
+        from app.errors import os_error
+
+        raise os_error(err, f"Setting up the default model {DEFAULT_MODEL_ID} failed") from None
 
 
 def _set_up(target: Path, progress: ProgressCallback | None) -> Path:

@@ -12,8 +12,6 @@ driver (its CUDA twin) instead of TVM's CUDA runtime.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -127,17 +125,15 @@ def check_device(spec: DeviceSpec) -> None:
 
 def _auto() -> DeviceSpec:
     try:
-        from app.inference.hardware import probe
+        from app.inference.hardware import shared_probe
     except ImportError:
         return DeviceSpec("cpu", 0)
-    if os.path.exists("/proc/driver/nvidia/version"):
-        # TVM registers its CUDA runtime only once libcudart is loaded, and the probe asks an
-        # already imported TVM what it can run: load it first (seen on the H200: auto fell to cpu)
-        with contextlib.suppress(LlmchatError):
-            _prepare_cuda()
     try:
-        report = probe()
+        report = shared_probe()  # loads the CUDA runtime first where NVIDIA's driver is
     except Exception:  # the probe is best effort; never block a start on it
+        from app.debug_log import log
+
+        log.warning("the hardware probe failed: --device auto falls back to the CPU", exc_info=True)
         return DeviceSpec("cpu", 0)
     backend = str(getattr(report, "backend", "cpu") or "cpu")
     device = str(getattr(report, "device", "") or "")

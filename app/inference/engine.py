@@ -309,7 +309,11 @@ def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per
         if int(device.dlpack_device_type()) == 1:
             return ctx
         total = int(memory_budget / 0.85) if memory_budget else int(device.total_global_memory)
-    except Exception:
+    except Exception as err:
+        from app.debug_log import log
+
+        log.info("the GPU's memory size is unknown (context window not fitted to it): %s: %s",
+                 type(err).__name__, err)
         return ctx
     if total <= 0:
         return ctx
@@ -322,10 +326,13 @@ def _vulkan_memory_budget() -> int | None:
     """The probe's memory budget for the GPU (the unified-memory path on a Steam Deck or an APU);
     None when the probe finds no GPU (a CPU Vulkan device such as lavapipe: system RAM)."""
     try:
-        from app.inference.hardware import probe
+        from app.inference.hardware import shared_probe
 
-        report = probe()
+        report = shared_probe()
     except Exception:  # the probe is best effort
+        from app.debug_log import log
+
+        log.info("the hardware probe failed (no Vulkan memory budget)", exc_info=True)
         return None
     if report.gpu is None:
         return None

@@ -37,6 +37,7 @@ from app.errors import LlmchatError
 from app.inference.api import ProgressCallback, ProgressEvent
 from app.inference.gguf_reader import GGUFFile, GGUFTensor, read_gguf
 from app.inference.gguf_tokenizer import build_tokenizer
+from app.inference.installed import IMPORT_RECORD, check_model_files
 
 #: the model's main quantization: GGUF imports compute in float32 (norms, activations, KV cache)
 BASE_QUANTIZATION = "q0f32"
@@ -466,6 +467,15 @@ def import_gguf(
         _write_json(staging / "generation_config.json",
                     {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_ids})
         _write_json(staging / "mlc-chat-config.json", config)
+        _write_json(staging / IMPORT_RECORD, {"source": str(path.resolve())})
+        # everything parses as a load parses it (the chat template too): nothing is installed that
+        # cannot load
+        try:
+            check_model_files(staging)
+        except LlmchatError as err:
+            raise LlmchatError(f"{path}: {err.problem.replace(str(staging), name)}",
+                               "the GGUF's metadata is broken: convert the model again with a recent "
+                               "llama.cpp, or use another GGUF of it") from None
         try:
             if target.exists():
                 raise FileExistsError(target)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import re
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,15 @@ MLC_INSTALL_FIX = (
 )
 # MLC's message when the whole conversation exceeds the context window (engine_utils.py)
 _PROMPT_TOO_LONG = "larger than the model input length limit"
+_PROMPT_TOO_LONG_NUMBERS = re.compile(r"has (\d+) tokens in total, " + _PROMPT_TOO_LONG + r" (\d+)")
+
+
+@dataclass
+class MLCReplyStats(ReplyStats):
+    """A reply's stats with the whole prompt's length as MLC counted it (``usage.prompt_tokens``;
+    ``prompt_tokens`` is what was prefilled, after MLC's prefix cache)."""
+
+    request_prompt_tokens: int = 0
 
 
 def mlc_llm_available() -> bool:
@@ -171,6 +182,8 @@ class MLCLLMEngine(ConversationState):
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._request_id: str | None = None
+        #: the caller's cancel event of the running ``complete()`` (``llmchat serve``'s client gone)
+        self._external_cancel: threading.Event | None = None
         self._closed = False
 
     # -- conversation state -------------------------------------------------------------------
@@ -261,6 +274,44 @@ class MLCLLMEngine(ConversationState):
                 self._history = [*history, Message("assistant", reply.text)]
             self._lock.release()
 
+    def count_prompt_tokens(self, messages: list[Message]) -> int | None:
+        """None: MLC's documented API renders and counts the prompt only inside a request (it then
+        refuses one beyond the context window, which ``complete`` reports as ContextLengthExceeded)."""
+        return None
+
+    def complete(self, messages: list[Message], params: SamplingParams, *,
+                 cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """One reply to a whole conversation given by the caller (``llmchat serve --engine mlc``): the
+        engine's own conversation is not touched; MLC's prefix cache spares the shared prefix.
+        ``cancel`` stops it at the next chunk (the stream is closed, which aborts it in MLC)."""
+        from app.inference.engine import ContextLengthExceeded
+
+        params = validate(params)
+        self._begin()
+        self._external_cancel = cancel
+        try:
+            reply = _Reply()
+            payload = [{"role": m.role, "content": m.content} for m in messages]
+            deltas = self._stream(reply, chat=True, messages=payload, params=params)
+            try:
+                with contextlib.closing(deltas):
+                    yield from deltas
+            except _PromptTooLong as err:
+                found = _PROMPT_TOO_LONG_NUMBERS.search(str(err))
+                tokens, limit = (int(found[1]), int(found[2])) if found else (0, self.info.context_window)
+                raise ContextLengthExceeded(tokens, limit, "shorten the conversation") from None
+            stats = self._stats(reply, params)
+            self.last_stats = stats
+            self.session_stats.add(stats)
+            yield stats
+        finally:
+            self._external_cancel = None
+            self._lock.release()
+
+    def _cancelled(self) -> bool:
+        external = self._external_cancel
+        return self._cancel.is_set() or (external is not None and external.is_set())
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -318,7 +369,7 @@ class MLCLLMEngine(ConversationState):
         iterator = iter(stream)
         try:
             while True:
-                if self._cancel.is_set():
+                if self._cancelled():
                     reply.finish = "cancelled"
                     break
                 try:
@@ -326,7 +377,7 @@ class MLCLLMEngine(ConversationState):
                 except StopIteration:
                     break
                 except Exception as err:
-                    if self._cancel.is_set():  # the abort ended the stream with an error chunk
+                    if self._cancelled():  # the abort ended the stream with an error chunk
                         reply.finish = "cancelled"
                         break
                     raise _mlc_error(err) from None
@@ -355,14 +406,15 @@ class MLCLLMEngine(ConversationState):
                 with contextlib.suppress(Exception):
                     close()
 
-    def _stats(self, reply: _Reply, params: SamplingParams) -> ReplyStats:
-        stats = ReplyStats()
+    def _stats(self, reply: _Reply, params: SamplingParams) -> MLCReplyStats:
+        stats = MLCReplyStats()
         usage = reply.usage
         extra: dict[str, Any] = dict(getattr(usage, "extra", None) or {}) if usage is not None else {}
         if usage is not None:
             prefill_tokens = int(extra.get("prefill_tokens") or 0)
             stats.prompt_tokens = prefill_tokens or int(getattr(usage, "prompt_tokens", 0) or 0)
             stats.generated_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+            stats.request_prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         else:
             stats.generated_tokens = reply.chunks_with_text
         wall_ttft = (reply.first_text_at or reply.ended or reply.started) - reply.started

@@ -121,23 +121,80 @@ def make_client(endpoint: str, api_key: str | None,
     return client, headers
 
 
-def list_models(endpoint: str, api_key: str | None = None) -> list[str]:
-    """The names of the models the server at ``endpoint`` offers (``/v1/models``)."""
+def list_models(endpoint: str, api_key: str | None = None, hints: ErrorHints | None = None) -> list[str]:
+    """The names of the models the server at ``endpoint`` offers (``/v1/models``); errors (unreachable,
+    a missing or refused key, no OpenAI API there) as ``LlmchatError`` with ``hints``' fixes."""
     endpoint = normalize_endpoint(endpoint)
     key = resolve_api_key(endpoint, api_key)
-    client, headers = make_client(endpoint, key)
+    client, headers = make_client(endpoint, key, read_timeout_s=CONNECT_TIMEOUT_S)
     try:
         return [card.id for card in client.models.list(extra_headers=headers).data]
+    except Exception as err:
+        raise server_error(err, endpoint, has_key=bool(key), hints=hints) from None
     finally:
         client.close()
+
+
+@dataclass(frozen=True)
+class ErrorHints:
+    """The fixes an error names, in the words of where the endpoint came from (the command line's
+    options by default; the models screen's fields there)."""
+
+    key: str = f"pass --api-key KEY or set {API_KEY_ENV}"
+    url: str = "check --endpoint and that the server is running"
+    path: str = "check --endpoint (usually ending in /v1) and --model"
+    model: str = "pass --model with one of them"
+
+
+CLI_HINTS = ErrorHints()
+
+
+def server_error(err: BaseException, endpoint: str, *, has_key: bool, model: str | None = None,
+                 hints: ErrorHints | None = None) -> LlmchatError:
+    """An error of the ``openai`` client talking to ``endpoint`` as a problem and its fix."""
+    import openai
+
+    hints = hints or CLI_HINTS
+    where = f"The server at {endpoint}"
+    if isinstance(err, LlmchatError):
+        return err
+    if isinstance(err, openai.AuthenticationError | openai.PermissionDeniedError):
+        problem = f"{where} refused the API key." if has_key else f"{where} needs an API key."
+        return LlmchatError(f"{problem} ({err.status_code})", hints.key)
+    if isinstance(err, openai.NotFoundError):
+        what = f"has no model {model!r}" if model else "has no OpenAI API at this URL"
+        return LlmchatError(f"{where} {what} (404): {_message(err)}", hints.path)
+    if isinstance(err, openai.RateLimitError):
+        retry = err.response.headers.get("retry-after")
+        return LlmchatError(f"{where} is busy (429): {_message(err)}",
+                            f"try again in {retry} s" if retry else "try again shortly")
+    if isinstance(err, openai.BadRequestError):
+        text = _message(err)
+        if getattr(err, "code", None) == "context_length_exceeded" or "context" in text.lower():
+            return LlmchatError(f"The conversation no longer fits the model's context window: {text}",
+                                "/reset starts a new conversation")
+        return LlmchatError(f"{where} rejected the request (400): {text}", "check the /set values")
+    if isinstance(err, openai.APIStatusError):
+        return LlmchatError(f"{where} answered {err.status_code}: {_message(err)}",
+                            "check the server's log")
+    if isinstance(err, openai.APITimeoutError):
+        return LlmchatError(f"{where} did not answer in time.", hints.url)
+    if isinstance(err, openai.APIConnectionError):
+        cause = err.__cause__ or err
+        return LlmchatError(f"Cannot reach the server at {endpoint}: {cause}.", hints.url)
+    return LlmchatError(f"{where} failed: {type(err).__name__}: {err}", "check the server")
 
 
 class RemoteEngine(ConversationState):
     """A model on an OpenAI-compatible server, with one conversation (implements ``Engine``)."""
 
     def __init__(self, endpoint: str, *, api_key: str | None = None, model: str | None = None,
-                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+                 read_timeout_s: float = READ_TIMEOUT_S, hints: ErrorHints | None = None,
+                 saved_as: str | None = None) -> None:
         self.endpoint = normalize_endpoint(endpoint)
+        self._hints = hints or CLI_HINTS
+        #: ``server:NAME`` for a server saved in the models screen (how history names the model)
+        self.saved_as = saved_as
         key = resolve_api_key(self.endpoint, api_key)
         self._has_key = bool(key)
         self._client, self._headers = make_client(self.endpoint, key, read_timeout_s)
@@ -157,7 +214,7 @@ class RemoteEngine(ConversationState):
             name = model or names[0]
             if name not in names:
                 raise LlmchatError(f"The server at {self.endpoint} has no model {name!r}; it offers: "
-                                   f"{', '.join(names)}.", "pass --model with one of them")
+                                   f"{', '.join(names)}.", self._hints.model)
         except BaseException:
             self._client.close()
             raise
@@ -179,39 +236,7 @@ class RemoteEngine(ConversationState):
             raise self._error(err) from None
 
     def _error(self, err: BaseException, model: str | None = None) -> LlmchatError:
-        import openai
-
-        where = f"The server at {self.endpoint}"
-        if isinstance(err, LlmchatError):
-            return err
-        if isinstance(err, openai.AuthenticationError | openai.PermissionDeniedError):
-            problem = f"{where} refused the API key." if self._has_key else f"{where} needs an API key."
-            return LlmchatError(f"{problem} ({err.status_code})",
-                                f"pass --api-key KEY or set {API_KEY_ENV}")
-        if isinstance(err, openai.NotFoundError):
-            what = f"has no model {model!r}" if model else "has no OpenAI API at this URL"
-            return LlmchatError(f"{where} {what} (404): {_message(err)}",
-                                "check --endpoint (usually ending in /v1) and --model")
-        if isinstance(err, openai.RateLimitError):
-            retry = err.response.headers.get("retry-after")
-            return LlmchatError(f"{where} is busy (429): {_message(err)}",
-                                f"try again in {retry} s" if retry else "try again shortly")
-        if isinstance(err, openai.BadRequestError):
-            text = _message(err)
-            if getattr(err, "code", None) == "context_length_exceeded" or "context" in text.lower():
-                return LlmchatError(f"The conversation no longer fits the model's context window: {text}",
-                                    "/reset starts a new conversation")
-            return LlmchatError(f"{where} rejected the request (400): {text}", "check the /set values")
-        if isinstance(err, openai.APIStatusError):
-            return LlmchatError(f"{where} answered {err.status_code}: {_message(err)}",
-                                "check the server's log")
-        if isinstance(err, openai.APITimeoutError):
-            return LlmchatError(f"{where} did not answer in time.", "check that the server is running")
-        if isinstance(err, openai.APIConnectionError):
-            cause = err.__cause__ or err
-            return LlmchatError(f"Cannot reach the server at {self.endpoint}: {cause}.",
-                                "check --endpoint and that the server is running")
-        return LlmchatError(f"{where} failed: {type(err).__name__}: {err}", "check the server")
+        return server_error(err, self.endpoint, has_key=self._has_key, model=model, hints=self._hints)
 
     # -- conversation ----------------------------------------------------------------------------
     def reset(self) -> None:

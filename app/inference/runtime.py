@@ -56,7 +56,10 @@ def _optional_function(vm: Any, name: str) -> Any | None:
     """``vm[name]``, or None when the library does not export it."""
     try:
         return vm[name]
-    except Exception:  # TVM raises its own error type for a missing function
+    except Exception as err:  # TVM raises its own error type for a missing function
+        from app.debug_log import log
+
+        log.debug("the model library has no %s (%s)", name, type(err).__name__)
         return None
 
 
@@ -125,6 +128,7 @@ class ModelRuntime:
         self._picked: Any = None  # decode_greedy_ahead's ids, gathered on the device: one copy back
         self._picked_slots: list[Any] = []  # its elements as one-id views (made once, not per step)
         self._readbacks: list[Any] | None = None  # pinned host buffers for them (CUDA)
+        self._fence: Any = None  # CUDA: each forward step waits for the previous one (made on first use)
         self._f_add(self.kv, SEQ_ID)
         self._length = 0
 
@@ -195,9 +199,11 @@ class ModelRuntime:
             chunk = arr[start: start + self.prefill_chunk]
             n = len(chunk)
             emb = self._f_reshape(self._embed(chunk), self._ShapeTuple([1, n, self.hidden_size]))
+            self._step_begins()
             self._f_begin(self.kv, self._seq, self._ShapeTuple([n]))
             logits, self.kv = self._f_prefill(emb, self.kv, self.params)
             self._f_end(self.kv)
+            self._step_ended()
             self._length += n
         return logits.numpy().reshape(-1)
 
@@ -213,11 +219,37 @@ class ModelRuntime:
     def _decode_device_id(self, ids: Any) -> Any:
         """Append the token whose id is in the device tensor ``ids`` (int32 ``[1]``); its logits."""
         emb = self._f_reshape(self._f_embed(ids, self.params), self._decode_shape)
+        self._step_begins()
         self._f_begin(self.kv, self._seq, self._one)
         logits, self.kv = self._f_decode(emb, self.kv, self.params)
         self._f_end(self.kv)
+        self._step_ended()
         self._length += 1
         return logits
+
+    def _step_begins(self) -> None:
+        """Before a forward step: on CUDA, wait for the previous one (see cuda_readback.StepFence)."""
+        if self._fence is None:
+            self._fence = self._make_fence()
+        if self._fence:
+            self._fence.wait()
+
+    def _step_ended(self) -> None:
+        if self._fence:
+            self._fence.mark()
+
+    def _make_fence(self) -> Any:
+        """A StepFence on TVM's CUDA runtime; False elsewhere: the twin and llmchat's ROCm runtime
+        create the KV cache's copy stream as a blocking stream (ordered after the kernels queued on
+        the default stream), the CPU and WebGPU caches copy in order."""
+        if int(self.device.dlpack_device_type()) != CUDA_DEVICE_TYPE:
+            return False
+        if os.environ.get("LLMCHAT_GPU_RUNTIME", "").strip().lower() == "twin":
+            return False
+        from app.inference.cuda_readback import StepFence
+        from app.inference.cuda_support import load_cudart
+
+        return StepFence(load_cudart())
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token; its logits, float32 [vocab]."""
@@ -326,7 +358,11 @@ class ModelRuntime:
 
                 cudart = load_cudart()
                 self._readbacks = [PinnedReadback(cudart, PICKED_CAPACITY) for _ in range(2)]
-            except Exception:  # no pinned memory: synchronous copies still work
+            except Exception as err:  # no pinned memory: synchronous copies still work
+                from app.debug_log import log
+
+                log.info("no pinned read-back buffers (greedy ids copied synchronously): %s: %s",
+                         type(err).__name__, err)
                 self._readbacks = []
         return self._readbacks or None
 
@@ -352,3 +388,6 @@ class ModelRuntime:
         for readback in self._readbacks or []:
             readback.close()
         self._readbacks = None
+        if self._fence:
+            self._fence.close()
+        self._fence = None

@@ -231,7 +231,10 @@ class Sampler:
         logits = np.asarray(logits).reshape(-1)
         logits = self.apply_penalties(logits)
         if self.params.temperature == 0.0:
-            return int(np.argmax(logits))
+            token = int(np.argmax(logits))  # the first NaN when there is one
+            if not math.isfinite(float(logits[token])):
+                raise not_finite_error()
+            return token
         candidates, weights = self._weights(logits)
         return int(candidates[_inverse_cdf(weights, self.rng.random())])
 
@@ -252,10 +255,7 @@ class Sampler:
         logits = np.asarray(penalized_logits, dtype=np.float32)
         top = float(np.max(logits))
         if not math.isfinite(top):
-            raise LlmchatError(
-                "the model produced no finite logits (all -inf or NaN).",
-                "check the model's weights; try another quantization",
-            )
+            raise not_finite_error()
         # softmax numerator, exp in float32 (fast), sums in float64
         weights = np.exp((logits - np.float32(top)) * np.float32(1.0 / self.params.temperature))
         total = float(weights.sum(dtype=np.float64))
@@ -265,6 +265,16 @@ class Sampler:
         ids = _nucleus(weights, total, top_p)
         return ids, weights[ids]
 
+
+
+def not_finite_error() -> LlmchatError:
+    """The model's logits hold NaN (or no finite value): its weights or library compute garbage."""
+    return LlmchatError(
+        "the model produced NaN logits (not a number): its weights hold NaN or infinity, or the compiled "
+        "library computes garbage; no reply can be drawn from them",
+        "check the weights: `llmchat download ID` verifies and repairs a downloaded model (re-import a "
+        "GGUF); if they are whole, the model file itself is broken: use another model or quantization",
+    )
 
 _BLOCK = 1024
 

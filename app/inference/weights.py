@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from app import paths
 from app.errors import LlmchatError
 from app.inference.quantization.base import to_words, word_spec
 
@@ -68,7 +66,8 @@ def find_manifest(model_dir: Path) -> Path:
         if (model_dir / name).is_file():
             return model_dir / name
     raise LlmchatError(
-        f"{model_dir / MANIFEST_NAMES[0]} is missing: the model directory has no weights.", _REDOWNLOAD
+        f"{model_dir / MANIFEST_NAMES[0]} is missing: the model directory has no weights.",
+        repair_fix(model_dir),
     )
 
 
@@ -91,70 +90,47 @@ def read_manifest(model_dir: str | Path) -> Manifest:
                     offset=int(rec["byteOffset"]), shard=data_path,
                 )
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise LlmchatError(f"{path} is damaged ({type(err).__name__}: {err}).", _REDOWNLOAD) from err
+        raise LlmchatError(f"{path} is damaged ({type(err).__name__}: {err}).",
+                           repair_fix(model_dir)) from err
     return Manifest(path, records, shards, dict(data.get("metadata") or {}))
 
 
 # ------------------------------------------------------------------------------------------
 # Verification
 # ------------------------------------------------------------------------------------------
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+def repair_fix(model_dir: Path) -> str:
+    """The fix for a damaged or incomplete model directory: the command that repairs it here."""
+    from app.inference.installed import repair_fix as fix
 
-
-def _verified_store() -> Path:
-    return paths.cache_dir() / "verified-shards.json"
-
-
-def _load_verified() -> dict[str, str]:
-    try:
-        return dict(json.loads(_verified_store().read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_verified(entries: dict[str, str]) -> None:
-    store = _verified_store()
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=store.parent, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(entries, f)
-        os.replace(tmp, store)
-    except OSError:
-        pass  # only an optimisation
+    return fix(Path(model_dir))
 
 
 def verify_shards(model_dir: str | Path, manifest: Manifest, check_md5: bool = True) -> None:
-    """Every shard exists with its listed size and md5 sum; raise naming the first bad file."""
+    """Every shard exists with its listed size and md5 sum; raise naming the first bad file.
+
+    An md5 that passed is remembered while the file's size, mtime, ctime and inode stay the same
+    (``file_hashes.Verifier``): a shard rewritten with its mtime restored is hashed again."""
+    from app.inference.file_hashes import Verifier
+
     model_dir = Path(model_dir)
-    verified = _load_verified() if check_md5 else {}
-    changed = False
-    for shard in manifest.shards:
-        path = model_dir / shard["dataPath"]
-        if not path.is_file():
-            raise LlmchatError(f"Weight shard {path} is missing.", _REDOWNLOAD)
-        stat = path.stat()
-        if stat.st_size != shard["nbytes"]:
-            raise LlmchatError(
-                f"Weight shard {path} has {stat.st_size} bytes, {shard['nbytes']} expected (truncated or "
-                "damaged).", _REDOWNLOAD)
-        md5 = shard.get("md5sum")
-        if check_md5 and md5:
-            token = f"{stat.st_size}:{stat.st_mtime_ns}:{md5}"
-            key = str(path.resolve())
-            if verified.get(key) == token:
-                continue
-            if _md5(path) != md5:
-                raise LlmchatError(f"Weight shard {path} is corrupt (md5 sum mismatch).", _REDOWNLOAD)
-            verified[key] = token
-            changed = True
-    if changed:
-        _save_verified(verified)
+    verifier = Verifier() if check_md5 else None
+    try:
+        for shard in manifest.shards:
+            path = model_dir / shard["dataPath"]
+            if not path.is_file():
+                raise LlmchatError(f"Weight shard {path} is missing.", repair_fix(model_dir))
+            size = path.stat().st_size
+            if size != shard["nbytes"]:
+                raise LlmchatError(
+                    f"Weight shard {path} has {size} bytes, {shard['nbytes']} expected (truncated or "
+                    "damaged).", repair_fix(model_dir))
+            md5 = shard.get("md5sum")
+            if verifier is not None and md5 and not verifier.matches(path, "md5", str(md5)):
+                raise LlmchatError(f"Weight shard {path} is corrupt (md5 sum mismatch).",
+                                   repair_fix(model_dir))
+    finally:
+        if verifier is not None:
+            verifier.save()
 
 
 def check_params(manifest: Manifest, params: Iterable[Mapping[str, Any]]) -> None:
@@ -165,18 +141,18 @@ def check_params(manifest: Manifest, params: Iterable[Mapping[str, Any]]) -> Non
         if rec is None:
             raise LlmchatError(
                 f"{manifest.path} has no tensor {p['name']!r} that this model needs (wrong or incomplete "
-                "weights).", _REDOWNLOAD)
+                "weights).", repair_fix(manifest.path.parent))
         if (tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype) and not _as_words(rec, p) \
                 and not _widened(rec, p):
             raise LlmchatError(
                 f"{manifest.path}: tensor {rec.name} is {rec.dtype}{list(rec.shape)}, the model expects "
                 f"{p['dtype']}{list(p['shape'])} (weights from a different model or quantization).",
-                _REDOWNLOAD)
+                repair_fix(manifest.path.parent))
         stored = _np_dtype("uint16" if rec.encoding == "f32-to-bf16" else rec.dtype).itemsize
         want = stored * int(np.prod(rec.shape, dtype=np.int64))
         if rec.nbytes != want or rec.offset + rec.nbytes > shard_sizes.get(rec.shard, -1):
             raise LlmchatError(f"{manifest.path}: tensor {rec.name} has an inconsistent size or offset.",
-                               _REDOWNLOAD)
+                               repair_fix(manifest.path.parent))
 
 
 # ------------------------------------------------------------------------------------------

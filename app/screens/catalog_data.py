@@ -18,6 +18,7 @@ class CatalogData:
 
     entries: list[Any] = field(default_factory=list)
     installed: set[str] = field(default_factory=set)
+    broken: dict[str, str] = field(default_factory=dict)  # installed id -> what is wrong with it
     report: Any = None
     probe_error: BaseException | None = None
     speeds: dict[str, Any] = field(default_factory=dict)  # id -> SpeedEstimate (or None: unknown)
@@ -44,6 +45,13 @@ def load_catalog_data(app: LlmchatApp) -> CatalogData:
     data.entries = list(app.services.load_catalog().entries)
     data.installed = set(app.services.list_installed())
     data.speeds = estimate_speeds(app, data.report, data.entries)
+    for model_id in sorted(data.installed):
+        try:
+            problem = app.services.install_problem(model_id)
+        except Exception as err:  # a check that fails says so rather than hiding the row
+            problem = f"cannot be checked ({err})"
+        if problem:
+            data.broken[model_id] = problem
     return data
 
 

@@ -81,6 +81,7 @@ class HardwareScreen(Screen):
 
     def action_refresh(self) -> None:
         self.query_one("#hardware-report", Static).update("probing…")
+        self.llm_app.services.forget_probe()
         self._probe()
 
     @work(thread=True, exclusive=True, group="probe", exit_on_error=False)

@@ -19,6 +19,7 @@ from app.screens.loading import ProgressThrottle
 from app.units import format_bytes
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import error_markdown
+from app.widgets.servers_panel import ServersPanel
 
 if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
@@ -32,6 +33,7 @@ class ModelsScreen(LoadsCatalog, Screen):
         Binding("d", "download", "Download"),
         Binding("x", "remove", "Remove"),
         Binding("c", "cancel_download", "Cancel download"),
+        Binding("a", "add_server", "Add a server"),
         Binding("escape", "back", "Back"),
         Binding("q", "app.quit", "Quit", show=False),
     ]
@@ -63,6 +65,7 @@ class ModelsScreen(LoadsCatalog, Screen):
         yield CatalogTable(id="catalog")
         yield Static("loading the catalog…", id="models-status", markup=False)
         yield ProgressBar(id="download-progress", show_eta=False)
+        yield ServersPanel(id="servers-panel")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -82,8 +85,10 @@ class ModelsScreen(LoadsCatalog, Screen):
         engine = self.llm_app.engine
         select = current or (engine.info.model_id if engine else self.llm_app.services.default_model_id)
         table.show(data.entries, data.installed, fit_function(self.llm_app, data.report), select=select,
-                   speeds=data.speeds)
+                   speeds=data.speeds, broken=data.broken)
         note = f"{len(data.installed)} installed · Enter: chat with · d: download · x: remove"
+        for model_id, problem in data.broken.items():
+            note += f"\n{model_id} is broken: {problem} · d on it fetches what is missing or damaged"
         if data.probe_error is not None:
             note += f" · fit unknown: {data.probe_error}"
         status.update(f"{self.last_result}\n{note}" if self.last_result else note)
@@ -93,6 +98,10 @@ class ModelsScreen(LoadsCatalog, Screen):
         return self.query_one(CatalogTable).selected_id
 
     def action_use(self) -> None:
+        servers = self.query_one(ServersPanel)
+        if servers.has_focus_within:
+            servers.connect_selected()
+            return
         model_id = self._selected()
         if model_id is None:
             return
@@ -101,6 +110,9 @@ class ModelsScreen(LoadsCatalog, Screen):
             self.app.pop_screen()
             return
         self.llm_app.start_model(model_id)
+
+    def action_add_server(self) -> None:
+        self.query_one(ServersPanel).add_server()
 
     def action_back(self) -> None:
         if len(self.app.screen_stack) > 2:
@@ -113,7 +125,8 @@ class ModelsScreen(LoadsCatalog, Screen):
         if self.downloading:
             self.notify(f"Already downloading {self.downloading} (c cancels it).", severity="warning")
             return
-        if self.llm_app.services.installed_model_path(model_id) is not None:
+        if (self.llm_app.services.installed_model_path(model_id) is not None
+                and not self.llm_app.services.install_problem(model_id)):
             self.notify(f"{model_id} is already installed.")
             return
         self.downloading = model_id

@@ -163,8 +163,12 @@ def parse_sampling(body: dict, context_left: int) -> SamplingParams:
 
 
 # -- responses ----------------------------------------------------------------------------------
-def usage(prompt_tokens: int, stats: ReplyStats | None, job: Job) -> dict[str, Any]:
-    """OpenAI's usage, plus MLC's ``extra`` figures measured on the engine."""
+def usage(prompt_tokens: int | None, stats: ReplyStats | None, job: Job) -> dict[str, Any]:
+    """OpenAI's usage, plus MLC's ``extra`` figures measured on the engine. ``prompt_tokens`` None: the
+    engine could not count the prompt beforehand (MLC's), its reply's stats say it."""
+    if prompt_tokens is None:
+        counted = getattr(stats, "request_prompt_tokens", 0)
+        prompt_tokens = int(counted or (stats.prompt_tokens if stats else 0))
     completion = stats.generated_tokens if stats else 0
     extra: dict[str, Any] = {}
     if stats is not None:
@@ -271,12 +275,13 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
             raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
         include_usage = bool(options.get("include_usage"))
         messages = parse_messages(body.get("messages"))
+        # None: the engine counts only inside the request (MLC's); it then refuses a prompt too long
         prompt_tokens = await asyncio.to_thread(engine.count_prompt_tokens, messages)
         ctx = engine.info.context_window
-        if prompt_tokens >= ctx:
+        if prompt_tokens is not None and prompt_tokens >= ctx:
             raise ApiError(400, f"This model's context window is {ctx} tokens; the messages are "
                            f"{prompt_tokens} tokens.", param="messages", code="context_length_exceeded")
-        params = parse_sampling(body, ctx - prompt_tokens)
+        params = parse_sampling(body, ctx - (prompt_tokens or 0))
         job = Job(messages, params, asyncio.get_running_loop())
         try:
             state.scheduler.submit(job)
@@ -287,8 +292,15 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if stream:
+            first = None
+            if prompt_tokens is None:  # a prompt the engine refuses is a 400, not a broken stream
+                first = await _first_event(request, job)
+                if first is None:
+                    return Response(status_code=499)  # the client left while it waited
+                if isinstance(first, JobDone) and first.error is not None:
+                    return _error_from(first.error).response()
             return JobStream(
-                job, _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage),
+                job, _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage, first),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _complete(request, job, request_id, created, state.model_id, prompt_tokens)
@@ -346,8 +358,8 @@ def _error_from(err: BaseException) -> ApiError:
     return ApiError(500, f"The engine failed: {type(err).__name__}: {err}", type="server_error")
 
 
-async def _stream(job: Job, request_id: str, created: int, model: str, prompt_tokens: int,
-                  include_usage: bool) -> AsyncIterator[str]:
+async def _stream(job: Job, request_id: str, created: int, model: str, prompt_tokens: int | None,
+                  include_usage: bool, first_event: Any = None) -> AsyncIterator[str]:
     """The reply as OpenAI's chat.completion.chunk events; leaving early (the client went) cancels it."""
     def chunk(delta: dict, reason: str | None = None) -> dict:
         return {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -356,7 +368,10 @@ async def _stream(job: Job, request_id: str, created: int, model: str, prompt_to
     try:
         first = True
         while True:
-            event = await job.events.get()
+            if first_event is not None:
+                event, first_event = first_event, None
+            else:
+                event = await job.events.get()
             if first:
                 first = False
                 yield _sse(chunk({"role": "assistant", "content": ""}))
@@ -383,8 +398,23 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+async def _first_event(request: Request, job: Job) -> Any:
+    """The job's first event (text or its end), or None when the client left first (then cancelled)."""
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        finished, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in finished:
+            return getter.result()
+        getter.cancel()
+        job.cancel.set()
+        return None
+    finally:
+        gone.cancel()
+
+
 async def _complete(request: Request, job: Job, request_id: str, created: int, model: str,
-                    prompt_tokens: int) -> Response:
+                    prompt_tokens: int | None) -> Response:
     """A non-streamed reply; a client that disconnects while it waits cancels it."""
     gone = asyncio.ensure_future(_wait_disconnect(request))
     pieces: list[str] = []

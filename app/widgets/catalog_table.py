@@ -62,6 +62,7 @@ class CatalogTable(DataTable):
         fit: Callable[[Any], str],
         select: str | None = None,
         speeds: dict[str, Any] | None = None,
+        broken: dict[str, str] | None = None,
     ) -> None:
         """Fill the table and put the cursor on ``select`` (e.g. the default model); ``speeds``: the
         estimated decode speed per id (``app.inference.speed.SpeedEstimate``)."""
@@ -88,7 +89,7 @@ class CatalogTable(DataTable):
                 human_context(entry.context_window),
                 fit_badge(verdict),
                 speed_cell((speeds or {}).get(entry.id)),
-                Text("✓ yes", style="green") if entry.id in installed else Text("—", style="dim"),
+                _installed_cell(entry.id, installed, broken or {}),
                 key=entry.id,
                 height=2 if entry.name != entry.id or self._slow(speeds, entry.id) else 1,
             )
@@ -110,3 +111,9 @@ class CatalogTable(DataTable):
             return None
         row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
         return str(row_key.value)
+
+
+def _installed_cell(model_id: str, installed: set[str], broken: dict[str, str]) -> Text:
+    if model_id in broken:
+        return Text("⚠ broken", style="bold red")
+    return Text("✓ yes", style="green") if model_id in installed else Text("—", style="dim")

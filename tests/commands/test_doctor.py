@@ -101,3 +101,39 @@ def test_doctor_utilization_is_validated_and_used():
     full = json.loads(llmchat("doctor", "--json", "--sysroot", deck).stdout)
     assert half["memory_budget_bytes"] < full["memory_budget_bytes"]
     assert half["utilization"] == 0.5
+
+
+def _copy_fixture(name: str, tmp_path: Path) -> Path:
+    import shutil
+
+    root = tmp_path / name
+    shutil.copytree(FIXTURES / name, root, symlinks=True)
+    return root
+
+
+def test_doctor_ignores_negative_and_absurd_vram_sizes(tmp_path):
+    root = _copy_fixture("amd-rx6900xt", tmp_path)
+    vram = root / "sys/class/drm/card0/device/mem_info_vram_total"
+    for value in ("-14588628172", str(850 * 10**27)):  # a budget of -13.6 GiB, or 7.9e20 GiB
+        vram.write_text(value + "\n")
+        out = llmchat("doctor", "--json", "--sysroot", str(root))
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        assert 8e9 <= data["memory_budget_bytes"] <= 24e9  # the table's VRAM of an RX 6900 XT
+        assert data["devices"][0]["vram_source"] == "table"
+        assert any("mem_info_vram_total" in p and "impossible memory size" in p and value in p
+                   for p in data["problems"]), data["problems"]
+
+
+def test_doctor_with_a_non_ascii_kfd_node_directory(tmp_path):
+    root = _copy_fixture("amd-vangogh", tmp_path)
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    for odd in ("²", "٣", "ノード"):
+        (nodes / odd).mkdir()
+        (nodes / odd / "properties").write_text((nodes / "1" / "properties").read_text())
+    out = llmchat("doctor", "--json", "--sysroot", str(root))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    data = json.loads(out.stdout)
+    assert data["recommended_backend"] == "vulkan" and len(data["devices"]) == 1
+    text = llmchat("doctor", "--sysroot", str(root))
+    assert text.returncode == 0 and "Traceback" not in text.stderr

@@ -19,7 +19,7 @@ from app.cli import main
 from app.commands import models as models_command
 from app.inference import fit
 from app.inference.catalog import load_catalog
-from tests.hub_server import TINY_REGISTRY
+from tests.hub_server import TINY_REGISTRY, make_tiny_mlc_model
 
 GB = 1 << 30  # --memory takes GiB
 
@@ -31,6 +31,13 @@ def dirs(tmp_path, monkeypatch):
     return tmp_path
 
 
+def install_whole(path: Path) -> None:
+    """A model directory that loads (config, tokenizer, tensor cache and its shards)."""
+    for name, data in make_tiny_mlc_model(shard_sizes=(1000,)).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(data)
+
+
 def run_json(capsys, *extra: str) -> dict:
     assert main(["models", "--json", *extra]) == 0
     return json.loads(capsys.readouterr().out)
@@ -38,7 +45,7 @@ def run_json(capsys, *extra: str) -> dict:
 
 def test_json_lists_every_entry_with_size_fit_and_installed_state(capsys):
     installed = paths.models_dir() / "qwen2.5-0.5b-instruct"
-    installed.mkdir(parents=True)
+    install_whole(installed)
     (paths.models_dir() / ".staging" / "llama-2-7b-chat").mkdir(parents=True)  # partial: not installed
     out = run_json(capsys, "--memory", "8")
     rows = {row["id"]: row for row in out["models"]}
@@ -68,24 +75,25 @@ def test_fit_depends_on_the_budget(capsys):
 
 def test_installed_models_outside_the_catalog_are_listed(capsys):
     other = paths.models_dir() / "someone--Other-MLC"
-    other.mkdir(parents=True)
-    (other / "params_shard_0.bin").write_bytes(b"x" * 1234)
+    install_whole(other)
+    size = sum(p.stat().st_size for p in other.rglob("*") if p.is_file())
     rows = {row["id"]: row for row in run_json(capsys, "--memory", "8")["models"]}
-    assert rows["someone--Other-MLC"]["installed"] is True
-    assert rows["someone--Other-MLC"]["download_bytes"] == 1234
+    assert rows["someone--Other-MLC"]["installed"] is True and rows["someone--Other-MLC"]["broken"] is None
+    assert rows["someone--Other-MLC"]["download_bytes"] == size
     assert rows["someone--Other-MLC"]["fit"]["verdict"] == "unknown"
 
 
 def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
     from app.inference import hardware
 
-    monkeypatch.setattr(hardware, "probe", lambda: SimpleNamespace(memory_budget_bytes=2 * GB), raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", lambda: SimpleNamespace(memory_budget_bytes=2 * GB),
+                        raising=False)
     assert run_json(capsys)["memory_budget_bytes"] == 2 * GB
 
     def broken():
         raise RuntimeError("no GPU driver")
 
-    monkeypatch.setattr(hardware, "probe", broken, raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", broken, raising=False)
     out = run_json(capsys)
     assert out["memory_budget_bytes"] is None
     assert {row["fit"]["verdict"] for row in out["models"]} == {"unknown"}
@@ -94,20 +102,25 @@ def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
         time.sleep(5)
         return SimpleNamespace(memory_budget_bytes=GB)
 
-    monkeypatch.setattr(hardware, "probe", slow, raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", slow, raising=False)
     start = time.monotonic()
     assert run_json(capsys)["memory_budget_bytes"] is None
     assert time.monotonic() - start < 1.5
 
 
 def test_table_output(capsys):
-    (paths.models_dir() / "phi-3.5-mini-instruct").mkdir(parents=True)
+    install_whole(paths.models_dir() / "phi-3.5-mini-instruct")
+    (paths.models_dir() / "qwen2.5-0.5b-instruct").mkdir(parents=True)  # an empty directory: broken
     assert main(["models", "--memory", "4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "INSTALLED"]
     phi = next(line for line in lines if line.startswith("phi-3.5-mini-instruct"))
     assert phi.rstrip().endswith("yes") and "2.00 GiB" in phi  # one unit everywhere: GiB
+    qwen = next(line for line in lines if line.startswith("qwen2.5-0.5b-instruct "))
+    assert qwen.rstrip().endswith("broken")
+    assert "qwen2.5-0.5b-instruct is broken: " in out and "mlc-chat-config.json is missing" in out
+    assert "fix: `llmchat download qwen2.5-0.5b-instruct` checks every file" in out
     assert "memory budget 4.00 GiB" in out
 
 
@@ -141,7 +154,7 @@ def test_speed_estimates_mark_slow_models_and_use_bench_results(capsys, monkeypa
     SLOW below 5 tok/s; once bench measured a model here, its figure is used and scales the others."""
     from app.inference import bench_store, hardware, speed
 
-    monkeypatch.setattr(hardware, "probe", lambda: cpu_report(), raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
     monkeypatch.setattr(speed, "_cores", lambda: 2)
     rows = {r["id"]: r for r in run_json(capsys)["models"]}
     small, big = rows["smollm2-135m-instruct"], rows["llama-3.1-8b-instruct"]
@@ -169,7 +182,7 @@ def test_speed_estimates_mark_slow_models_and_use_bench_results(capsys, monkeypa
 def test_a_damaged_bench_file_is_ignored(capsys, monkeypatch):
     from app.inference import bench_store, hardware
 
-    monkeypatch.setattr(hardware, "probe", lambda: cpu_report(), raising=False)
+    monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
     bench_store.path().parent.mkdir(parents=True, exist_ok=True)
     for damage in ("{not json", '{"results": [1, {"model": "x", "device": "cpu:0", "decode_tok_s": -1}]}',
                    '{"results": {"a": 1}}', "[]"):

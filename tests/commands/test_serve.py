@@ -55,3 +55,44 @@ def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tiny_model_dir, tin
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_with_the_mlc_engine(tiny_model_dir):
+    """--engine mlc serves MLC-LLM's MLCEngine; here the STAND-IN of tests/stand_ins (on PYTHONPATH of
+    the real `llmchat serve` process), as for `ask --engine mlc`."""
+    from tests.conftest import STAND_INS
+
+    model = tiny_model_dir("llama", "q4f32_1")
+    script = Path(sys.executable).parent / "llmchat"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STAND_INS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([str(script), "serve", "--engine", "mlc", "--model", str(model),
+                             "--device", "cpu", "--port", "0", "--log-level", "warning"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        assert lines and "listening on" in lines[-1], "".join(lines)
+        url = lines[-1].split("listening on ")[1].split()[0]
+        with openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60) as api:
+            assert [m.id for m in api.models.list().data] == [model.name]
+            hi = [{"role": "user", "content": "Hi"}]
+            reply = api.chat.completions.create(model=model.name, messages=hi)
+            assert reply.choices[0].message.content == "You said: Hi w0 w1 w2"  # the stand-in's answer
+            assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (2, 6)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_with_the_mlc_engine_missing(tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlc_llm", None)
+    model = tiny_model_dir("llama", "q4f32_1")
+    code = main(["serve", "--engine", "mlc", "--model", str(model), "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 1 and "MLC-LLM engine is not installed" in err and "mlc.ai/wheels" in err

@@ -88,10 +88,13 @@ def _close(got: np.ndarray, expected: np.ndarray, tol: float, what: str) -> None
 # q4f16_1 matmuls: decode GEMV (1), its SiLU-gated pairs (MODE 3), prompt GEMM (4)
 # ------------------------------------------------------------------------------------------------
 def q4_weights(n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A random ``[n, k]`` matrix in MLC's q4f16_1 layout (uint32 words, float16 scales)."""
-    encoded = get_format("q4f16_1").quantize(rng.standard_normal((n, k)) / np.sqrt(k))
-    return (np.ascontiguousarray(encoded["q_weight"]).astype(np.uint32),
-            np.ascontiguousarray(encoded["q_scale"]).astype(np.float16))
+    """A random ``[n, k]`` matrix in MLC's q4f16_1 layout (uint32 words of 8 nibbles, a float16
+    scale per 32 columns): every nibble 0..15 (15 too, which quantizing never writes), scales of
+    the size quantized Gaussian weights have. Drawn directly: quantizing a float64 matrix of the
+    largest layers took minutes of the GPU run's CPU time."""
+    words = rng.integers(0, 1 << 32, size=(n, k // 8), dtype=np.uint32)
+    scales = (rng.uniform(0.5, 1.5, size=(n, -(-k // 32))) / (2.5 * np.sqrt(k))).astype(np.float16)
+    return words, scales
 
 
 def q4_matmul64(x: np.ndarray, w: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -318,9 +321,10 @@ def decode_attention_case(h_q: int, h_kv: int, d: int, batches: list[list[int]],
     """``llmchat::decode_attention`` in place of TVM's ``batch_decode_paged_kv``: chunks merged
     through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90); one build, a
     run per batch of sequence lengths. The CPU runs llmchat's CPU kernel of the same signature."""
-    from tvm.relax.frontend.nn.llm.kv_cache import _attention_decode
 
     def build(target: Any) -> Any:
+        from tvm.relax.frontend.nn.llm.kv_cache import _attention_decode
+
         if not is_cuda(target):
             return cpu.decode_attention_kernel(h_kv, h_q, d, "float16", False, PAGE)
         func = cuda_attention.split_decode_attention(
@@ -373,10 +377,11 @@ def prefill_attention_case(h_q: int, h_kv: int, d: int, batches: list[tuple[list
                            seed: int = 0) -> Case:
     """``llmchat::prefill_attention`` in place of TVM's ``batch_prefill_ragged_kv`` (sm_80): one
     build, a run per (query lengths, key lengths, causal). The CPU runs TVM's CPU kernel."""
-    from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill_ragged_cpu
-    from tvm.relax.frontend.nn.llm.kv_cache import _attention_prefill_ragged
 
     def build(target: Any) -> Any:
+        from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill_ragged_cpu
+        from tvm.relax.frontend.nn.llm.kv_cache import _attention_prefill_ragged
+
         if not is_cuda(target):
             return _attention_prefill_ragged_cpu(h_kv, h_q, d, d, "float16", {})
         tvm_func = _attention_prefill_ragged(h_kv, h_q, d, d, "float16", {}, target)
@@ -412,24 +417,33 @@ def prefill_attention_case(h_q: int, h_kv: int, d: int, batches: list[tuple[list
 # ------------------------------------------------------------------------------------------------
 # build and run
 # ------------------------------------------------------------------------------------------------
-def build(cases: list[Case], target: Any, workdir: Path) -> Any:
-    """One module with every case's function (named after the case) for ``target``. CUDA: the
-    kernels compiled by nvcc into a fatbin (required), the library exported and loaded as the
-    engine loads its own."""
-    funcs = {case.name: case.build(target).with_attr("global_symbol", case.name) for case in cases}
-    mod = tvm.IRModule(funcs)
-    if not is_cuda(target):
-        return tvm.compile(mod, target)
+def compile_cuda(cases: list[Case], target: Any, path: Path) -> Path:
+    """Every case's function (named after the case) for the CUDA ``target``, its kernels compiled
+    by nvcc into a fatbin (required: the library needs no compiler to load), exported to ``path``.
+    Needs TVM's compiler, no GPU (``make gpu-cache`` runs this ahead of the GPU run)."""
     from app.inference import cuda_support
 
+    funcs = {case.name: case.build(target).with_attr("global_symbol", case.name) for case in cases}
+    mod = tvm.IRModule(funcs)
     with cuda_support.cuda_build_hooks(target, require=True) as info, tvm.transform.PassContext(opt_level=3):
         executable = tvm.compile(mod, target)
     assert info["compiled"] == 1
     source = info["sources"][0]
     assert "namespace llmchat" in source  # llmchat's kernels went in
-    path = workdir / "kernels.so"
+    path.parent.mkdir(parents=True, exist_ok=True)
     executable.export_library(str(path))
-    return cuda_support.load_cuda_library(path)
+    return path
+
+
+def build(cases: list[Case], target: Any, workdir: Path) -> Any:
+    """One module with every case's function for ``target``. CUDA: :func:`compile_cuda`, the
+    library loaded as the engine loads its own."""
+    if not is_cuda(target):
+        funcs = {case.name: case.build(target).with_attr("global_symbol", case.name) for case in cases}
+        return tvm.compile(tvm.IRModule(funcs), target)
+    from app.inference import cuda_support
+
+    return cuda_support.load_cuda_library(compile_cuda(cases, target, workdir / "kernels.so"))
 
 
 def run_all(lib: Any, cases: list[Case], device: Any) -> list[str]:

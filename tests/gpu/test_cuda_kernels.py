@@ -1,13 +1,16 @@
 """llmchat's CUDA kernels (app/inference/pipelines/cuda_kernels.cu) on the GPU against numpy in
 float64, on edge shapes: odd sizes, one row, the largest layers of the supported models, 1 to 8,192
 keys, page and tile boundaries. Each family is built into one module (one nvcc run) by the harness
-of tests/gpu/kernels.py, whose CPU side runs in ``make test`` (test_harness_on_cpu.py)."""
+of tests/gpu/kernels.py, whose CPU side runs in ``make test`` (test_harness_on_cpu.py); on a GPU
+machine without TVM's compiler they come from the prebuilt cache (tests/gpu/prebuilt.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 
-from app.inference.pipelines import gpu
 from tests.gpu import kernels
 
 pytestmark = pytest.mark.gpu
@@ -64,45 +67,60 @@ def prefill_cases() -> list[kernels.Case]:
             for h_q, h_kv, d in [(32, 32, 128), (14, 2, 64), (4, 2, 16)]]
 
 
-def _check(cases: list[kernels.Case], cuda, tmp_path) -> None:
-    device, target = cuda
-    lib = kernels.build(cases, target, tmp_path)
-    failures = kernels.run_all(lib, cases, device)
+def unsplit_batch_cases() -> list[kernels.Case]:
+    """More (sequence, head, chunk) states than the scratch area holds: every sequence unsplit."""
+    batch = [[20 + i for i in range(40)]]  # 40 sequences x 32 heads x 8 chunks > 8,192 rows
+    return [kernels.decode_attention_case(32, 32, 128, batch)]
+
+
+def kernel_groups(facts: dict) -> dict[str, Callable[[], list[kernels.Case]]]:
+    """The suite's kernel libraries (one module each) that run on a GPU of these ``facts``
+    (tests/gpu/prebuilt.target_facts): what ``make gpu-cache`` compiles."""
+    groups = {"small_ops": small_op_cases, "decode_global": partial(decode_attention_cases, 0),
+              "decode_unsplit": unsplit_batch_cases}
+    if facts["matmul_kernels"]:
+        groups["matmul"] = matmul_cases
+    if facts["max_cluster"]:
+        groups["decode_cluster"] = partial(decode_attention_cases, facts["max_cluster"])
+    if facts["prompt_attention"]:
+        groups["prefill"] = prefill_cases
+    return groups
+
+
+def _check(group: str, cuda, tmp_path) -> None:
+    cases = kernel_groups(cuda.facts)[group]()
+    lib = cuda.kernels(group, cases, tmp_path)
+    failures = kernels.run_all(lib, cases, cuda.device)
     assert not failures, "\n".join(failures)
 
 
 def test_matmul_kernels(cuda, tmp_path):
-    _, target = cuda
-    if not (gpu.use_cuda_kernel_gemv(target) and gpu.use_cuda_gemm(target)):
-        pytest.skip(f"llmchat's matmul kernels are not used on {target.attrs['arch']}")
-    _check(matmul_cases(), cuda, tmp_path)
+    if not cuda.facts["matmul_kernels"]:
+        pytest.skip(f"llmchat's matmul kernels are not used on {cuda.arch}")
+    _check("matmul", cuda, tmp_path)
 
 
 def test_argmax_and_rms_norm_kernels(cuda, tmp_path):
-    _check(small_op_cases(), cuda, tmp_path)
+    _check("small_ops", cuda, tmp_path)
 
 
 def test_decode_attention_merged_through_global_memory(cuda, tmp_path):
     """The path before sm_90 (and for batches too large for a cluster's scratch-free merge)."""
-    _check(decode_attention_cases(0), cuda, tmp_path)
+    _check("decode_global", cuda, tmp_path)
 
 
 def test_decode_attention_merged_in_a_cluster(cuda, tmp_path):
-    _, target = cuda
-    max_cluster = gpu.max_cluster_size(target)
-    if not max_cluster:
-        pytest.skip(f"no thread-block clusters on {target.attrs['arch']} (sm_90 and later)")
-    _check(decode_attention_cases(max_cluster), cuda, tmp_path)
+    if not cuda.facts["max_cluster"]:
+        pytest.skip(f"no thread-block clusters on {cuda.arch} (sm_90 and later)")
+    _check("decode_cluster", cuda, tmp_path)
 
 
 def test_decode_attention_batch_too_large_to_split(cuda, tmp_path):
     """More (sequence, head, chunk) states than the scratch area holds: every sequence unsplit."""
-    batch = [[20 + i for i in range(40)]]  # 40 sequences x 32 heads x 8 chunks > 8,192 rows
-    _check([kernels.decode_attention_case(32, 32, 128, batch)], cuda, tmp_path)
+    _check("decode_unsplit", cuda, tmp_path)
 
 
 def test_prompt_attention_kernel(cuda, tmp_path):
-    _, target = cuda
-    if not gpu.attention_passes(target)[1:]:
-        pytest.skip(f"llmchat's prompt attention needs sm_80, this GPU is {target.attrs['arch']}")
-    _check(prefill_cases(), cuda, tmp_path)
+    if not cuda.facts["prompt_attention"]:
+        pytest.skip(f"llmchat's prompt attention needs sm_80, this GPU is {cuda.arch}")
+    _check("prefill", cuda, tmp_path)

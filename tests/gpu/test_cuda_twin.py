@@ -33,19 +33,21 @@ def _twin(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def twin_cache(tmp_path_factory) -> Path:
+def twin_cache(cuda, tmp_path_factory) -> Path:
+    """The workers' LLMCHAT_CACHE_DIR: a fresh one, or the prebuilt cache's engine libraries."""
+    if cuda.cache is not None:
+        return cuda.cache.engine_cache()
     return tmp_path_factory.mktemp("twin-cache")
 
 
-@pytest.fixture(scope="module")
-def scale_lib(cuda, tmp_path_factory) -> Path:
-    """B[i] = A[i] * s + k for any n, compiled here for this GPU (nvcc: a fatbin in the module)."""
+def compile_scale_kernel(target, path: Path) -> Path:
+    """B[i] = A[i] * s + k for any n, compiled for ``target`` (nvcc: a fatbin in the module) and
+    exported to ``path`` (also by ``make gpu-cache``: tests/gpu/prebuilt.py)."""
     import tvm
     from tvm import s_tir, te
 
     from app.inference.cuda_support import cuda_build_hooks
 
-    _device, target = cuda
     n = te.var("n")
     s = te.var("s", dtype="float32")
     k = te.var("k", dtype="int32")
@@ -61,13 +63,21 @@ def scale_lib(cuda, tmp_path_factory) -> Path:
     with cuda_build_hooks(target, require=True) as info:
         lib = tvm.compile(sch.mod, target=target)
     assert info["compiled"] == 1
-    path = tmp_path_factory.mktemp("twin-lib") / "scale.so"
+    path.parent.mkdir(parents=True, exist_ok=True)
     lib.export_library(str(path))
     return path
 
 
+@pytest.fixture(scope="module")
+def scale_lib(cuda, tmp_path_factory) -> Path:
+    """The scale kernel for this GPU: compiled here, or from the prebuilt cache."""
+    if cuda.cache is not None:
+        return cuda.file("twin-scale")
+    return compile_scale_kernel(cuda.target, tmp_path_factory.mktemp("twin-lib") / "scale.so")
+
+
 def test_kernels_memory_and_attributes_through_the_twin(cuda, scale_lib, twin_cache):
-    device, _target = cuda
+    device = cuda.device
     out = _twin(f"""
         import json
         import numpy as np

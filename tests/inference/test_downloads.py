@@ -346,6 +346,23 @@ def test_disk_full_before_starting(hub, monkeypatch):
     assert_not_installed()
 
 
+def test_the_disk_check_says_its_margin(hub, files, monkeypatch):
+    """Enough room for the files but not for the 64 MB margin: the message says so, and its fix
+    names how much to free."""
+    Usage = namedtuple("Usage", "total used free")
+    size = sum(len(data) for name, data in files.items() if name != ".gitattributes")
+    free = size + downloads.DISK_MARGIN_BYTES - 10_000_000
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - free, free))
+    with pytest.raises(LlmchatError, match=r"651\.4 KB to download plus a 67\.1 MB margin") as info:
+        download_model(MODEL_ID)
+    assert "free at least 10.0 MB" in info.value.fix
+
+
+def test_no_internal_names_in_transfer_messages():
+    err = downloads._hub_error("o/r", downloads._ShortBody("short body"), "params_shard_0.bin")
+    assert "_ShortBody" not in str(err) and "the server ended the file early" in str(err)
+
+
 def test_disk_full_while_writing_then_resume(hub, files, monkeypatch):
     written = {"n": 0}
     real_write = downloads._write_chunk

@@ -388,3 +388,31 @@ def test_context_trimmed_comes_before_the_prefill(tiny_model_dir):
         assert kinds[0] == "ContextTrimmed" and kinds[1] == "PrefillProgress", kinds
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_nan_weights_are_an_error_not_an_empty_reply(tiny_model_dir, tmp_path, temperature):
+    """Issue 19: NaN weights once gave an empty reply with rc 0. The logits are checked where a token
+    is drawn from them (greedy and sampled): the reply is an error naming NaN."""
+    import shutil
+
+    from app.inference.weights import load_numpy, write_tensor_cache
+
+    source = tiny_model_dir("llama", "q4f32_1")
+    broken = tmp_path / "nan-model"
+    shutil.copytree(source, broken)
+    arrays = load_numpy(source)
+    norms = [name for name in arrays if name.endswith("norm.weight")]
+    assert norms
+    for name in norms:
+        arrays[name] = np.full_like(arrays[name], np.nan)
+    for old in broken.glob("params_shard_*.bin"):
+        old.unlink()
+    write_tensor_cache(arrays, broken)
+    engine = load_engine(broken, device="cpu")
+    try:
+        with pytest.raises(LlmchatError, match="NaN logits") as info:
+            _run(engine.chat("Tell me about llamas.", SamplingParams(temperature=temperature, max_tokens=8)))
+        assert "llmchat download" in info.value.fix
+    finally:
+        engine.close()

@@ -66,7 +66,7 @@ def test_auto_falls_back_to_cpu_when_probe_picks_an_unusable_backend(monkeypatch
     if hip.problem(0) is None:
         pytest.skip("ROCm runs here")
     fake = types.ModuleType("app.inference.hardware")
-    fake.probe = lambda sysroot=None: types.SimpleNamespace(backend="rocm", device="rocm:0")
+    fake.shared_probe = lambda: types.SimpleNamespace(backend="rocm", device="rocm:0")
     monkeypatch.setitem(sys.modules, "app.inference.hardware", fake)
     assert resolve_device("auto") == DeviceSpec("cpu", 0)
 
@@ -75,7 +75,7 @@ def test_auto_uses_the_probe_choice_when_it_is_cpu(monkeypatch):
     import types
 
     fake = types.ModuleType("app.inference.hardware")
-    fake.probe = lambda sysroot=None: types.SimpleNamespace(backend="cpu", device="cpu:0")
+    fake.shared_probe = lambda: types.SimpleNamespace(backend="cpu", device="cpu:0")
     monkeypatch.setitem(sys.modules, "app.inference.hardware", fake)
     assert resolve_device("auto") == DeviceSpec("cpu", 0)
 

@@ -126,6 +126,32 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
         await wait_until(pilot, lambda: TINY_ID not in list_installed())
 
 
+async def test_models_screen_shows_a_broken_install_and_d_repairs_it(hub):
+    """Issue 19 item 6: a shard deleted from an installed model shows as broken with the fix, and d
+    (download) on it fetches only what is missing."""
+    from app.inference.downloads import download_model
+
+    path = download_model(TINY_ID)
+    (path / SHARD).unlink()
+    hub.counters.reset()
+    app = LlmchatApp(StartOptions(device="cpu", model=TINY_ID), real_services(
+        load_engine=lambda *a, **k: (_ for _ in ()).throw(LlmchatError("not loaded in this test"))))
+    async with app.run_test(size=(110, 40)) as pilot:
+        app.action_open_models()
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen)
+                         and app.screen.query_one(CatalogTable).row_count > 0)
+        screen = app.screen
+        table = screen.query_one(CatalogTable)
+        await wait_until(pilot, lambda: "broken" in str(table.get_row(TINY_ID)[6]))
+        status = str(screen.query_one("#models-status").render())
+        assert f"{TINY_ID} is broken: {SHARD} is missing" in status and "d on it fetches" in status
+        table.select(TINY_ID)
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not screen.downloading and (path / SHARD).is_file(), timeout=60)
+        await wait_until(pilot, lambda: "✓ yes" in str(table.get_row(TINY_ID)[6]))
+        assert hub.counters.gets == {SHARD: 1}
+
+
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
@@ -228,3 +254,30 @@ async def test_first_run_parts_do_not_overlap(size):
         else:
             assert page.max_scroll_y == 0 and not any(r.overlaps(footer) for r in regions)
         assert "Enter: download and chat" in str(parts[3].render())
+
+
+async def test_the_hardware_screens_refresh_probes_afresh():
+    """The start shares one probe (catalog, device, budget); the hardware screen's refresh (r)
+    drops it and probes again."""
+    calls: list[str] = []
+    fixture = probe_fixture("amd-vangogh")
+
+    def probe():
+        calls.append("probe")
+        return fixture()
+
+    services = Services(probe=probe, forget_probe=lambda: calls.append("forget"),
+                        list_installed=lambda: [], installed_model_path=lambda m: None)
+    app = LlmchatApp(StartOptions(), services)
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).row_count > 0)
+        app.action_open_hardware()
+        await wait_until(pilot, lambda: "Steam Deck" in report_text(app))
+        assert calls == ["probe"]  # the hardware screen shows the catalog's probe
+        await pilot.press("r")
+        await wait_until(pilot, lambda: calls == ["probe", "forget", "probe"])
+        await wait_until(pilot, lambda: "Steam Deck" in report_text(app))
+
+
+def report_text(app) -> str:
+    return str(app.screen.query_one("#hardware-report").render())

@@ -1,6 +1,7 @@
 """Hardware probe: which GPUs are here, which backend llmchat should use, why, and how much memory.
 
     report = probe()                      # the running machine (or $LLMCHAT_SYSROOT)
+    report = shared_probe()               # the same, made once per process and shared
     report = probe("tests/fixtures/sysroots/amd-vangogh", tvm_runtimes={"vulkan"})
     report.backend, report.device, report.memory_budget_bytes, report.to_json(), report.format_text()
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -34,7 +37,16 @@ from app.inference.hardware.runtimes import (
 from app.inference.hardware.sysfs import SysReader
 from app.inference.hardware.system import read_system, steam_deck_model
 
-__all__ = ["BACKENDS", "GpuDevice", "HardwareReport", "probe", "resolve_sysroot"]
+__all__ = ["BACKENDS", "GpuDevice", "HardwareReport", "forget_shared_probe", "probe", "resolve_sysroot",
+           "shared_probe"]
+
+#: probes made in this process (tests count them: a start probes once)
+PROBE_COUNT = 0
+#: environment switches a probe of the running machine reads
+_PROBE_ENV = ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES", "HSA_OVERRIDE_GFX_VERSION", "LLMCHAT_GPU_RUNTIME",
+              "LLMCHAT_HIP_LIBRARY")
+_shared: dict[str, object] = {}
+_shared_lock = threading.Lock()
 
 
 def resolve_sysroot(sysroot: str | os.PathLike[str] | None = None) -> Path:
@@ -64,6 +76,8 @@ def probe(
         raise LlmchatError(
             f"GPU memory utilization must be between 0 and 1, got {utilization}.", "use a value such as 0.85"
         )
+    global PROBE_COUNT
+    PROBE_COUNT += 1
     started = time.perf_counter()
     root = resolve_sysroot(sysroot)
     reader = SysReader(root)
@@ -115,6 +129,73 @@ def probe(
         gpu_index=next((i for i, g in enumerate(gpus) if g is run_gpu), None),
         probe_seconds=time.perf_counter() - started,
     )
+
+
+def _probe_state() -> tuple[tuple[str | None, ...], tuple[str, ...] | None]:
+    """What a probe of the running machine depends on that can change while the process runs: its
+    environment switches, and the device runtimes an imported TVM has registered (llmchat loads
+    CUDA's, the Vulkan and ROCm add-ons on demand); None before TVM is imported (the probe then
+    reads TVM's installed runtime libraries). Cheap: no device is touched."""
+    env = tuple(os.environ.get(name) for name in _PROBE_ENV)
+    sysroot = os.environ.get("LLMCHAT_SYSROOT")
+    asks_tvm = os.environ.get("LLMCHAT_TVM_RUNTIMES") is None and (not sysroot or Path(sysroot) == Path("/"))
+    if not asks_tvm or "tvm" not in sys.modules:  # (runtimes given, or a sysroot: TVM is not asked)
+        return env, None
+    try:
+        import tvm_ffi
+
+        registered = tuple(b for b in ("cuda", "rocm", "vulkan", "webgpu", "metal")
+                           if tvm_ffi.get_global_func(f"device_api.{b}", allow_missing=True) is not None)
+    except Exception:  # asking must never fail a start
+        registered = ("?",)
+    return env, registered
+
+
+def _still_current(made: object, now: tuple[tuple[str | None, ...], tuple[str, ...] | None]) -> bool:
+    """Whether a shared report made in state ``made`` answers for ``now``: the same switches, and
+    the same registered runtimes, unless it was made before TVM was imported (from TVM's installed
+    runtime libraries: importing TVM later changes nothing it read)."""
+    if not isinstance(made, tuple):
+        return False
+    env, registered = made
+    return env == now[0] and (registered is None or registered == now[1])
+
+
+def shared_probe() -> HardwareReport:
+    """The probe of the running machine, made once per process and shared by everything that asks
+    at start (the catalog's fit badges, ``--device auto``, the Vulkan memory budget, ``bench``'s
+    roofline). It is made again only when something it depends on changed since (an environment
+    switch, a runtime registered with TVM: :func:`_probe_state`). :func:`probe` always probes
+    afresh (``doctor``, the hardware screen's refresh); :func:`forget_shared_probe` drops the
+    shared one."""
+    with _shared_lock:  # two threads asking at start (the catalog, the engine) share one probe
+        if "report" not in _shared or not _still_current(_shared.get("state"), _probe_state()):
+            _load_cuda_runtime()
+            _shared["report"] = probe()
+            _shared["state"] = _probe_state()  # after the probe: it may load an add-on
+        report = _shared["report"]
+    assert isinstance(report, HardwareReport)
+    return report
+
+
+def _load_cuda_runtime() -> None:
+    """With NVIDIA's driver present and TVM imported, load the CUDA runtime before a shared probe:
+    TVM registers its CUDA runtime only once libcudart is loaded, and a probe that asks an imported
+    TVM before that sees no CUDA (seen on the H200: ``--device auto`` fell to the CPU)."""
+    if "tvm" not in sys.modules or not os.path.exists("/proc/driver/nvidia/version"):
+        return  # without TVM imported the probe reads its installed libraries: nothing to load
+    try:
+        from app.inference.cuda_support import prepare_cuda_runtime
+
+        prepare_cuda_runtime()
+    except Exception:  # no CUDA runtime: the probe says so
+        pass
+
+
+def forget_shared_probe() -> None:
+    """The next :func:`shared_probe` probes afresh."""
+    with _shared_lock:
+        _shared.clear()
 
 
 def _system_dict(system) -> dict:

@@ -90,7 +90,7 @@ def read_kfd_nodes(reader: SysReader) -> list[KfdNode]:
     """The GPU nodes of the KFD topology (CPU nodes have no SIMDs and no gfx version)."""
     nodes: list[KfdNode] = []
     for entry in reader.listdir(KFD_NODES):
-        if not entry.isdigit():
+        if not (entry.isascii() and entry.isdigit()):  # "²" or "٣" are digits to str.isdigit
             continue
         base = f"{KFD_NODES}/{entry}"
         props = reader.read_key_values(f"{base}/properties")
@@ -115,7 +115,8 @@ def read_kfd_nodes(reader: SysReader) -> list[KfdNode]:
         for bank in reader.listdir(f"{base}/mem_banks"):
             bank_props = reader.read_key_values(f"{base}/mem_banks/{bank}/properties")
             heap = parse_int(bank_props.get("heap_type", ""))
-            size = parse_int(bank_props.get("size_in_bytes", ""))
+            size = reader.check_size(f"{base}/mem_banks/{bank}/properties", "size_in_bytes",
+                                     parse_int(bank_props.get("size_in_bytes", "")))
             if heap in (1, 2) and size:  # frame buffer public / private
                 memory += size
         per_cu = num("simd_per_cu")
@@ -207,14 +208,14 @@ def enumerate_gpus(reader: SysReader) -> list[GpuDevice]:
 
 def _fill_amd(reader, gpu: GpuDevice, dev_dir: str, model, kfd: list[KfdNode], used: set[int]) -> None:
     gpu.vram_bytes = (
-        reader.read_int(f"{dev_dir}/mem_info_vram_total")
+        reader.read_size(f"{dev_dir}/mem_info_vram_total")
         if reader.exists(f"{dev_dir}/mem_info_vram_total")
         else None
     )
     if gpu.vram_bytes is not None:
         gpu.vram_source = "sysfs"
     if reader.exists(f"{dev_dir}/mem_info_gtt_total"):
-        gpu.gtt_bytes = reader.read_int(f"{dev_dir}/mem_info_gtt_total")
+        gpu.gtt_bytes = reader.read_size(f"{dev_dir}/mem_info_gtt_total")
     gpu.render_minor = _render_minor_of(reader, gpu.pci_slot)
     node = _match_kfd(gpu, kfd, used)
     if node is not None:

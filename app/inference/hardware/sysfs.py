@@ -14,6 +14,8 @@ from pathlib import Path
 
 #: sysfs attributes are at most a page; anything bigger is not the file we expect
 MAX_READ_BYTES = 256 * 1024
+#: the largest memory size believed (16 TiB): beyond it, or below 0, a size file is garbage
+MAX_MEMORY_BYTES = 1 << 44
 
 
 class SysReader:
@@ -114,6 +116,18 @@ class SysReader:
         if value is None:
             self.problem(rel, f"not a number: {_preview(text)}")
         return value
+
+    def read_size(self, rel: str, *, required: bool = False) -> int | None:
+        """A memory size in bytes; None (recorded) when it is not a number or impossible."""
+        return self.check_size(rel, "", self.read_int(rel, required=required))
+
+    def check_size(self, rel: str, what: str, value: int | None) -> int | None:
+        """``value`` when it is a possible memory size (0 … 16 TiB), else None and a problem line."""
+        if value is None or 0 <= value <= MAX_MEMORY_BYTES:
+            return value
+        label = f"{what} " if what else ""
+        self.problem(rel, f"{label}is an impossible memory size ({value} bytes); ignored")
+        return None
 
     def read_key_values(self, rel: str, sep: str | None = None) -> dict[str, str]:
         """``KEY=VALUE`` / ``key value`` / ``Key: value`` lines as a dict; {} when missing."""

@@ -50,7 +50,7 @@ def read_meminfo(reader: SysReader) -> tuple[int | None, int | None]:
             out.append(None)
             continue
         unit = parts[1].lower() if len(parts) > 1 else ""
-        out.append(number * 1024 if unit == "kb" else number)
+        out.append(reader.check_size("/proc/meminfo", key, number * 1024 if unit == "kb" else number))
     return out[0], out[1]
 
 

@@ -164,7 +164,12 @@ def schedule_prim_func(func: Any, target: Any, config: CPUScheduleConfig | None 
     cfg = config or CPUScheduleConfig()
     try:
         sch = _schedule_matmul(func, target, cfg)
-    except Exception:  # a kernel the rule does not fit keeps TVM's loop nest
+    except Exception as err:  # a kernel the rule does not fit keeps TVM's loop nest
+        from app.debug_log import log
+
+        name = func.attrs.get("global_symbol", "?") if getattr(func, "attrs", None) else "?"
+        log.debug("CPU matmul schedule did not fit %s (TVM's loop nest kept): %s: %s", name,
+                  type(err).__name__, err)
         sch = None
     if sch is None:
         return None

@@ -50,6 +50,14 @@ from app.inference.pipelines.tir_facts import static_int
 LOAD_BYTES = 16
 
 
+
+def _func_name(func: Any) -> str:
+    """A PrimFunc's global symbol, for the debug log."""
+    try:
+        return str(func.attrs["global_symbol"])
+    except Exception:  # no attrs / no symbol
+        return "a kernel"
+
 @dataclass(frozen=True)
 class GemvConfig:
     """Thread layout of one GEMV kernel: rows per block and threads per row."""
@@ -168,7 +176,11 @@ class DecodeGEMV:
             return None
         try:
             return self._apply(func, target, s_tir)
-        except Exception:
+        except Exception as err:
+            from app.debug_log import log
+
+            log.debug("GPU rule %s did not fit %s (TVM's schedule kept): %s: %s", type(self).__name__,
+                      _func_name(func), type(err).__name__, err)
             return None
 
     def _apply(self, func: Any, target: Any, s_tir: Any) -> Any:

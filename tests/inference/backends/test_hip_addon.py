@@ -8,6 +8,7 @@ Running it is tested on NVIDIA GPUs through its CUDA twin: tests/gpu/test_cuda_t
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -178,6 +179,49 @@ def test_a_tiny_model_library_for_rdna_is_complete(addon, tiny_model_dir, monkey
     missing = [f["name"] for f in info["functions"] if not f["in_code_object"]]
     assert not missing
     assert {f["wave_size"] for f in info["functions"]} == {32}
+
+
+#: Llama-2-7B's shapes (4096 hidden, 11008 MLP, 32 heads, 32,000 words) with one layer: every layer
+#: runs the same kernels, so one compiles every kernel of the 7B library in a fraction of the time
+SEVEN_B_ONE_LAYER = {"num_hidden_layers": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gfx1100", "gfx1030"])
+def test_the_7b_shape_compiles_for_rdna(addon, monkeypatch, tmp_path, arch):
+    """The Llama-2-7B shape in q4f16_1, compiled by llmchat for an RDNA GPU (gfx1100: RX 7900 XTX,
+    gfx1030: RX 6800/6900 XT): the code object is for that gfx target, every kernel the host code
+    calls is in it (the 7B matmuls among them), wave32, no unresolved symbols."""
+    _need_rocm_toolchain()
+    import dataclasses
+
+    import tvm
+
+    from app.inference import compiler
+    from app.inference.devices import DeviceSpec
+    from app.inference.random_model import preset_config
+
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = dataclasses.replace(preset_config("llama2-7b", "q4f16_1", context_window=512, prefill_chunk=512),
+                              **SEVEN_B_ONE_LAYER)
+    lib = compiler.get_library(cfg, DeviceSpec("rocm"), arch=arch)
+    meta = json.loads(lib.lib_path.with_suffix(".json").read_text())
+    assert meta["pipeline"] == "llmchat" and arch in meta["target"]  # llmchat's schedules, no fall-back
+    shapes = {p["name"]: p["shape"] for p in lib.params}
+    assert shapes["model.embed_tokens.q_weight"] == [32000, 512]  # 4096 / 8 nibbles per word
+    assert shapes["model.layers.0.mlp.down_proj.q_weight"] == [4096, 1376]  # 11008 / 8
+    mod = tvm.runtime.load_module(str(lib.lib_path))
+    (hip,) = [m for m in _all_modules(mod) if m.kind == "hip"]
+    info = addon.describe(hip)
+    assert info["format"] == "hsaco" and info["target"] == arch and info["undefined_symbols"] == 0
+    functions = info["functions"]
+    missing = [f["name"] for f in functions if not f["in_code_object"]]
+    assert not missing, missing
+    assert {f["wave_size"] for f in functions} == {32}
+    names = " ".join(f["name"] for f in functions)
+    for kernel in ("dequant_matmul", "rms_norm", "rope", "silu", "batch_decode_paged_kv",
+                   "batch_prefill_ragged_kv"):
+        assert kernel in names, f"no {kernel} kernel in {sorted(f['name'] for f in functions)}"
 
 
 def _all_modules(mod):

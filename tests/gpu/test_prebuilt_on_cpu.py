@@ -1,0 +1,154 @@
+"""The GPU suite's prebuilt cache (tests/gpu/prebuilt.py) without a GPU (part of ``make test``):
+what is missing, damaged, stale or built for another GPU fails with the command that rebuilds it;
+the engine compiles nothing when running from the cache; and the suite's collection and every step
+before the GPU (tiny models from the cache's parameter lists, the kernel cases' inputs and numpy
+references) work with a runtime-only TVM, as on the GPU machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.gpu import prebuilt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cache(root: Path, **changes) -> Path:
+    """A small cache as ``make gpu-cache`` lays it out (bytes in place of libraries)."""
+    (root / "kernels").mkdir(parents=True)
+    (root / prebuilt.ENGINE_CACHE / "libs").mkdir(parents=True)
+    lib = root / "kernels" / "small_ops.so"
+    lib.write_bytes(b"\x7fELF kernels")
+    manifest = {"format": prebuilt.FORMAT, "sources": prebuilt.sources_digest(), "commit": "abc1234",
+                "facts": {"arch": "sm_90", "matmul_kernels": True, "max_cluster": 16,
+                          "prompt_attention": True},
+                "kernels": {"small_ops": prebuilt._entry(root, lib, cases=["argmax_7", "rms_norm_8"])},
+                "files": {}, "models": {}}
+    manifest.update(changes)
+    (root / prebuilt.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def test_a_complete_current_cache_is_read(tmp_path):
+    cache = prebuilt.Prebuilt(_cache(tmp_path / "c"))
+    cache.check("sm_90")
+    library = cache.kernel_library("small_ops", ["argmax_7", "rms_norm_8"])
+    assert library == tmp_path / "c" / "kernels" / "small_ops.so"
+    assert cache.engine_cache() == tmp_path / "c" / prebuilt.ENGINE_CACHE
+    assert cache.facts["max_cluster"] == 16
+
+
+@pytest.mark.parametrize(("breakage", "message"), [
+    ("no manifest", "no readable GPU test cache"),
+    ("other GPU", "built for sm_90, this GPU is sm_80"),
+    ("other sources", "built from other sources"),
+    ("group missing", "kernels 'matmul' is not in the GPU test cache"),
+    ("other cases", "other cases than the suite's"),
+    ("damaged library", "missing or damaged"),
+    ("no engine libraries", "no engine libraries"),
+])
+def test_what_is_missing_or_stale_fails_with_the_rebuild_command(tmp_path, breakage, message):
+    root = _cache(tmp_path / "c", **({"sources": "0" * 24} if breakage == "other sources" else {}))
+    arch, group, cases = "sm_90", "small_ops", ["argmax_7", "rms_norm_8"]
+    if breakage == "no manifest":
+        (root / prebuilt.MANIFEST).unlink()
+    elif breakage == "other GPU":
+        arch = "sm_80"
+    elif breakage == "group missing":
+        group = "matmul"
+    elif breakage == "other cases":
+        cases = ["argmax_7"]
+    elif breakage == "damaged library":
+        (root / "kernels" / "small_ops.so").write_bytes(b"\x7fELF kernelz")
+    elif breakage == "no engine libraries":
+        (root / prebuilt.ENGINE_CACHE / "libs").rmdir()
+    with pytest.raises(prebuilt.CacheError, match=message) as info:
+        cache = prebuilt.Prebuilt(root)
+        cache.check(arch)
+        cache.kernel_library(group, cases)
+        cache.engine_cache()
+    assert "make gpu-cache GPU_ARCH=" in str(info.value)
+
+
+def test_running_from_the_cache_the_engine_compiles_nothing(tmp_path, monkeypatch, tiny_model_dir):
+    """A model whose library is not in the cache: an error naming the cache, not a compile."""
+    from app.errors import LlmchatError
+    from app.inference import compiler
+    from app.inference.config import ModelConfig
+    from app.inference.devices import DeviceSpec
+
+    root = _cache(tmp_path / "c")
+    monkeypatch.setattr(compiler, "compile_library", compiler.compile_library)  # restored after
+    monkeypatch.setattr(compiler, "make_target", compiler.make_target)
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(root / prebuilt.ENGINE_CACHE))
+    prebuilt.forbid_compiling(root)
+    before = compiler.COMPILE_COUNT
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f16_1"))
+    with pytest.raises(LlmchatError, match="not in the GPU test cache") as info:
+        compiler.get_library(cfg, DeviceSpec("cuda"), arch="sm_90")
+    assert "make gpu-cache" in info.value.fix and before == compiler.COMPILE_COUNT
+    assert not list((root / prebuilt.ENGINE_CACHE / "libs").iterdir())
+
+
+def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny_model_dir):
+    """Under a runtime-only TVM (TVM_USE_RUNTIME_LIB=1: no compiler library, as on the GPU machine):
+    the GPU suite is collected; a tiny model is written from the cache's parameter list; the kernel
+    cases' inputs and numpy references are made."""
+    from app.inference import compiler
+    from app.inference.config import ModelConfig
+
+    cfg = ModelConfig.load(tiny_model_dir("qwen2", "q4f16_1", hidden_size=256, intermediate_size=640))
+    root = _cache(tmp_path / "c", models={prebuilt.model_key(cfg): compiler.parameter_specs(cfg)})
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", prebuilt.CACHE_ENV: str(root), "PYTHONPATH": str(ROOT)}
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                              "-p", "no:cacheprovider", "tests/gpu"], capture_output=True, text=True,
+                             cwd=ROOT, env=env, timeout=600)
+    assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-3000:]
+    collected = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert any("test_cuda_kernels.py::test_matmul_kernels" in x for x in collected)
+    assert any("test_engine_cuda.py" in x for x in collected)
+    assert any("test_cuda_twin.py" in x for x in collected)
+    code = textwrap.dedent(f"""
+        import json
+        from pathlib import Path
+        try:
+            import tvm.relax  # noqa: F401
+            print("COMPILER PRESENT")
+        except Exception:
+            pass
+        from app.inference.config import ModelConfig
+        from tests.conftest import write_tiny_model
+        from tests.gpu import kernels
+        from tests.gpu.test_cuda_kernels import kernel_groups, small_op_cases
+        path = write_tiny_model(Path({str(tmp_path / 'model')!r}), "qwen2", "q4f16_1", hidden_size=256,
+                                intermediate_size=640)
+        cfg = ModelConfig.load(path)
+        facts = {{"matmul_kernels": True, "max_cluster": 16, "prompt_attention": True}}
+        groups = sorted(kernel_groups(facts))
+        cases = [*small_op_cases()[:3], kernels.decode_attention_case(4, 2, 64, [[17]]),
+                 kernels.prefill_attention_case(4, 2, 16, [([5], [5], True)])]
+        runs = sum(len(c.runs) for c in cases)
+        shards = len(list(path.glob("params_shard_*.bin")))
+        print("RESULT " + json.dumps({{"groups": groups, "runs": runs, "shards": shards}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "COMPILER PRESENT" not in out.stdout
+    got = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert got["groups"] == ["decode_cluster", "decode_global", "decode_unsplit", "matmul", "prefill",
+                             "small_ops"]
+    assert got["runs"] == 5 + 6 + 6 + 1 + 1 and got["shards"] >= 1  # argmax: 5 rows, 6 from 3 words
+    # without the parameter list in the cache: a clear error, not TVM's exporter
+    (root / prebuilt.MANIFEST).write_text(json.dumps({**json.loads((root / prebuilt.MANIFEST).read_text()),
+                                                      "models": {}}))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=600)
+    assert out.returncode != 0 and "has no parameter list for the model" in out.stderr
