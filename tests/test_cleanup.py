@@ -161,5 +161,5 @@ def test_remove_prints_what_it_reclaimed(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"removed {models / 'victim'}" in out.stdout
     assert f"removed {models / '.trash-victim-0123abcd'}" in out.stdout
-    assert "reclaimed 75.0 KB" in out.stdout
+    assert "reclaimed 73.2 KiB" in out.stdout
     assert not any(models.iterdir())
