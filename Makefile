@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-gpu gpu-cache test-gpu-prebuilt lint clean
+.PHONY: run test test-gpu gpu-cache test-gpu-prebuilt lint clean screenshots
 
 # llama.cpp's OpenAI-compatible server (llama-cpp-python[server], compiled from source: minutes) in
 # a virtual environment of its own, for the remote engine's test against a third-party server
@@ -36,6 +36,9 @@ test: $(BIN)/llmchat  ## install and run the linter and the tests
 
 test-gpu: $(BIN)/llmchat  ## the GPU suite (tests/gpu, marker gpu) on an NVIDIA GPU; a skip fails it
 	LLMCHAT_NO_SKIP=1 $(BIN)/python -m pytest -q -m gpu -rs $(PYTEST_ARGS) tests/gpu
+
+screenshots: $(BIN)/llmchat  ## the README's pictures (assets/*.svg) from the real app under Pilot
+	$(BIN)/python tools/screenshots.py
 
 # The GPU suite on a machine without TVM's compiler (tests/gpu/prebuilt.py): compile what it needs
 # here (TVM's compiler and nvcc, no GPU), carry GPU_CACHE there and run test-gpu-prebuilt with the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,10 +29,25 @@ DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
 
 
-def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
+def screenshot_dir() -> Path:
+    """Where screenshots go: the user's Downloads directory if it exists, else one of llmchat's own."""
+    from platformdirs import user_downloads_path
+
+    from app.paths import data_dir
+
+    downloads = user_downloads_path()
+    if downloads.is_dir() and os.access(downloads, os.W_OK):
+        return downloads
+    own = data_dir() / "screenshots"
+    own.mkdir(parents=True, exist_ok=True)
+    return own
+
+
+def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None,
+                 context_window: int | None = None) -> Engine:
     from app.inference.engine import load_engine
 
-    return load_engine(model, device=device, progress=progress)
+    return load_engine(model, device=device, progress=progress, context_window=context_window)
 
 
 def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
@@ -115,6 +131,13 @@ def _fit(entry: Any, report: Any) -> str:
     return str(estimate(entry, getattr(report, "memory_budget_bytes", None)).verdict)
 
 
+def _speed(report: Any) -> Callable[[Any], Any]:
+    """entry -> the estimated decode speed on the probed hardware (``SpeedEstimate`` or None)."""
+    from app.inference.speed import speed_function
+
+    return speed_function(report)
+
+
 @dataclass
 class Services:
     """What the UI calls outside itself; each is replaceable in tests."""
@@ -130,6 +153,7 @@ class Services:
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
     install_problem: Callable[[str], str | None] = _install_problem
     fit: Callable[[Any, Any], str] = _fit
+    speed: Callable[[Any], Callable[[Any], Any]] = _speed
     #: connect to a server saved in the models screen, by name (``--model server:NAME``)
     open_server: Callable[[str], Engine] = _open_server
     default_model_id: str = DEFAULT_MODEL_ID
@@ -251,6 +275,27 @@ class LlmchatApp(App):
         self._params = effective_params(self.model_sampling.params, merged)  # raises on a bad value
         self.sampling_overrides = merged
 
+    def save_sampling(self) -> None:
+        """Keep the /set values for the loaded model in the config directory (LlmchatError when that
+        fails: they still apply until the app quits)."""
+        if self.engine is not None:
+            from app import settings
+
+            settings.save_overrides(self.engine.info.model_id, self.sampling_overrides)
+
+    def load_saved_sampling(self, model_id: str, switched: bool) -> None:
+        """The /set values saved for ``model_id`` replace the current ones; with none saved, a model
+        switched to starts from its defaults (the first model keeps what the app was started with)."""
+        from app import settings
+
+        saved, problems = settings.load_overrides(model_id)
+        for problem in problems:
+            self.notify(problem, severity="warning", timeout=12, markup=False)
+        if saved is not None:
+            self.sampling_overrides = saved
+        elif switched:
+            self.sampling_overrides = {}
+
     # -- start ---------------------------------------------------------------------------------
     def on_mount(self) -> None:
         options = self.options
@@ -302,6 +347,8 @@ class LlmchatApp(App):
         self.conversation_id = None
         self.saved_messages = []
         self.model_sampling = model_sampling(engine.info.model_path, engine.info.model_id)
+        switched = old is not None and old.info.model_id != engine.info.model_id
+        self.load_saved_sampling(engine.info.model_id, switched)
         self.set_sampling()
         if resume_id is not None:
             try:
@@ -461,6 +508,14 @@ class LlmchatApp(App):
         from app.widgets.chat_log import error_markdown
 
         self.notify(error_markdown(err).replace("**", ""), severity="error", timeout=12, markup=False)
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's "Save screenshot": into the Downloads directory where there is one, else
+        ``<data dir>/screenshots`` (Textual's default fails when ~/Downloads does not exist)."""
+        if path is None:
+            path = str(screenshot_dir())
+        return super().deliver_screenshot(filename, path, time_format)
 
     # -- quit ----------------------------------------------------------------------------------
     async def action_interrupt(self) -> None:

@@ -46,7 +46,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("models", "/models", "open the models screen (catalog, download, remove)"),
     CommandSpec("hardware", "/hardware", "open the hardware report (llmchat doctor)"),
     CommandSpec("history", "/history", "list saved conversations and resume one"),
-    CommandSpec("export", "/export [PATH]", "save this conversation as Markdown"),
+    CommandSpec("export", "/export [PATH]",
+                "save this conversation as Markdown (no PATH: a new file in the current directory)"),
     CommandSpec("exit", "/exit", "quit llmchat"),
 )
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app import paths
+from app.units import format_bytes
 
 #: temporaries without a process id in their name count as stale after this long
 STALE_AFTER_S = 3600.0
@@ -48,14 +49,6 @@ class CleanReport:
             return "nothing to clean: no temporaries of interrupted runs were found"
         return (f"removed {len(self.removed)} temporar{'y' if len(self.removed) == 1 else 'ies'} of "
                 f"interrupted runs, reclaiming {format_bytes(self.bytes)}")
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} bytes"
 
 
 def pid_alive(pid: int) -> bool:

@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, where the mlc_llm package "
         "(MLC's wheels) is installed",
     )
+    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
+                        help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_endpoint_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")

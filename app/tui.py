@@ -17,7 +17,14 @@ def run_tui(args: argparse.Namespace) -> int:
     MLC-LLM's engine where the mlc_llm package is installed, ``--endpoint URL`` chats with a model
     on an OpenAI-compatible server.
     """
-    from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine, remote_services
+    from app.chat_app import (
+        LlmchatApp,
+        Services,
+        StartOptions,
+        _load_engine,
+        _load_mlc_engine,
+        remote_services,
+    )
 
     options = StartOptions(
         model=getattr(args, "model", None),
@@ -25,6 +32,10 @@ def run_tui(args: argparse.Namespace) -> int:
         continue_last=bool(getattr(args, "continue_last", False)),
     )
     services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
+    context_window = getattr(args, "context_window", None)
+    if services is None and context_window:
+        services = Services(load_engine=lambda model, device, progress: _load_engine(
+            model, device, progress, context_window=context_window))
     if getattr(args, "endpoint", None):
         services = remote_services(args.endpoint, getattr(args, "api_key", None))
     app = LlmchatApp(options, services)

@@ -49,7 +49,7 @@ def test_import_killed_with_sigkill_leaves_staging_that_clean_reclaims(tmp_path)
     out = _llmchat("clean")
     assert out.returncode == 0, out.stderr
     assert f"removed {staging}" in out.stdout
-    assert "reclaiming 70.0 KB" in out.stdout
+    assert "reclaiming 68.4 KiB" in out.stdout
     assert not staging.exists()
     again = _llmchat("clean")
     assert "nothing to clean" in again.stdout
@@ -161,5 +161,5 @@ def test_remove_prints_what_it_reclaimed(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"removed {models / 'victim'}" in out.stdout
     assert f"removed {models / '.trash-victim-0123abcd'}" in out.stdout
-    assert "reclaimed 75.0 KB" in out.stdout
+    assert "reclaimed 73.2 KiB" in out.stdout
     assert not any(models.iterdir())

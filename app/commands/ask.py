@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import LlmchatError
-from app.inference.api import ProgressEvent, ReplyStats, SamplingParams, TextDelta
+from app.inference.api import PrefillProgress, ProgressEvent, ReplyStats, SamplingParams, TextDelta
 
 HELP = "answer one prompt, streaming the reply to stdout"
 
@@ -38,13 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="an extra stop string (repeatable)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
-    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
-                        help="KV-cache size in tokens (default: the model's, at most 8192)")
+    parser.add_argument("--context-window", type=context_window_arg, default=argparse.SUPPRESS,
+                        metavar="TOKENS", help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_engine_argument(parser)
     from app.cli import add_endpoint_arguments
 
     add_endpoint_arguments(parser, default=argparse.SUPPRESS)
     parser.add_argument("--stats", action="store_true", help="print MLC-style speed stats to stderr")
+    parser.add_argument("--progress", action="store_true",
+                        help="report the reading of a long prompt on stderr also when stderr is not a "
+                        "terminal (on a terminal it always is)")
     parser.add_argument("prompt", nargs="*", help="the prompt (read from stdin when omitted or '-')")
 
 
@@ -90,6 +93,36 @@ class StderrProgress:
         self._last = (event.stage, now)
         pct = f" {frac * 100:.0f}%" if frac is not None else ""
         print(f"[{event.stage}] {event.message}{pct}", file=sys.stderr, flush=True)
+
+
+class PrefillLine:
+    """Progress of the prompt's prefill on stderr, never on stdout: on a terminal one line that is
+    rewritten per prefill chunk and erased before the reply starts; elsewhere (``--progress``) one
+    line per chunk."""
+
+    def __init__(self, stream: Any, enabled: bool, terminal: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.terminal = terminal
+        self._shown = False
+
+    def update(self, progress: PrefillProgress) -> None:
+        if not self.enabled or (progress.done == 0 and not self.terminal):
+            return
+        line = progress.format()
+        if self.terminal:
+            self.stream.write(f"\r\x1b[K{line}")
+            self._shown = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def clear(self) -> None:
+        """Erase the terminal line (before the reply's first text)."""
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
 
 
 def check_device_first(args: argparse.Namespace) -> None:
@@ -170,14 +203,21 @@ def run(args: argparse.Namespace) -> int:
             engine.set_system_prompt(args.system)
         stats: ReplyStats | None = None
         out = sys.stdout
+        terminal = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        prefill = PrefillLine(sys.stderr, enabled=terminal or args.progress, terminal=terminal)
         try:
             for event in engine.chat(prompt, params):
                 if isinstance(event, TextDelta):
+                    prefill.clear()
                     out.write(event.text)
                     out.flush()
+                elif isinstance(event, PrefillProgress):
+                    prefill.update(event)
                 elif isinstance(event, ReplyStats):
+                    prefill.clear()
                     stats = event
         except KeyboardInterrupt:
+            prefill.clear()
             engine.cancel()
             raise
         except LlmchatError:  # e.g. the server went away mid-reply: what arrived stays printed

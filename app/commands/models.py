@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from typing import Any
+
+from app.units import GIB, format_bytes
 
 HELP = "list the model catalog with size, fit on this machine and installed state"
 
@@ -17,24 +20,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory",
         type=float,
-        metavar="GB",
-        help="memory budget for the fit estimate in GB (default: what the hardware probe reports)",
+        metavar="GIB",
+        help="memory budget for the fit estimate in GiB (default: what the hardware probe reports)",
     )
     parser.add_argument(
         "--context", type=int, metavar="TOKENS", help="context length for the fit estimate (default 4096)"
     )
 
 
-def memory_budget_bytes(timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
-    """The probe's memory budget, or None when the probe is missing, fails or is too slow."""
-    result: list[int | None] = [None]
+def probe_report(timeout_s: float = PROBE_TIMEOUT_S) -> Any:
+    """The hardware probe's report, or None when the probe is missing, fails or is too slow."""
+    result: list[Any] = [None]
 
     def run_probe() -> None:
         try:
             from app.inference import hardware
 
-            budget = hardware.shared_probe().memory_budget_bytes  # type: ignore[attr-defined]
-            result[0] = int(budget) if budget else None
+            result[0] = hardware.shared_probe()  # type: ignore[attr-defined]
         except Exception:  # the probe belongs to another module: any failure means "unknown"
             result[0] = None
 
@@ -44,19 +46,33 @@ def memory_budget_bytes(timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
     return result[0]
 
 
+def budget_of(report: Any) -> int | None:
+    budget = getattr(report, "memory_budget_bytes", None)
+    return int(budget) if budget else None
+
+
+def memory_budget_bytes(timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
+    """The probe's memory budget, or None when the probe is missing, fails or is too slow."""
+    return budget_of(probe_report(timeout_s))
+
+
 def _size(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+    return format_bytes(n)
 
 
 def _params(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def collect(budget: int | None, context: int | None = None) -> list[dict]:
-    """One row per catalog entry plus installed models outside the catalog."""
+def collect(budget: int | None, context: int | None = None, report: Any = None) -> list[dict]:
+    """One row per catalog entry plus installed models outside the catalog; ``report``: the hardware
+    probe's, for the estimated decode speed (None: unknown)."""
     from app.inference import fit
     from app.inference.catalog import installed_model_path, list_installed, load_catalog
     from app.inference.installed import quick_problem, repair_fix
+    from app.inference.speed import speed_function
+
+    speed = speed_function(report)
 
     def health(path) -> dict:
         problem = quick_problem(path) if path is not None else None
@@ -67,6 +83,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
     rows = []
     for entry in catalog.entries:
         est = fit.estimate(entry, budget, context)
+        estimate = speed(entry)
         path = installed_model_path(entry.id) if entry.id in installed else None
         rows.append(
             {
@@ -92,6 +109,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
                     "budget_bytes": est.budget_bytes,
                     "max_context": est.max_context if est.max_context >= 0 else None,
                 },
+                "speed": estimate.to_dict() if estimate is not None else None,
             }
         )
     known = {row["id"] for row in rows}
@@ -122,6 +140,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
                     "budget_bytes": budget,
                     "max_context": None,
                 },
+                "speed": None,
             }
         )
     return rows
@@ -135,13 +154,23 @@ def _fit_text(row: dict) -> str:
     return f"{fit['verdict']} (max ctx {max_ctx})" if max_ctx else fit["verdict"]
 
 
+def _speed_text(row: dict) -> str:
+    speed = row["speed"]
+    if speed is None:
+        return "?"
+    tok_s = speed["decode_tok_s"]
+    figure = f"{tok_s:.1f}" if tok_s < 10 else f"{tok_s:.0f}"
+    return f"~{figure} tok/s" + (" SLOW" if speed["slow"] else "")
+
+
 def run(args: argparse.Namespace) -> int:
-    budget = int(args.memory * 1e9) if args.memory else memory_budget_bytes()
-    rows = collect(budget, args.context)
+    report = probe_report()
+    budget = int(args.memory * GIB) if args.memory else budget_of(report)
+    rows = collect(budget, args.context, report)
     if args.json:
         print(json.dumps({"memory_budget_bytes": budget, "models": rows}, indent=2))
         return 0
-    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "INSTALLED")
+    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "INSTALLED")
     table = [header]
     for row in rows:
         table.append(
@@ -151,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 _size(row["download_bytes"]),
                 str(row["context_window"] or "-"),
                 _fit_text(row),
+                _speed_text(row),
                 ("broken" if row["broken"] else "yes") if row["installed"] else "",
             )
         )
@@ -161,6 +191,6 @@ def run(args: argparse.Namespace) -> int:
         if row["broken"]:
             print(f"\n{row['id']} is broken: {row['broken']}\n  fix: {row['fix']}")
     context = args.context or 4096
-    memory = f"{budget / 1e9:.1f} GB" if budget else "unknown (pass --memory GB)"
+    memory = format_bytes(budget) if budget else "unknown (pass --memory GIB)"
     print(f"\nfit at {context} tokens of context, memory budget {memory}; `llmchat download ID` to get one")
     return 0

@@ -8,7 +8,9 @@ A chat front end does::
         if isinstance(event, TextDelta):
             show(event.text)                            # whole characters only, never half a UTF-8 char
         elif isinstance(event, ContextTrimmed):
-            warn(event)                                 # oldest turns were dropped to fit
+            warn(event)                                 # oldest turns were dropped to fit (before the wait)
+        elif isinstance(event, PrefillProgress):
+            show_progress(event.format())               # the prompt is being read: per prefill chunk
         elif isinstance(event, ReplyStats):
             show_stats(event.format())                  # always the last event
     engine.cancel()   # from any thread: the running chat() stops within one decode step
@@ -63,6 +65,37 @@ class ContextTrimmed:
 
     dropped_messages: int
     context_window: int
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """The prompt is being read (prefilled): ``done`` of ``total`` tokens after ``elapsed_s``.
+
+    ``Engine.chat`` yields one before the prefill starts (``done`` 0) and one after each prefill
+    chunk but the last (the first token follows it)."""
+
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.done / self.elapsed_s if self.done and self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (None before the first chunk is done)."""
+        rate = self.tok_s
+        return (self.total - self.done) / rate if rate > 0 else None
+
+    def format(self, since_s: float = 0.0) -> str:
+        """``reading the prompt: 1,024 / 3,200 tokens · 52 tok/s · ~42 s left``; ``since_s``: time
+        passed since this event (the estimate counts down)."""
+        line = f"reading the prompt: {self.done:,} / {self.total:,} tokens"
+        eta = self.eta_s
+        if eta is None:
+            return f"{line} · {self.elapsed_s + since_s:.1f} s"
+        return f"{line} · {self.tok_s:,.0f} tok/s · ~{max(eta - since_s, 0.0):.0f} s left"
 
 
 @dataclass
@@ -139,7 +172,7 @@ class ProgressEvent:
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
-ChatEvent = TextDelta | ContextTrimmed | ReplyStats
+ChatEvent = TextDelta | ContextTrimmed | PrefillProgress | ReplyStats
 
 
 class Engine(Protocol):

@@ -505,8 +505,7 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
         name = {"vulkan": "Vulkan (SPIR-V)", "rocm": "ROCm", "metal": "Metal", "cuda": "CUDA"}.get(kind, kind)
         raise LlmchatError(
             f"The installed TVM has no {name} code generator, so it cannot build a model library for {kind}.",
-            "install a TVM built with it: MLC's TVM wheels, e.g. `pip install --pre -f https://mlc.ai/wheels "
-            "mlc-ai-nightly-rocm62` (ROCm and Vulkan), or use another --device")
+            "use --device cpu or --device auto (`llmchat doctor` says what this machine can run)")
     if progress:
         where = device_label or ("cpu" if kind == "llvm" else "vulkan" if kind == "webgpu" else kind)
         progress(ProgressEvent("compile", f"compiling for {where} ({cfg.model_type}, {cfg.quantization}) …",

@@ -21,11 +21,10 @@ from app.errors import LlmchatError
 BACKENDS = ("cpu", "cuda", "rocm", "vulkan", "metal")
 _DEVICE_RE = re.compile(r"^(auto|cpu|llvm|cuda|rocm|vulkan|metal)(?::(\d+))?$")
 
-MLC_WHEELS_HINT = (
-    "run on the CPU with --device cpu (or --device auto); a TVM runtime built with {what} comes with MLC's "
-    "TVM wheels (`pip install --pre -f https://mlc.ai/wheels mlc-ai-nightly-rocm62`, ROCm and Vulkan), "
-    "which replace apache-tvm: install them in a separate virtual environment"
-)
+#: where the installed TVM has no runtime for a backend that llmchat brings no add-on for (Metal):
+#: MLC's TVM wheels would have one, but they replace apache-tvm, which llmchat needs
+NO_RUNTIME_FIX = ("llmchat has no {what} runtime of its own and PyPI's apache-tvm was built without one: "
+                  "run on the CPU with --device cpu (or --device auto)")
 METAL_ELSEWHERE = "Metal exists only on macOS (Apple GPUs): use --device auto or --device cpu on this machine"
 
 
@@ -111,7 +110,7 @@ def check_device(spec: DeviceSpec) -> None:
         elif spec.backend == "metal" and sys.platform != "darwin":
             fix = METAL_ELSEWHERE
         else:
-            fix = MLC_WHEELS_HINT.format(what=what)
+            fix = NO_RUNTIME_FIX.format(what=what)
         raise LlmchatError(f"Cannot use --device {spec}: {problem}.", fix)
     if spec.backend in ("cpu", "vulkan", "rocm"):
         return  # vulkan, rocm: llmchat's runtimes have seen the device

@@ -62,6 +62,8 @@ from app.inference.installed import (
     repair_fix,
     verify,
 )
+from app.units import format_bytes as _format_bytes
+from app.units import plural
 
 #: connection attempts per file before giving up (each resumes where the last stopped)
 MAX_ATTEMPTS = 4
@@ -188,14 +190,6 @@ def _endpoint() -> str:
     from huggingface_hub import constants
 
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def _format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def _format_eta(seconds: float | None) -> str:
@@ -865,8 +859,8 @@ def _download_model(
             )
 
         tracker = _Progress(progress, total, done, entry.id)
-        start = (f"{entry.id}: downloading {len(pending)} of {len(files)} files, {_format_bytes(total)} "
-                 f"from {repo}")
+        start = (f"{entry.id}: downloading {len(pending)} of {plural(len(files), 'file')}, "
+                 f"{_format_bytes(total)} from {repo}")
         tracker.emit(message=start)
         _fetch_all(repo, commit, pending, staging, tracker, cancel)
         md5s, cache_name = _md5_table(staging)

@@ -75,7 +75,8 @@ def _too_long_fix(tokens: int, ctx: int, model_max: int) -> str:
     fix = f"shorten the message (by {tokens - ctx + 1} tokens or more) or the system prompt (/system clear)"
     if model_max > ctx:
         larger = min(model_max, 1 << (tokens - 1).bit_length())
-        fix += f"; `llmchat ask --context-window {larger}` runs with a larger window"
+        fix += (f"; or start llmchat again with a larger window: `--context-window {larger}` "
+                f"(the model takes up to {model_max:,} tokens; `llmchat ask` has the same option)")
     return fix
 
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from app.inference.api import ReplyStats, SamplingParams, TextDelta
+from app.inference.api import PrefillProgress, ReplyStats, SamplingParams, TextDelta
 from app.inference.runtime import PICKED_CAPACITY, ModelRuntime
 from app.inference.sampling import Sampler
 from app.inference.stop import StopMatcher
@@ -120,6 +120,9 @@ def generate(
 ) -> Iterator[TextDelta | ReplyStats]:
     """Prefill ``new_ids`` (appended to ``kv_ids``), stream the reply, end with ``ReplyStats``.
 
+    A prompt of more than one token yields ``PrefillProgress`` before its prefill and after each
+    prefill chunk but the last; ``cancel`` is checked between chunks.
+
     ``kv_ids`` mirrors the tokens in the runtime's KV cache and is extended in place.
     ``tokenizer=None`` skips detokenization (benchmarks). Raises nothing on cancel: the reply
     ends with ``finish_reason="cancelled"``. ``greedy_ahead``: most decode steps per call for
@@ -142,8 +145,21 @@ def generate(
     next_token: int | None = None
     t_start = time.perf_counter()
     before = runtime.sequence_length
-    logits = runtime.prefill(list(new_ids), cancel=cancel)
-    kv_ids.extend(new_ids[: runtime.sequence_length - before])
+    # the prompt, chunk by chunk: a PrefillProgress before it starts and after each chunk but the last
+    total = len(new_ids)
+    steps = runtime.prefill_steps(list(new_ids), cancel=cancel)
+    if total > 1:
+        yield PrefillProgress(0, total, 0.0)
+    try:
+        while True:
+            try:
+                done = next(steps)
+            except StopIteration as finished:
+                logits = finished.value
+                break
+            yield PrefillProgress(done, total, time.perf_counter() - t_start)
+    finally:  # also when the consumer stops mid-prefill: kv_ids mirrors the chunks in the KV cache
+        kv_ids.extend(new_ids[: runtime.sequence_length - before])
     t_prefilled = time.perf_counter()
     stats.prefill_s = t_prefilled - t_start
     finish = "stop"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -169,6 +169,17 @@ class ModelRuntime:
 
         ``cancel`` is checked between chunks: once set, the prefill stops there and returns None
         (the chunks done stay in the KV cache: ``sequence_length`` says how far it got)."""
+        steps = self.prefill_steps(ids, cancel)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def prefill_steps(self, ids: Sequence[int],
+                      cancel: threading.Event | None = None) -> Generator[int, None, np.ndarray | None]:
+        """:meth:`prefill` one chunk per step: yields the tokens done after each chunk but the last;
+        returns what :meth:`prefill` returns (the logits, or None when cancelled)."""
         if not ids:
             raise ValueError("prefill needs at least one token")
         if self._length + len(ids) > self.context_window:
@@ -181,8 +192,10 @@ class ModelRuntime:
         arr = np.asarray(ids, dtype=np.int32)
         logits = None
         for start in range(0, len(arr), self.prefill_chunk):
-            if start and cancel is not None and cancel.is_set():
-                return None
+            if start:
+                yield start
+                if cancel is not None and cancel.is_set():
+                    return None
             chunk = arr[start: start + self.prefill_chunk]
             n = len(chunk)
             emb = self._f_reshape(self._embed(chunk), self._ShapeTuple([1, n, self.hidden_size]))

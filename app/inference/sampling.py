@@ -43,6 +43,15 @@ def _range_error(key: str, value: object) -> LlmchatError:
     )
 
 
+def _type_error(key: str, value: object, whole: bool) -> LlmchatError:
+    """A value that is not a (whole, finite) number at all: saying "out of range" would mislead."""
+    kind = "whole number" if whole else "number"
+    return LlmchatError(
+        f"{key}={value!r} is not a {kind}: {key} must be {ALLOWED_RANGES[key]}.",
+        f"use {key}=<{ALLOWED_RANGES[key]}>",
+    )
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -60,18 +69,16 @@ def validate_value(key: str, value: Any) -> Any:
         if not all(isinstance(s, str) and s for s in value):
             raise _range_error(key, value)
         return list(value)
-    if key == "seed":
-        if value is None:
+    if key in ("seed", "max_tokens", "repeat_last_n"):
+        if key == "seed" and value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise _range_error(key, value)
-        return value
-    if key in ("max_tokens", "repeat_last_n"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (key == "max_tokens"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(key, value, whole=True)
+        if value < (key == "max_tokens"):
             raise _range_error(key, value)
         return value
     if not _is_number(value):
-        raise _range_error(key, value)
+        raise _type_error(key, value, whole=False)
     number = float(value)
     ok = {
         "temperature": 0.0 <= number <= 2.0,

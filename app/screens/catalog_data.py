@@ -21,6 +21,7 @@ class CatalogData:
     broken: dict[str, str] = field(default_factory=dict)  # installed id -> what is wrong with it
     report: Any = None
     probe_error: BaseException | None = None
+    speeds: dict[str, Any] = field(default_factory=dict)  # id -> SpeedEstimate (or None: unknown)
 
 
 class CatalogLoaded(Message):
@@ -43,6 +44,7 @@ def load_catalog_data(app: LlmchatApp) -> CatalogData:
     data.report = app.hardware_report
     data.entries = list(app.services.load_catalog().entries)
     data.installed = set(app.services.list_installed())
+    data.speeds = estimate_speeds(app, data.report, data.entries)
     for model_id in sorted(data.installed):
         try:
             problem = app.services.install_problem(model_id)
@@ -51,6 +53,21 @@ def load_catalog_data(app: LlmchatApp) -> CatalogData:
         if problem:
             data.broken[model_id] = problem
     return data
+
+
+def estimate_speeds(app: LlmchatApp, report: Any, entries: list[Any]) -> dict[str, Any]:
+    """Each entry's estimated decode speed here (bench results read once); None where unknown."""
+    try:
+        speed = app.services.speed(report)
+    except Exception:
+        return {}
+    speeds = {}
+    for entry in entries:
+        try:
+            speeds[entry.id] = speed(entry)
+        except Exception:
+            speeds[entry.id] = None
+    return speeds
 
 
 def fit_function(app: LlmchatApp, report: Any):

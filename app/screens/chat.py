@@ -19,7 +19,8 @@ from textual.widgets import Footer, Static
 
 from app import chat_commands
 from app.errors import LlmchatError
-from app.inference.api import ContextTrimmed, ReplyStats, SamplingParams, TextDelta
+from app.inference.api import ContextTrimmed, PrefillProgress, ReplyStats, SamplingParams, TextDelta
+from app.units import format_bytes, plural
 from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine, error_markdown
 from app.widgets.prompt_input import PromptInput
 
@@ -63,6 +64,9 @@ class ReplyBuffer:
     text: str = ""
     stats: ReplyStats | None = None
     trimmed: ContextTrimmed | None = None
+    trimmed_shown: bool = False
+    prefill: PrefillProgress | None = None  # the prompt being read (the latest chunk's progress)
+    prefill_at: float = 0.0  # when it arrived
     error: BaseException | None = None
     _pending: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,6 +79,9 @@ class ReplyBuffer:
             self.last_token_at = now
             self.deltas += 1
             self._pending.append(text)
+
+    def set_prefill(self, progress: PrefillProgress) -> None:
+        self.prefill, self.prefill_at = progress, time.perf_counter()
 
     def take(self) -> str:
         with self._lock:
@@ -90,18 +97,29 @@ class ReplyBuffer:
         UTF-8 character, a possible stop string): hence "~". The exact numbers replace it at the end.
         """
         if self.first_token_at is None:
+            if self.prefill is not None:  # tokens read of the prompt, tok/s, time left
+                return self.prefill.format(since_s=time.perf_counter() - self.prefill_at)
             return f"waiting for the first token… {time.perf_counter() - self.started:.1f} s"
         ttft = self.first_token_at - self.started
         span = (self.last_token_at or self.first_token_at) - self.first_token_at
         rate = (self.deltas - 1) / span if span > 0 else 0.0
-        return f"▍ ~{self.deltas} tokens · ~{rate:.1f} tok/s · TTFT {ttft:.2f} s"
+        return f"▍ ~{plural(self.deltas, 'token')} · ~{rate:.1f} tok/s · TTFT {ttft:.2f} s"
 
 
-def final_stats_line(stats: ReplyStats) -> str:
-    """The stats line kept under a finished reply."""
+def final_stats_line(stats: ReplyStats, prompt_total: int | None = None, text: str | None = None) -> str:
+    """The stats line kept under a finished reply (``prompt_total``: the prompt's tokens, when a
+    prefill was stopped; ``text``: the reply's text, to tell an empty reply)."""
     if stats.generated_tokens == 0:
-        return f"stopped during the prompt ({stats.prompt_tokens} tokens read)"
-    line = f"{stats.generated_tokens} tokens · {stats.format()} · TTFT {stats.time_to_first_token_s:.2f} s"
+        read = f"{stats.prompt_tokens:,} of {plural(prompt_total, 'token')}" if prompt_total else \
+            plural(stats.prompt_tokens, "token")
+        return f"stopped while reading the prompt ({read} read)"
+    n = stats.generated_tokens
+    ttft = f"TTFT {stats.time_to_first_token_s:.2f} s"
+    if n == 1:  # no decode step: a decode speed would say 0.0
+        first = "no text: the model ended its reply at once" if not text else "1 token"
+        line = f"{first} · prefill: {stats.prefill_tok_s:.1f} tok/s · {ttft}"
+    else:
+        line = f"{n} tokens · {stats.format()} · {ttft}"
     notes = {"cancelled": "stopped", "length": "max_tokens reached", "context": "context window full"}
     if stats.finish_reason in notes:
         line += f" · {notes[stats.finish_reason]}"
@@ -114,16 +132,6 @@ def _show_value(key: str, value: object) -> str:
     if key == "stop":
         return ", ".join(repr(v) for v in value) if value else "none"  # type: ignore[union-attr]
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def format_bytes(count: float | None) -> str:
-    if count is None:
-        return "unknown"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(count) < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 class ChatScreen(Screen):
@@ -251,8 +259,8 @@ class ChatScreen(Screen):
     def on_pasted(self, event: PromptInput.Pasted) -> None:
         lines = event.text.count("\n") + 1
         tokens = self.count_tokens(event.text)
-        counted = f", {tokens:,} tokens" if tokens is not None else ""
-        self.notify(f"Pasted {lines:,} {'line' if lines == 1 else 'lines'}{counted}.", timeout=4)
+        counted = f", {plural(tokens, 'token')}" if tokens is not None else ""
+        self.notify(f"Pasted {plural(lines, 'line')}{counted}.", timeout=4)
         self.update_context_meter()
 
     # -- state ---------------------------------------------------------------------------------
@@ -312,6 +320,8 @@ class ChatScreen(Screen):
             for event in self.engine.chat(text, params):
                 if isinstance(event, TextDelta):
                     buffer.add(event.text)
+                elif isinstance(event, PrefillProgress):
+                    buffer.set_prefill(event)
                 elif isinstance(event, ReplyStats):
                     buffer.stats = event
                 elif isinstance(event, ContextTrimmed):
@@ -330,6 +340,8 @@ class ChatScreen(Screen):
         buffer, reply = self._buffer, self._reply
         if buffer is None or reply is None:
             return
+        if buffer.trimmed is not None and not buffer.trimmed_shown:  # before the prompt's wait
+            await self._show_trimmed(buffer, reply[0])
         text = buffer.take()
         if text:
             await reply[0].append(text)
@@ -355,7 +367,8 @@ class ChatScreen(Screen):
         stats_line.remove_class("live")
         log = self.query_one(ChatLog)
         if buffer.stats is not None:
-            stats_line.update(final_stats_line(buffer.stats))
+            total = buffer.prefill.total if buffer.prefill is not None else None
+            stats_line.update(final_stats_line(buffer.stats, total, buffer.text))
         else:
             stats_line.update("no reply" if not buffer.text else "stopped")
         if buffer.text:
@@ -365,11 +378,8 @@ class ChatScreen(Screen):
             await reply.remove()
             # no reply: the user turn is not left in the history as an orphan
             self.llm_app.forget_message(self._user_row)
-        if buffer.trimmed is not None:
-            await log.add_notice(
-                f"*The conversation no longer fitted the {buffer.trimmed.context_window}-token context: "
-                f"the oldest {buffer.trimmed.dropped_messages} messages were dropped.*"
-            )
+        if buffer.trimmed is not None and not buffer.trimmed_shown:
+            await self._show_trimmed(buffer, reply if reply.is_attached else None)
         if buffer.error is not None:
             await log.add_error(buffer.error)
         self._buffer = None
@@ -377,6 +387,18 @@ class ChatScreen(Screen):
         self._stopping = False
         self._idle.set()
         self.refresh_context()
+
+    async def _show_trimmed(self, buffer: ReplyBuffer, reply: AssistantMessage | None) -> None:
+        """The notice that the oldest messages were dropped, above the reply (shown as soon as the
+        engine says so: before the prompt is read, not after the reply)."""
+        trimmed = buffer.trimmed
+        assert trimmed is not None
+        buffer.trimmed_shown = True
+        n = trimmed.dropped_messages
+        await self.query_one(ChatLog).add_notice(
+            f"*The conversation no longer fitted the {trimmed.context_window:,}-token context: "
+            f"the oldest {n} {'message was' if n == 1 else 'messages were'} dropped.*", before=reply,
+        )
 
     # -- actions -------------------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -446,7 +468,7 @@ class ChatScreen(Screen):
         session_decode = decode_steps / session.decode_s if session.decode_s > 0 else 0.0
         session_prefill = session.prompt_tokens / session.prefill_s if session.prefill_s > 0 else 0.0
         lines.append(
-            f"- session: {session.replies} {'reply' if session.replies == 1 else 'replies'}, "
+            f"- session: {plural(session.replies, 'reply')}, "
             f"{session.prompt_tokens} prompt tokens, "
             f"{session.generated_tokens} generated tokens "
             f"(prefill: {session_prefill:.1f} tok/s, decode: {session_decode:.1f} tok/s)"
@@ -489,11 +511,18 @@ class ChatScreen(Screen):
             app.set_sampling(reset=True)
             back = "*Sampling settings back to this model's defaults.*\n\n"
             await log.add_notice(back + self.sampling_markdown())
+            app.save_sampling()
         elif arg.strip():
             overrides = sampling.parse_set_command(arg)
             app.set_sampling(overrides)
             changed = ", ".join(f"{key}={_show_value(key, value)}" for key, value in overrides.items())
-            await log.add_notice(f"*Set {changed}.*")
+            try:
+                app.save_sampling()
+            except LlmchatError:
+                await log.add_notice(f"*Set {changed}* (for this session only).")
+                raise
+            await log.add_notice(f"*Set {changed}* (kept for {self.engine.info.model_id}; "
+                                 "`/set reset` goes back to its defaults).")
         else:
             await log.add_notice(self.sampling_markdown())
 
@@ -529,11 +558,40 @@ class ChatScreen(Screen):
         self.refresh_context()
 
     async def _command_model(self, arg: str) -> None:
-        if not arg.strip():
+        model_id = arg.strip()
+        if not model_id:
             self.llm_app.action_open_models()
             return
+        question = self.download_question(model_id)
+        if question is not None:
+            from app.screens.confirm import ConfirmScreen
+
+            if not await self.app.push_screen_wait(ConfirmScreen(question, yes="Download")):
+                await self.query_one(ChatLog).add_notice(f"*Not downloading {model_id}.*")
+                return
         await self.wait_reply_stopped()
-        self.llm_app.start_model(arg.strip())
+        self.llm_app.start_model(model_id)
+
+    def download_question(self, model_id: str) -> str | None:
+        """What to ask before ``/model ID`` downloads a model that is not installed (its size);
+        None when nothing would be downloaded (installed, a server's model, or unknown: the loading
+        screen then says what is wrong)."""
+        services = self.llm_app.services
+        if services.remote_endpoint is not None or services.installed_model_path(model_id) is not None:
+            return None
+        try:
+            entries = {entry.id: entry for entry in services.load_catalog().entries}
+        except Exception:
+            entries = {}
+        entry = entries.get(model_id)
+        if entry is not None:
+            size = format_bytes(entry.download_bytes)
+        elif model_id.upper().startswith("HF://"):
+            size = "a size known once the repository is listed"
+        else:
+            return None
+        return (f"{model_id} is not installed. Download it ({size}), compile it for this machine and "
+                f"switch to it?")
 
     async def _command_models(self, arg: str) -> None:
         self.llm_app.action_open_models()
@@ -549,9 +607,11 @@ class ChatScreen(Screen):
         if conversation_id is None:
             raise LlmchatError("There is nothing to export yet.", "send a message first")
         target = Path(arg.strip()).expanduser() if arg.strip() else Path.cwd()
-        path = self.llm_app.history.export_markdown(conversation_id, target)
-        await self.query_one(ChatLog).add_notice(f"*Exported to `{path}`.*")
-        self.notify(f"Exported to {path}")
+        path = Path(self.llm_app.history.export_markdown(conversation_id, target)).resolve()
+        where = "" if arg.strip() else \
+            f" — the current directory ({path.parent}); `/export PATH` picks another"
+        await self.query_one(ChatLog).add_notice(f"*Exported to `{path}`*{where}.")
+        self.notify(f"Exported to {path}", markup=False)
 
     async def _command_exit(self, arg: str) -> None:
         await self.app.action_quit()

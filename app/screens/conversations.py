@@ -12,6 +12,7 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from app.errors import LlmchatError
+from app.units import plural
 
 if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
@@ -49,7 +50,7 @@ class ConversationsScreen(ModalScreen):
         for conversation in conversations:
             when = datetime.fromtimestamp(conversation.updated_at).strftime("%Y-%m-%d %H:%M")
             label = f"{when}  {conversation.title or '(untitled)'}  · {conversation.model} · "
-            label += f"{conversation.message_count} messages"
+            label += plural(conversation.message_count, "message")
             options.add_option(Option(label, id=str(conversation.id)))
         if options.option_count == 0:
             options.add_option(Option("No saved conversations yet.", id="none", disabled=True))

@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from app.units import format_bytes
 from app.widgets.chat_log import error_markdown
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def hardware_summary(report: Any) -> str:
         lines.append(f"  why: {reason}")
     budget = getattr(report, "memory_budget_bytes", None)
     if budget:
-        lines.append(f"Memory budget for models: {budget / 2**30:.1f} GiB")
+        lines.append(f"Memory budget for models: {format_bytes(budget)}")
     for fix in list(getattr(report, "fixes", []) or [])[:2]:
         lines.append(f"  fix: {fix}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from textual.widgets import Footer, ProgressBar, Static
 
 from app.errors import LlmchatError
 from app.inference.api import Engine, ProgressEvent
+from app.units import format_bytes
 from app.widgets.chat_log import error_markdown
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class LoadingScreen(Screen):
             bar.update(total=None)
         detail = ""
         if event.stage == "download" and event.total:
-            detail = f" — {(event.done or 0) / 1e6:.1f} / {event.total / 1e6:.1f} MB"
+            detail = f" — {format_bytes(event.done or 0)} / {format_bytes(event.total)}"
         self.query_one("#loading-status", Static).update(f"{event.message}{detail}")
         self._stage_messages.pop(event.stage, None)  # a stage seen again moves to the end
         self._stage_messages[event.stage] = event.message

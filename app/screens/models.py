@@ -16,6 +16,7 @@ from app.errors import LlmchatError
 from app.inference.api import ProgressEvent
 from app.screens.catalog_data import CatalogLoaded, LoadsCatalog, fit_function
 from app.screens.loading import ProgressThrottle
+from app.units import format_bytes
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import error_markdown
 from app.widgets.servers_panel import ServersPanel
@@ -84,7 +85,7 @@ class ModelsScreen(LoadsCatalog, Screen):
         engine = self.llm_app.engine
         select = current or (engine.info.model_id if engine else self.llm_app.services.default_model_id)
         table.show(data.entries, data.installed, fit_function(self.llm_app, data.report), select=select,
-                   broken=data.broken)
+                   speeds=data.speeds, broken=data.broken)
         note = f"{len(data.installed)} installed · Enter: chat with · d: download · x: remove"
         for model_id, problem in data.broken.items():
             note += f"\n{model_id} is broken: {problem} · d on it fetches what is missing or damaged"
@@ -155,7 +156,7 @@ class ModelsScreen(LoadsCatalog, Screen):
         bar = self.query_one("#download-progress", ProgressBar)
         if event.fraction is not None:
             bar.update(total=100, progress=event.fraction * 100)
-        detail = f" — {(event.done or 0) / 1e6:.1f} / {event.total / 1e6:.1f} MB" if event.total else ""
+        detail = f" — {format_bytes(event.done or 0)} / {format_bytes(event.total)}" if event.total else ""
         self.query_one("#models-status", Static).update(f"{event.message}{detail} (c cancels)")
 
     @on(DownloadDone)

@@ -1,4 +1,5 @@
-"""The model catalog as a table: size, context, fit badge on this machine, installed state."""
+"""The model catalog as a table: size, context, fit badge and estimated speed on this machine,
+installed state."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from app.units import format_bytes
+
+#: widest Model column
+MODEL_WIDTH = 28
 FIT_STYLES = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
@@ -20,13 +25,21 @@ def human_count(count: int) -> str:
 
 
 def human_bytes(count: int | float | None) -> str:
-    if not count:
-        return "?"
-    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
+    return format_bytes(count) if count else "?"
 
 
 def human_context(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
+
+
+def speed_cell(estimate: Any) -> Text:
+    """``~12 tok/s`` (a second line "slow", red, below SLOW_TOK_S); "?" when unknown."""
+    if estimate is None:
+        return Text("?", style="dim")
+    figure = estimate.short().removesuffix(" slow")
+    if estimate.slow:
+        return Text.assemble((figure, "red"), "\n", ("slow", "bold red"))
+    return Text(figure)
 
 
 def fit_badge(verdict: str) -> Text:
@@ -40,7 +53,7 @@ class CatalogTable(DataTable):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = True
-        self.add_columns("Model", "Params", "Download", "Context", "Fit", "Installed")
+        self.add_columns("Model", "Params", "Download", "Context", "Fit", "Speed", "Installed")
 
     def show(
         self,
@@ -48,15 +61,20 @@ class CatalogTable(DataTable):
         installed: set[str],
         fit: Callable[[Any], str],
         select: str | None = None,
+        speeds: dict[str, Any] | None = None,
         broken: dict[str, str] | None = None,
     ) -> None:
-        """Fill the table and put the cursor on ``select`` (e.g. the default model)."""
+        """Fill the table and put the cursor on ``select`` (e.g. the default model); ``speeds``: the
+        estimated decode speed per id (``app.inference.speed.SpeedEstimate``)."""
         entries = list(entries)
         # explicit widths: auto-sized two-line cells were sometimes measured before they had content
-        model_width = max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)])
+        # at most MODEL_WIDTH: every column fits a 100-column terminal (a longer name is cut with "…")
+        model_width = min(MODEL_WIDTH, max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)]))
         self.clear(columns=True)
         self.add_column("Model", width=model_width)
-        for label, width in (("Params", 7), ("Download", 9), ("Context", 7), ("Fit", 12), ("Installed", 11)):
+        columns = (("Params", 6), ("Download", 9), ("Context", 7), ("Fit", 12), ("Speed", 12),
+                   ("Installed", 9))
+        for label, width in columns:
             self.add_column(label, width=width)
         for entry in entries:
             try:
@@ -64,17 +82,24 @@ class CatalogTable(DataTable):
             except Exception:
                 verdict = "?"
             self.add_row(
-                Text(f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id),
+                Text(f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id, no_wrap=True,
+                     overflow="ellipsis"),
                 human_count(entry.parameters),
                 human_bytes(entry.download_bytes),
                 human_context(entry.context_window),
                 fit_badge(verdict),
+                speed_cell((speeds or {}).get(entry.id)),
                 _installed_cell(entry.id, installed, broken or {}),
                 key=entry.id,
-                height=2 if entry.name != entry.id else 1,
+                height=2 if entry.name != entry.id or self._slow(speeds, entry.id) else 1,
             )
         if select is not None:
             self.select(select)
+
+    @staticmethod
+    def _slow(speeds: dict[str, Any] | None, model_id: str) -> bool:
+        estimate = (speeds or {}).get(model_id)
+        return bool(estimate is not None and estimate.slow)
 
     def select(self, model_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -91,4 +116,4 @@ class CatalogTable(DataTable):
 def _installed_cell(model_id: str, installed: set[str], broken: dict[str, str]) -> Text:
     if model_id in broken:
         return Text("⚠ broken", style="bold red")
-    return Text("✓ installed", style="green") if model_id in installed else Text("—", style="dim")
+    return Text("✓ yes", style="green") if model_id in installed else Text("—", style="dim")

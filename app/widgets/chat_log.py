@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from app.errors import LlmchatError
@@ -95,11 +96,12 @@ class ChatLog(VerticalScroll):
         await self.mount(reply)
         return reply
 
-    async def add_notice(self, markdown: str, *, error: bool = False) -> Notice:
+    async def add_notice(self, markdown: str, *, error: bool = False, before: Widget | None = None) -> Notice:
+        """A notice at the end (or above ``before``, e.g. a reply that is streaming)."""
         widget = Notice(markdown)
         if error:
             widget.add_class("error")
-        await self.mount(widget)
+        await self.mount(widget, before=before)
         return widget
 
     async def add_error(self, err: BaseException) -> Notice:

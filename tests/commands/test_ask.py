@@ -128,3 +128,60 @@ def test_progress_lines_are_throttled_per_stage(capsys):
         "[import] imported 100%",
         "[compile] compiling for cpu:0 0%",
     ]
+
+
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 4  # several 32-token prefill chunks
+PROGRESS_LINE = r"reading the prompt: ([\d,]+) / ([\d,]+) tokens · [\d,]+ tok/s · ~\d+ s left"
+
+
+def test_ask_prefill_progress_goes_to_stderr_only_when_asked(tiny_model_dir, capsys):
+    """#18 item 4: stderr is not a terminal here: progress lines only with --progress, never on stdout."""
+    import re
+
+    model = str(tiny_model_dir("llama", "q4f32_1"))
+    base = ["ask", "--model", model, "--device", "cpu", "--temperature", "0", "--max-tokens", "6"]
+    assert main([*base, LONG_PROMPT]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert "reading the prompt" not in quiet_err
+    assert main([*base, "--progress", LONG_PROMPT]) == 0
+    out, err = capsys.readouterr()
+    assert out == quiet_out and "reading" not in out  # the reply alone on stdout
+    lines = [m.groups() for m in re.finditer(PROGRESS_LINE, err)]
+    assert len(lines) >= 3
+    done = [int(d.replace(",", "")) for d, _ in lines]
+    assert done == sorted(done) and done[0] == 32 and len({t for _, t in lines}) == 1
+
+
+def test_ask_prefill_progress_on_a_terminal_is_one_line_erased_before_the_reply(tiny_model_dir):
+    """stderr a real terminal (a pty), stdout a pipe: the progress line is rewritten in place and
+    erased; stdout gets the reply only."""
+    import os
+    import pty
+    import re
+    import subprocess
+    import sys
+
+    model = str(tiny_model_dir("llama", "q4f32_1"))
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "ask", "--model", model, "--device", "cpu", "--temperature", "0",
+         "--max-tokens", "6", LONG_PROMPT],
+        stdout=subprocess.PIPE, stderr=follower, stdin=subprocess.DEVNULL,
+    )
+    os.close(follower)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        err += chunk
+    out = proc.stdout.read()
+    assert proc.wait(60) == 0
+    os.close(leader)
+    text = err.decode()
+    assert re.search(r"\r\x1b\[K" + PROGRESS_LINE, text), text
+    assert text.rstrip("\r\n").endswith("\r\x1b[K")  # erased before the reply
+    assert b"reading" not in out and out.endswith(b"\n") and len(out) > 1

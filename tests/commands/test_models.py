@@ -21,7 +21,7 @@ from app.inference import fit
 from app.inference.catalog import load_catalog
 from tests.hub_server import TINY_REGISTRY, make_tiny_mlc_model
 
-GB = 1_000_000_000
+GB = 1 << 30  # --memory takes GiB
 
 
 @pytest.fixture(autouse=True)
@@ -114,14 +114,14 @@ def test_table_output(capsys):
     assert main(["models", "--memory", "4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "INSTALLED"]
+    assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "INSTALLED"]
     phi = next(line for line in lines if line.startswith("phi-3.5-mini-instruct"))
-    assert phi.rstrip().endswith("yes") and "2.2 GB" in phi
+    assert phi.rstrip().endswith("yes") and "2.00 GiB" in phi  # one unit everywhere: GiB
     qwen = next(line for line in lines if line.startswith("qwen2.5-0.5b-instruct "))
     assert qwen.rstrip().endswith("broken")
     assert "qwen2.5-0.5b-instruct is broken: " in out and "mlc-chat-config.json is missing" in out
     assert "fix: `llmchat download qwen2.5-0.5b-instruct` checks every file" in out
-    assert "memory budget 4.0 GB" in out
+    assert "memory budget 4.00 GiB" in out
 
 
 def test_twenty_entries_answer_in_under_a_second(dirs):
@@ -143,3 +143,55 @@ def test_twenty_entries_answer_in_under_a_second(dirs):
     start = time.monotonic()
     models_command.collect(8 * GB)
     assert time.monotonic() - start < 1.0
+
+
+def cpu_report(cores_budget: int = 8 * GB) -> SimpleNamespace:
+    return SimpleNamespace(backend="cpu", gpu=None, memory_budget_bytes=cores_budget)
+
+
+def test_speed_estimates_mark_slow_models_and_use_bench_results(capsys, monkeypatch):
+    """#20 item 6: an estimated decode speed per model (bandwidth ÷ weight bytes) on this machine,
+    SLOW below 5 tok/s; once bench measured a model here, its figure is used and scales the others."""
+    from app.inference import bench_store, hardware, speed
+
+    monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
+    monkeypatch.setattr(speed, "_cores", lambda: 2)
+    rows = {r["id"]: r for r in run_json(capsys)["models"]}
+    small, big = rows["smollm2-135m-instruct"], rows["llama-3.1-8b-instruct"]
+    assert small["speed"]["source"] == big["speed"]["source"] == "estimate"
+    assert small["speed"]["decode_tok_s"] == round(12e9 / small["download_bytes"], 1)
+    assert not small["speed"]["slow"] and big["speed"]["slow"] and big["speed"]["decode_tok_s"] < 5
+    assert main(["models"]) == 0
+    table = capsys.readouterr().out
+    assert "SLOW" in next(line for line in table.splitlines() if line.startswith("llama-3.1-8b-instruct"))
+    assert "SLOW" not in next(line for line in table.splitlines() if line.startswith("smollm2-135m"))
+
+    # llmchat bench measured the default model here (and a GPU elsewhere, which must not count)
+    assert bench_store.record({"model": "smollm2-135m-instruct", "device": "cpu:0", "decode_tok_s": 64.0,
+                               "weight_bytes": 100_000_000}) is not None
+    bench_store.record({"model": "qwen2.5-0.5b-instruct", "device": "cuda:0", "decode_tok_s": 1600.0,
+                        "weight_bytes": 300_000_000})
+    rows = {r["id"]: r for r in run_json(capsys)["models"]}
+    assert rows["smollm2-135m-instruct"]["speed"]["source"] == "measured"
+    assert rows["smollm2-135m-instruct"]["speed"]["decode_tok_s"] == 64.0
+    qwen = rows["qwen2.5-0.5b-instruct"]  # scaled from the CPU run: 6.4 GB/s ÷ its weights
+    assert qwen["speed"]["source"] == "bench"
+    assert qwen["speed"]["decode_tok_s"] == round(6.4e9 / qwen["download_bytes"], 1)
+
+
+def test_a_damaged_bench_file_is_ignored(capsys, monkeypatch):
+    from app.inference import bench_store, hardware
+
+    monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
+    bench_store.path().parent.mkdir(parents=True, exist_ok=True)
+    for damage in ("{not json", '{"results": [1, {"model": "x", "device": "cpu:0", "decode_tok_s": -1}]}',
+                   '{"results": {"a": 1}}', "[]"):
+        bench_store.path().write_text(damage)
+        assert bench_store.results() == []
+        rows = {r["id"]: r for r in run_json(capsys)["models"]}
+        assert rows["smollm2-135m-instruct"]["speed"]["source"] == "estimate"
+    # recording over a damaged file starts it again
+    assert bench_store.record({"model": "m", "device": "cpu:0", "decode_tok_s": 5, "weight_bytes": 9})
+    assert [r.model for r in bench_store.results()] == ["m"]
+    assert bench_store.record({"model": "m", "device": "cpu:0", "decode_tok_s": float("nan"),
+                               "weight_bytes": 9}) is None

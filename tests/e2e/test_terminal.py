@@ -49,6 +49,11 @@ class TmuxTerminal:
     def key(self, name: str) -> None:
         self._tmux("send-keys", "-t", "t", name)
 
+    def paste(self, text: str) -> None:
+        """As a terminal pastes: bracketed (the app sees one paste, not keys)."""
+        self._tmux("set-buffer", "-b", "p", text)
+        self._tmux("paste-buffer", "-p", "-b", "p", "-t", "t")
+
     def screen(self) -> str:
         return self._tmux("capture-pane", "-t", "t", "-p")
 
@@ -102,6 +107,9 @@ class PtyTerminal:
 
     def key(self, name: str) -> None:
         os.write(self.master, {"Enter": b"\r", "Escape": b"\x1b", "C-c": b"\x03"}[name])
+
+    def paste(self, text: str) -> None:
+        os.write(self.master, b"\x1b[200~" + text.encode() + b"\x1b[201~")
 
     def screen(self) -> str:
         self._read()
@@ -217,7 +225,7 @@ def test_ctrl_c_in_a_terminal_stops_the_reply_and_again_quits(kind, installed_ti
         # greedy, no penalty: the random-weight model then never picks its stop token (a long reply)
         terminal.type("/set temperature=0; repetition_penalty=1; max_tokens=8000")
         terminal.key("Enter")
-        wait_for(terminal, lambda s: "max_tokens=8000." in s, 30, "the /set notice")
+        wait_for(terminal, lambda s: "max_tokens=8000" in s and "kept for" in s, 30, "the /set notice")
         terminal.type("Tell me a very long story")
         terminal.key("Enter")
         wait_for(terminal, lambda s: "▍ ~" in s, 60, "the reply streaming (its live stats line)")
@@ -225,6 +233,39 @@ def test_ctrl_c_in_a_terminal_stops_the_reply_and_again_quits(kind, installed_ti
         stopped = re.compile(r"TTFT [\d.]+ s ·\s+stopped")  # the stats line (it may wrap)
         screen = wait_for(terminal, lambda s: stopped.search(s) is not None, 30, "the reply to stop")
         assert terminal.alive(), "the first Ctrl+C quit llmchat instead of stopping the reply"
+        assert "Traceback" not in screen
+        terminal.key("C-c")
+        deadline = time.monotonic() + 15
+        while terminal.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not terminal.alive(), "llmchat did not quit on Ctrl+C at the idle prompt"
+    finally:
+        terminal.close()
+
+
+@pytest.mark.parametrize("kind", ["tmux", "pty"])
+def test_a_long_prompt_shows_its_reading_and_ctrl_c_stops_it(kind, installed_tiny_model):
+    """#18 item 4 in a real terminal: a pasted ~6,000-token prompt shows the tokens read of the total,
+    tok/s and the time left while it is read; Ctrl+C stops it between chunks, keeping the app."""
+    if kind == "tmux" and shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (the pty variant covers this)")
+    terminal_class = TmuxTerminal if kind == "tmux" else PtyTerminal
+    command = [*llmchat_command(), "--model", MODEL_ID, "--device", "cpu"]
+    terminal = terminal_class(command, installed_tiny_model)
+    try:
+        wait_for(terminal, lambda s: PROMPT_READY in s, 120, "the chat prompt")
+        terminal.paste("The quick brown fox jumps over the lazy dog. " * 170)
+        wait_for(terminal, lambda s: "Pasted 1 line" in s, 30, "the paste's count")
+        terminal.key("Enter")
+        progress = re.compile(r"reading the prompt: [\d,]+ / [\d,]+ tokens · [\d,]+ tok/s · ~\d+ s left")
+        if kind == "tmux":  # the whole screen as drawn
+            wait_for(terminal, lambda s: progress.search(s) is not None, 60, "the prompt's progress")
+        else:  # the bytes written (a redraw may touch part of a line): its words
+            wait_for(terminal, lambda s: "reading the prompt" in s and "s left" in s, 60, "the progress")
+        terminal.key("C-c")
+        stopped = "stopped while reading the prompt"
+        screen = wait_for(terminal, lambda s: stopped in s, 30, "the prefill to stop")
+        assert terminal.alive(), "the first Ctrl+C quit llmchat instead of stopping the prompt"
         assert "Traceback" not in screen
         terminal.key("C-c")
         deadline = time.monotonic() + 15

@@ -3,13 +3,15 @@ context overflow and bad input."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import threading
 
 import numpy as np
 import pytest
 
 from app.errors import LlmchatError
-from app.inference.api import ContextTrimmed, Message, ReplyStats, SamplingParams, TextDelta
+from app.inference.api import ContextTrimmed, Message, PrefillProgress, ReplyStats, SamplingParams, TextDelta
 from app.inference.engine import load_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -39,8 +41,11 @@ def engine(tiny_engine):
 def test_chat_streams_text_and_ends_with_stats(engine):
     events = list(engine.chat("Hello! How are you?", GREEDY))
     assert isinstance(events[-1], ReplyStats)
-    assert all(isinstance(e, TextDelta) for e in events[:-1])
+    # a one-chunk prompt: the prefill's start (0 of N tokens read), then text only
+    assert isinstance(events[0], PrefillProgress) and events[0].done == 0
+    assert all(isinstance(e, TextDelta) for e in events[1:-1])
     text, stats, _ = _run(events)
+    assert events[0].total == stats.prompt_tokens
     assert stats.generated_tokens >= 1 and stats.prompt_tokens > 5
     assert stats.finish_reason in ("stop", "length")
     assert stats.time_to_first_token_s > 0 and stats.prefill_s > 0
@@ -315,6 +320,74 @@ def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, 
     finally:
         device_engine.close()
         tiny_engine.reset()
+
+
+def test_a_long_prompt_reports_its_prefill_per_chunk_before_the_first_token(engine):
+    """#18 item 4: PrefillProgress before the prefill (0 done) and after each 32-token chunk but the
+    last, with tok/s and the time left; all of it before the first text."""
+    events = list(engine.chat("The quick brown fox jumps over the lazy dog. " * 4, GREEDY))
+    kinds = [type(ev).__name__ for ev in events]
+    progress = [ev for ev in events if isinstance(ev, PrefillProgress)]
+    stats = events[-1]
+    assert isinstance(stats, ReplyStats)
+    total = stats.prompt_tokens
+    chunk = engine.runtime.prefill_chunk
+    assert total > 3 * chunk  # several chunks
+    assert [p.done for p in progress] == list(range(0, total, chunk))
+    assert all(p.total == total for p in progress)
+    assert progress[0].eta_s is None and "reading the prompt: 0 / " in progress[0].format()
+    later = progress[1:]
+    assert all(p.tok_s > 0 and p.eta_s is not None and p.eta_s >= 0 for p in later)
+    assert all(a.elapsed_s <= b.elapsed_s for a, b in itertools.pairwise(later))
+    assert re.fullmatch(rf"reading the prompt: {chunk:,} / {total:,} tokens · [\d,]+ tok/s · ~\d+ s left",
+                        later[0].format())
+    # every progress event comes before the first text
+    first_text = kinds.index("TextDelta")
+    assert max(i for i, k in enumerate(kinds) if k == "PrefillProgress") < first_text
+    # a follow-up counts only the tokens it prefills (the conversation's prefix is in the KV cache)
+    events = list(engine.chat("ok", GREEDY))
+    follow = [ev for ev in events if isinstance(ev, PrefillProgress)]
+    assert follow[0].total == events[-1].prompt_tokens < total
+
+
+def test_cancel_and_leaving_mid_prefill_keep_the_kv_cache_consistent(engine, tiny_model_dir):
+    """Cancelled between chunks: the chunks done stay (prompt_tokens says how many); a consumer that
+    stops reading mid-prefill leaves the KV mirror in step; the next reply equals a fresh one."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    events = engine.chat(prompt, GREEDY)
+    for ev in events:
+        if isinstance(ev, PrefillProgress) and ev.done == 2 * engine.runtime.prefill_chunk:
+            engine.cancel()
+    stats = ev
+    assert isinstance(stats, ReplyStats) and stats.finish_reason == "cancelled"
+    assert stats.generated_tokens == 0 and stats.prompt_tokens == 2 * engine.runtime.prefill_chunk
+    assert engine.runtime.sequence_length == len(engine._kv_ids)
+    engine.reset()
+    events = engine.chat(prompt, GREEDY)
+    for ev in events:
+        if isinstance(ev, PrefillProgress) and ev.done:
+            break
+    events.close()  # the consumer left after the first chunk
+    assert engine.runtime.sequence_length == len(engine._kv_ids) == engine.runtime.prefill_chunk
+    engine.reset()
+    after_leave = _run(engine.chat("Hi there", GREEDY))[0]
+    fresh = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu")
+    try:
+        assert after_leave == _run(fresh.chat("Hi there", GREEDY))[0]
+    finally:
+        fresh.close()
+
+
+def test_context_trimmed_comes_before_the_prefill(tiny_model_dir):
+    engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu", context_window=256)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=4)
+        _run(engine.chat("The quick brown fox jumps over the lazy dog. " * 3, params))
+        events = list(engine.chat("A lazy dog sleeps under the quick brown fox. " * 4, params))
+        kinds = [type(ev).__name__ for ev in events]
+        assert kinds[0] == "ContextTrimmed" and kinds[1] == "PrefillProgress", kinds
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

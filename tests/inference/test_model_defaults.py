@@ -110,3 +110,16 @@ def test_set_rejects_a_word_as_not_a_number():
     assert "out of range" not in err.value.problem
     with pytest.raises(LlmchatError, match="is not a whole number"):
         parse_set_command("repeat_last_n=1.5")
+    # nan parses as a float but is not a number; a value of the wrong type (a saved setting) neither
+    for text in ("temperature=nan", "top_p=inf"):
+        with pytest.raises(LlmchatError, match="is not a number") as err:
+            parse_set_command(text)
+        assert "out of range" not in err.value.problem
+    from app.inference.sampling import validate_value
+
+    for key, value, kind in (("temperature", "0.5", "number"), ("seed", 1.5, "whole number"),
+                             ("max_tokens", True, "whole number"), ("top_p", None, "number")):
+        with pytest.raises(LlmchatError, match=f"is not a {kind}:"):
+            validate_value(key, value)
+    with pytest.raises(LlmchatError, match="out of range"):  # a number, but outside its range
+        validate_value("temperature", 9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 from textual.css.query import NoMatches
 
@@ -89,7 +90,8 @@ async def test_message_streams_with_live_and_final_stats(make_app, monkeypatch):
         stats = log.query_one(StatsLine)
         live = [text for text in shown if text.startswith("▍")]
         assert live, shown  # the live line: tokens so far, tok/s, time to first token
-        assert all("tokens" in text and "tok/s" in text and "TTFT" in text for text in live)
+        assert all(re.match(r"▍ ~(1 token|[\d,]+ tokens) · ~[\d.]+ tok/s · TTFT [\d.]+ s$", text)
+                   for text in live), live
         assert shown[-1] == str(stats.render())
         assert log.query_one(UserMessage).source == "Hello there"
         assert reply.source.strip()
@@ -286,6 +288,7 @@ async def test_ctrl_c_stops_the_reply_and_ctrl_c_at_the_idle_prompt_quits(make_a
         assert stats.finish_reason == "cancelled" and stats.generated_tokens < 8000
         assert reply.source.strip()  # what was generated is kept
         assert "stopped" in str(chat.query_one(ChatLog).query(StatsLine).last().render())
+        app.params.max_tokens = 8  # (not 8,000: that reply would run to the window's end, ~30 s here)
         await send_and_finish(pilot, chat, "still here?")  # the chat goes on
         await pilot.press("ctrl+c")  # nothing to stop: quit
         await wait_until(pilot, lambda: not app.is_running, timeout=10)
@@ -310,12 +313,20 @@ async def test_ctrl_c_stops_a_long_prompt_during_its_prefill(make_app):
         # ~6,000 tokens: seconds of prefill on the tiny model (chunks of 32 tokens)
         await type_and_send(pilot, "The quick brown fox jumps over the lazy dog. " * 170)
         await wait_until(pilot, lambda: chat.replying)
+        stats_line = chat.query_one(ChatLog).query(StatsLine).last()
+        # the prefill's progress in the pane, per chunk: tokens read of the total, tok/s, time left
+        progress = re.compile(r"reading the prompt: ([\d,]+) / ([\d,]+) tokens · [\d,]+ tok/s · ~\d+ s left")
+        await wait_until(pilot, lambda: progress.match(str(stats_line.render())))
+        done, total = (int(g.replace(",", "")) for g in progress.match(str(stats_line.render())).groups())
+        assert 0 < done < total and total > 5000
         await pilot.press("ctrl+c")
         await wait_until(pilot, lambda: not chat.replying, timeout=10)
         assert app.is_running
         assert chat.engine.session_stats.replies == replies  # no token was generated
-        line = str(chat.query_one(ChatLog).query(StatsLine).last().render())
-        assert line.startswith("stopped during the prompt"), line
+        line = str(stats_line.render())
+        match = re.fullmatch(r"stopped while reading the prompt \(([\d,]+) of ([\d,]+) tokens read\)", line)
+        assert match, line
+        assert int(match[2].replace(",", "")) == total and int(match[1].replace(",", "")) < total
         await send_and_finish(pilot, chat, "short one")  # the KV cache is consistent again
         assert chat.engine.last_stats.finish_reason == "length"
 
@@ -364,3 +375,139 @@ async def test_model_command_switches_and_unknown_model_is_a_readable_error(make
         assert "no-such-model" in panel and "fix:" in panel
         await pilot.press("escape")  # back to the chat
         await wait_until(pilot, lambda: app.screen is new_chat)
+
+
+async def test_context_trimmed_notice_shows_before_the_prompt_is_read(make_app, chat_model_dir):
+    """#18 item 4: the "no longer fitted" notice is on screen while the prompt is still being read
+    (the prefill held after its first chunk), above the reply; not after the reply."""
+    import threading
+
+    from app.inference.engine import load_engine
+
+    engine = load_engine(chat_model_dir, device="cpu", context_window=512)
+    app = make_app(engine=engine)
+    release = threading.Event()
+    real_steps = engine.runtime.prefill_steps
+
+    def held_steps(ids, cancel=None):  # the real prefill, held after its first chunk until released
+        steps, held = real_steps(ids, cancel), False
+        while True:
+            try:
+                done = next(steps)
+            except StopIteration as end:
+                return end.value
+            yield done
+            if not held:
+                held = True
+                assert release.wait(20)
+
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await send_and_finish(pilot, chat, "The quick brown fox jumps over the lazy dog. " * 6)
+        engine.runtime.prefill_steps = held_steps
+        try:
+            await type_and_send(pilot, "A lazy dog sleeps under the quick brown fox. " * 8)
+            log = chat.query_one(ChatLog)
+            await wait_until(pilot, lambda: any("no longer fitted" in n.source for n in log.query(Notice)))
+            assert chat.replying and chat._buffer.first_token_at is None  # still reading the prompt
+            notice = next(n for n in log.query(Notice) if "no longer fitted" in n.source)
+            children = list(log.children)
+            assert children.index(notice) < children.index(log.query(AssistantMessage).last())
+            assert "512-token context: the oldest 2 messages were dropped" in notice.source
+            assert "reading the prompt" in str(log.query(StatsLine).last().render())
+        finally:
+            release.set()
+        await wait_until(pilot, lambda: not chat.replying)
+        assert sum("no longer fitted" in n.source for n in log.query(Notice)) == 1  # shown once
+        del engine.runtime.prefill_steps
+
+
+async def test_model_command_asks_before_downloading_with_the_size(make_app):
+    """#20 item 8: /model ID of a catalog model that is not installed asks first, with its size;
+    n declines (nothing downloaded), y starts the download."""
+    from app.errors import LlmchatError
+    from app.inference.catalog import load_catalog
+    from app.screens.confirm import ConfirmScreen
+    from app.screens.loading import LoadingScreen
+    from app.units import format_bytes
+
+    asked: list[str] = []
+
+    def download(model_id, progress, cancel):
+        asked.append(model_id)
+        raise LlmchatError(f"{model_id}: no network in this test.", "none")
+
+    app = make_app()
+    app.services.download_model = download
+    entry = next(e for e in load_catalog().entries if e.id == "qwen2.5-0.5b-instruct")
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/model qwen2.5-0.5b-instruct")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        question = str(app.screen.query_one("#confirm-question").render())
+        assert "qwen2.5-0.5b-instruct is not installed" in question
+        assert f"Download it ({format_bytes(entry.download_bytes)})" in question
+        await pilot.press("n")
+        await wait_until(pilot, lambda: any("Not downloading" in n.source for n in notices(chat)))
+        assert app.screen is chat and asked == []
+        await type_and_send(pilot, "/model qwen2.5-0.5b-instruct")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
+        assert asked == ["qwen2.5-0.5b-instruct"]
+        # an installed model switches at once (no question)
+        assert chat.download_question(chat.engine.info.model_id) is None
+
+
+def test_final_stats_line_of_an_empty_reply_and_a_stopped_prefill():
+    """#20 item 10: no "1 tokens · decode 0.0 tok/s"; counts in the singular where they are 1."""
+    from app.inference.api import ReplyStats
+    from app.screens.chat import final_stats_line
+
+    empty = ReplyStats(prompt_tokens=20, generated_tokens=1, time_to_first_token_s=0.5, prefill_s=0.5)
+    line = final_stats_line(empty, text="")
+    assert line == "no text: the model ended its reply at once · prefill: 40.0 tok/s · TTFT 0.50 s"
+    assert "decode" not in final_stats_line(empty, text="A") and final_stats_line(empty, text="A").startswith(
+        "1 token ·")
+    stopped = ReplyStats(prompt_tokens=1, generated_tokens=0, finish_reason="cancelled")
+    assert final_stats_line(stopped, 1) == "stopped while reading the prompt (1 of 1 token read)"
+    assert final_stats_line(stopped) == "stopped while reading the prompt (1 token read)"
+
+
+async def test_export_without_a_path_says_where_it_went(make_app, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await open_chat(pilot)
+        app.params.max_tokens = 4
+        await send_and_finish(pilot, chat, "Hello")
+        await type_and_send(pilot, "/export")
+        await wait_until(pilot, lambda: any("Exported to" in n.source for n in notices(chat)))
+        note = next(n.source for n in notices(chat) if "Exported to" in n.source)
+        (exported,) = tmp_path.glob("*.md")
+        assert f"`{exported.resolve()}`" in note
+        assert f"the current directory ({tmp_path.resolve()})" in note and "/export PATH" in note
+
+
+async def test_palette_screenshot_without_a_downloads_directory(make_app, tmp_path, monkeypatch):
+    """#20 item 10: Textual saves into ~/Downloads, which need not exist: then llmchat's own folder."""
+    from app import paths
+
+    monkeypatch.setenv("XDG_DOWNLOAD_DIR", str(tmp_path / "no-such-downloads"))
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await open_chat(pilot)
+        app.deliver_screenshot()
+        folder = paths.data_dir() / "screenshots"
+        await wait_until(pilot, lambda: folder.is_dir() and list(folder.glob("*.svg")))
+        await wait_until(pilot, lambda: any("Saved screenshot" in str(n.message) for n in app._notifications))
+        assert not (tmp_path / "no-such-downloads").exists()
+        (svg,) = folder.glob("*.svg")
+        assert svg.read_text().lstrip().startswith("<svg")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    monkeypatch.setenv("XDG_DOWNLOAD_DIR", str(downloads))
+    from app.chat_app import screenshot_dir
+
+    assert screenshot_dir() == downloads  # where it exists, the Downloads directory

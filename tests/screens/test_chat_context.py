@@ -3,6 +3,7 @@ window's use is counted (after each reply, while typing, for a paste)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from textual import events
@@ -157,3 +158,69 @@ async def test_set_lists_where_each_value_comes_from_and_reset_restores_the_mode
         await type_and_send(pilot, "/reset")
         await wait_until(pilot, lambda: len(notices(chat)) == 1)
         assert "Kept: your sampling settings (seed=3, repetition_penalty=1" in notices(chat)[0].source
+
+
+async def test_set_values_stick_per_model_across_restarts(make_app, chat_engine):
+    """#20 item 9: /set is kept per model in the config directory; a new app on that model starts
+    with it; /set reset forgets it; another model does not inherit it."""
+    from app import settings
+    from tests.screens.conftest import SharedEngine
+
+    model_id = chat_engine.info.model_id
+    app = make_app()
+    async with app.run_test(size=(100, 40)) as pilot:
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/set temperature=0.3; seed=5; stop=###")
+        await wait_until(pilot, lambda: any("kept for" in n.source for n in notices(chat)))
+    saved, problems = settings.load_overrides(model_id)
+    assert problems == [] and saved["temperature"] == 0.3 and saved["seed"] == 5 and saved["stop"] == ["###"]
+
+    again = make_app()
+    again.sampling_overrides = {}  # nothing set by the test: what comes back is what was saved
+    async with again.run_test(size=(100, 40)) as pilot:
+        chat = await open_chat(pilot)
+        assert again.params.temperature == 0.3 and again.params.seed == 5 and again.params.stop == ["###"]
+        await type_and_send(pilot, "/set")
+        await wait_until(pilot, lambda: notices(chat))
+        assert "- temperature = 0.3 (/set)" in notices(chat)[-1].source
+        # another model (nothing saved for it) starts from its own defaults
+        other = SharedEngine(chat_engine, model_id="other-model")
+        again.services.load_engine = lambda model, device, progress: other
+        await again.engine_ready(other)
+        assert "temperature" not in again.sampling_overrides and again.params.seed is None
+        await again.engine_ready(SharedEngine(chat_engine))  # back: its values return
+        assert again.params.temperature == 0.3
+        chat = await open_chat(pilot)
+        await type_and_send(pilot, "/set reset")
+        back = "back to this model's defaults"
+        await wait_until(pilot, lambda: any(back in n.source for n in notices(chat)))
+    assert settings.load_overrides(model_id) == (None, [])
+
+
+async def test_a_damaged_settings_file_is_reported_and_ignored(make_app, chat_engine):
+    from app import settings
+
+    model_id = chat_engine.info.model_id
+    settings.path().parent.mkdir(parents=True, exist_ok=True)
+    cases = [
+        ("{not json", "is not valid JSON", None),
+        ('{"models": [1, 2]}', 'has no "models" table', None),
+        (json.dumps({"models": {model_id: {"temperature": 9, "top_p": 0.5, "colour": 1}}}),
+         "temperature=9 is out of range", 0.5),
+    ]
+    for text, problem, top_p in cases:
+        settings.path().write_text(text)
+        app = make_app()
+        app.sampling_overrides = {}
+        async with app.run_test(size=(100, 40)) as pilot:
+            chat = await open_chat(pilot)
+            shown = [n.message for n in app._notifications]
+            assert any(problem in message for message in shown), shown
+            assert app.params.temperature == app.model_sampling.params.temperature  # the default
+            if top_p is not None:
+                assert app.params.top_p == top_p  # the good value still applies
+                assert any("unknown sampling setting 'colour'" in message for message in shown), shown
+            await send_and_finish(pilot, chat, "still works")
+            await type_and_send(pilot, "/set seed=1")  # rewrites the file whole
+            await wait_until(pilot, lambda chat=chat: any("kept for" in n.source for n in notices(chat)))
+        assert settings.load_overrides(model_id)[0]["seed"] == 1

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,12 @@ async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
         assert table.row_count > 1  # the whole catalog with fit badges
         fit_cells = [str(table.get_row_at(i)[4]) for i in range(table.row_count)]
         assert set(fit_cells) <= {"fits", "tight", "does not fit"} and "fits" in fit_cells
+        # the estimated decode speed on this Deck (its bandwidth ÷ the weights): the 8B one is slow
+        speeds = {str(table.coordinate_to_cell_key((i, 0))[0].value): str(table.get_row_at(i)[5])
+                  for i in range(table.row_count)}
+        assert all(re.fullmatch(r"~[\d.,]+ tok/s(\nslow)?", cell) for cell in speeds.values()), speeds
+        assert speeds["llama-3.1-8b-instruct"].endswith("slow")
+        assert not speeds["smollm2-135m-instruct"].endswith("slow")
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, (LoadingScreen, ChatScreen)))
         loading = app.screen
@@ -111,7 +119,7 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
         hub.release_stall.set()
         await pilot.press("d")
         await wait_until(pilot, lambda: not screen.downloading and TINY_ID in list_installed(), timeout=60)
-        await wait_until(pilot, lambda: "installed" in str(table.get_row(TINY_ID)[5]))
+        await wait_until(pilot, lambda: "✓ yes" in str(table.get_row(TINY_ID)[6]))
         await pilot.press("x")
         assert TINY_ID in list_installed()  # the first x only asks
         await pilot.press("x")
@@ -134,13 +142,13 @@ async def test_models_screen_shows_a_broken_install_and_d_repairs_it(hub):
                          and app.screen.query_one(CatalogTable).row_count > 0)
         screen = app.screen
         table = screen.query_one(CatalogTable)
-        await wait_until(pilot, lambda: "broken" in str(table.get_row(TINY_ID)[5]))
+        await wait_until(pilot, lambda: "broken" in str(table.get_row(TINY_ID)[6]))
         status = str(screen.query_one("#models-status").render())
         assert f"{TINY_ID} is broken: {SHARD} is missing" in status and "d on it fetches" in status
         table.select(TINY_ID)
         await pilot.press("d")
         await wait_until(pilot, lambda: not screen.downloading and (path / SHARD).is_file(), timeout=60)
-        await wait_until(pilot, lambda: "✓ installed" in str(table.get_row(TINY_ID)[5]))
+        await wait_until(pilot, lambda: "✓ yes" in str(table.get_row(TINY_ID)[6]))
         assert hub.counters.gets == {SHARD: 1}
 
 
@@ -217,6 +225,35 @@ async def test_probe_errors_are_messages_and_the_catalog_still_shows():
         report = str(app.screen.query_one("#hardware-report").render())
         assert "permission denied" in report and "run llmchat as your own user" in report
         assert "Traceback" not in report
+
+
+@pytest.mark.parametrize("size", [(90, 30), (80, 24), (100, 44)])
+async def test_first_run_parts_do_not_overlap(size):
+    """#20 item 10: at 90×30 the hint, the catalog and the hardware summary (the Steam Deck's, the
+    longest) each have rows of their own above the footer; a smaller terminal scrolls the page."""
+    from textual.widgets import Footer
+
+    app = LlmchatApp(StartOptions(device="cpu"), real_services(list_installed=lambda: []))
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        table = app.screen.query_one(CatalogTable)
+        await wait_until(pilot, lambda: table.row_count > 0)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        parts = [app.screen.query_one(f"#{name}") for name in
+                 ("welcome", "hardware-summary", "first-run-catalog", "first-run-status")]
+        regions = [part.region for part in parts]
+        footer = app.screen.query_one(Footer).region
+        assert all(r.height > 0 for r in regions), regions
+        assert regions[2].height >= 7  # a few rows of the catalog are always visible
+        for a, b in itertools.combinations(regions, 2):
+            assert not a.overlaps(b), (a, b)
+        page = app.screen.query_one("#first-run")
+        if size[1] < 30:  # too short for everything: the page scrolls (nothing is drawn over another)
+            assert page.max_scroll_y > 0
+        else:
+            assert page.max_scroll_y == 0 and not any(r.overlaps(footer) for r in regions)
+        assert "Enter: download and chat" in str(parts[3].render())
 
 
 async def test_the_hardware_screens_refresh_probes_afresh():

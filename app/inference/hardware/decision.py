@@ -23,7 +23,6 @@ FALLBACKS = {
     "metal": ["cpu"],
     "cpu": [],
 }
-MLC_WHEELS = "python -m pip install --pre -U -f https://mlc.ai/wheels"
 
 
 @dataclass
@@ -345,12 +344,10 @@ def _tvm_fix(backend: str, inp: Inputs) -> str:
             "access to /dev/kfd (the render and video groups) and a C++ compiler to build the add-on once "
             "(g++, or `pip install ziglang`)."
         )
-    wheel = "mlc-ai-nightly-rocm62" if backend == "rocm" else "mlc-ai-nightly-cpu"
-    what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}.get(backend, backend)
-    return (
-        f"Install a TVM runtime built with {what} (PyPI's apache-tvm has none): MLC's TVM wheels, e.g. "
-        f"{MLC_WHEELS} {wheel}  (includes {'ROCm and ' if backend == 'rocm' else ''}Vulkan)."
-    )
+    what = {"metal": "Metal"}.get(backend, backend)
+    # MLC's TVM wheels have such runtimes but replace apache-tvm, which llmchat needs: not a fix here
+    return (f"llmchat has no {what} runtime of its own and PyPI's apache-tvm was built without one: "
+            "it runs on the CPU here (--device cpu).")
 
 
 def _runnable(inp: Inputs, gpu: GpuDevice | None, d: Decision) -> None:
@@ -389,6 +386,6 @@ def _runnable(inp: Inputs, gpu: GpuDevice | None, d: Decision) -> None:
         else:
             why.append(f"{backend} cannot run here: the installed TVM has no usable {backend} runtime.")
             fix = _tvm_fix(backend, inp)
-            if not (MLC_WHEELS in fix and any(MLC_WHEELS in f for f in d.fixes)):
+            if fix not in d.fixes:
                 d.fixes.append(fix)
     # cpu is always ready, so the loop always ends in a return
