@@ -137,6 +137,10 @@ def _isolated_dirs(_session_dirs: Path, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("LLMCHAT_DATA_DIR", str(tmp_path / "llmchat-data"))
     monkeypatch.setenv("LLMCHAT_CONFIG_DIR", str(tmp_path / "llmchat-config"))
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(_session_dirs / "cache"))
+    # measured speeds (llmchat bench) live in the cache dir, shared by the session: one file per test
+    from app.inference import bench_store
+
+    monkeypatch.setattr(bench_store, "path", lambda: tmp_path / "llmchat-cache-bench_results.json")
 
 
 @pytest.fixture(autouse=True)

@@ -229,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
         }
     finally:
         engine.close()
+    if args.depth == 0:  # what the models screen's speed estimates for this machine start from
+        from app.inference import bench_store
+
+        bench_store.record(result)
 
     print(f"{result['model']} ({result['quantization']}) on {result['device']}")
     if result["prefill_tok_s"] is not None:

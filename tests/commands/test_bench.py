@@ -22,6 +22,22 @@ def test_bench_model_dir_json(tiny_model_dir, tiny_engine, capsys):
     assert result["prefill_tok_s"] == max(result["prefill_runs"])
     assert result["weight_bytes"] == tiny_engine.info.weight_bytes
     assert "prefill:" in out and "decode:" in out
+    from app.inference import bench_store
+
+    assert bench_store.results() == []  # a decode after 20 tokens of context is not chat speed at 0
+
+
+def test_bench_result_is_kept_for_the_speed_estimates(tiny_model_dir, capsys):
+    from app.inference import bench_store
+
+    model = tiny_model_dir("llama", "q4f32_1")
+    assert main(["bench", "--model", str(model), "--device", "cpu", "--gen", "16", "--warmup", "2",
+                 "--prompt-tokens", "0", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    kept = bench_store.results()
+    assert len(kept) == 1
+    assert kept[0].decode_tok_s == pytest.approx(result["decode_tok_s"])
+    assert kept[0].weight_bytes == result["weight_bytes"]
 
 
 def test_bench_random_weights_with_bandwidth_roofline(capsys):
