@@ -63,6 +63,8 @@ DISK_MARGIN_BYTES = 64 * 1024 * 1024
 #: progress events per second at most
 PROGRESS_HZ = 10.0
 MANIFEST_NAME = "llmchat-download.json"
+#: the folder of a model repo that holds prebuilt model libraries (app/inference/prebuilt.py)
+LIBS_FOLDER = "libs"
 SKIPPED_FILES = {".gitattributes"}
 CACHE_FILES = ("tensor-cache.json", "ndarray-cache.json")
 _READ_CHUNK = 1 << 20
@@ -322,8 +324,13 @@ def _fetch_file(
     expected_md5: str | None,
     progress: _Progress,
     cancel: threading.Event,
+    algorithm: str = "md5",
+    checksum_source: str = "tensor-cache.json",
 ) -> None:
-    """Download one file into ``staging`` (resuming ``.part``), verify it, rename it into place."""
+    """Download one file into ``staging`` (resuming ``.part``), verify it, rename it into place.
+
+    ``expected_md5`` is the digest ``checksum_source`` gives, in ``algorithm`` (md5 for weight
+    shards, sha256 for prebuilt libraries)."""
     import httpx2
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -346,7 +353,7 @@ def _fetch_file(
             part.unlink()
             progress.add(-offset)
             offset = 0
-        md5 = hashlib.md5()
+        md5 = hashlib.new(algorithm)
         if offset and expected_md5:
             _hash_file(part, md5)
         try:
@@ -376,7 +383,7 @@ def _fetch_file(
                             f.seek(0)
                             progress.add(-offset)
                             offset = 0
-                            md5 = hashlib.md5()
+                            md5 = hashlib.new(algorithm)
                         for chunk in response.iter_bytes():
                             if cancel.is_set():
                                 raise _cancelled()
@@ -422,7 +429,7 @@ def _fetch_file(
                 continue
             raise LlmchatError(
                 f"{repo}: {remote.name} failed its checksum twice "
-                f"(md5 {got}, tensor-cache.json says {expected_md5})",
+                f"({algorithm} {got}, {checksum_source} says {expected_md5})",
                 "retry later; if it persists the repo or a proxy between you and the hub is corrupting files",
             )
         os.replace(part, final)
@@ -631,7 +638,11 @@ def download_model(
         return target
     cancel = cancel or threading.Event()
     repo = entry.source.repo
-    commit, files = list_repo_files(repo, entry.source.revision)
+    commit, listing = list_repo_files(repo, entry.source.revision)
+    # prebuilt model libraries (libs/<key>/) are not weights: app.inference.prebuilt fetches the one
+    # that fits this machine; the download manifest records what the repo carries
+    files = [f for f in listing if not f.name.startswith(LIBS_FOLDER + "/")]
+    libs = {f.name: f.size for f in listing if f.name.startswith(LIBS_FOLDER + "/")}
     names = {f.name for f in files}
     if "mlc-chat-config.json" not in names or not names & {"tensor-cache.json", "ndarray-cache.json"}:
         raise LlmchatError(
@@ -688,7 +699,8 @@ def download_model(
         if cache_name == "ndarray-cache.json" and "tensor-cache.json" not in names:
             # MLC renamed the file in 2025 (mlc-llm 91d95f9d); runtimes read only the new name
             shutil.copyfile(staging / cache_name, staging / "tensor-cache.json")
-        manifest.update({"files": {f.name: f.size for f in files}, "downloaded_at": time.time()})
+        manifest.update({"files": {f.name: f.size for f in files}, "libs": libs,
+                         "downloaded_at": time.time()})
         manifest_path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         (staging / ".lock").unlink(missing_ok=True)
         try:
@@ -701,3 +713,30 @@ def download_model(
             raise LlmchatError(problem, "check the permissions of the data directory") from None
     tracker.emit(message=f"{entry.id}: installed in {target}")
     return target
+
+
+def fetch_verified(
+    repo: str,
+    commit: str,
+    remotes: list[RemoteFile],
+    staging: Path,
+    sha256: dict[str, str | None],
+    checksum_source: str,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    label: str = "",
+) -> None:
+    """Fetch ``remotes`` of ``repo`` at ``commit`` into ``staging`` with the weights' code: resumed
+    from ``.part`` files, retried, each renamed into place only once its size matches the listing
+    and its sha256 the one ``checksum_source`` gives (None: size only)."""
+    if _offline():
+        raise _offline_error()
+    cancel = cancel or threading.Event()
+    total = sum(r.size or 0 for r in remotes)
+    tracker = _Progress(progress, total, _staging_bytes(staging, remotes), label or repo)
+    for remote in remotes:
+        final = staging.joinpath(*safe_relative_path(remote.name).parts)
+        if final.is_file() and (remote.size is None or final.stat().st_size == remote.size):
+            continue  # complete in an earlier run (verified again by the caller)
+        _fetch_file(repo, commit, remote, staging, sha256.get(remote.name), tracker, cancel,
+                    algorithm="sha256", checksum_source=checksum_source)
