@@ -28,10 +28,11 @@ DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
 
 
-def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
+def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None,
+                 prebuilt: bool | None = None) -> Engine:
     from app.inference.engine import load_engine
 
-    return load_engine(model, device=device, progress=progress)
+    return load_engine(model, device=device, progress=progress, prebuilt=prebuilt)
 
 
 def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:

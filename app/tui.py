@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import threading
@@ -17,7 +18,14 @@ def run_tui(args: argparse.Namespace) -> int:
     MLC-LLM's engine where the mlc_llm package is installed, ``--endpoint URL`` chats with a model
     on an OpenAI-compatible server.
     """
-    from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine, remote_services
+    from app.chat_app import (
+        LlmchatApp,
+        Services,
+        StartOptions,
+        _load_engine,
+        _load_mlc_engine,
+        remote_services,
+    )
 
     options = StartOptions(
         model=getattr(args, "model", None),
@@ -25,6 +33,8 @@ def run_tui(args: argparse.Namespace) -> int:
         continue_last=bool(getattr(args, "continue_last", False)),
     )
     services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
+    if services is None and getattr(args, "no_prebuilt", False):  # always compile the library here
+        services = Services(load_engine=functools.partial(_load_engine, prebuilt=False))
     if getattr(args, "endpoint", None):
         services = remote_services(args.endpoint, getattr(args, "api_key", None))
     app = LlmchatApp(options, services)

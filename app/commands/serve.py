@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's log level (default info)")
+    from app.cli import add_prebuilt_argument
+
+    add_prebuilt_argument(parser, default=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
         progress = StderrProgress()
         check_device_first(args)
         model = resolve_model(getattr(args, "model", None), progress)
+        from app.cli import prebuilt_choice
         from app.inference.engine import load_engine
 
         engine = load_engine(model, device=getattr(args, "device", None) or "auto", progress=progress,
-                             context_window=args.context_window)
+                             context_window=args.context_window, prebuilt=prebuilt_choice(args))
         try:
             app = create_app(engine, api_key=api_key, max_queue=args.max_queue,
                              model_id=args.served_model_name)

@@ -395,6 +395,9 @@ def prepare_library(model_id: str, model_dir: Path, device: str = "auto", allowe
     from app.inference.config import ModelConfig
     from app.inference.devices import resolve_device
 
+    entry = _catalog_entry(model_id, model_dir)
+    if not (entry is not None and entry.prebuilt_libs) and not _download_record(model_dir).get("libs"):
+        return "the model library compiles here on first use: no prebuilt library is published for this model"
     cfg = ModelConfig.load(model_dir)
     slot = compiler.library_slot(cfg, resolve_device(device))
     target = slot.key.target
