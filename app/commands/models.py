@@ -52,12 +52,39 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
+def machine_target(timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, str | None]:
+    """(backend, CPU level or GPU architecture when known) of this machine, for the library column."""
+    result: list[tuple[str, str | None]] = [("cpu", None)]
+
+    def run_probe() -> None:
+        try:
+            from app.inference import hardware
+
+            report = hardware.probe()
+            backend = str(getattr(report, "backend", "cpu") or "cpu")
+            arch = None
+            if backend == "cpu":
+                from app.inference.compiler import cpu_level
+
+                arch = cpu_level()
+            result[0] = (backend, arch)
+        except Exception:  # the probe belongs to another module: any failure means "cpu, unknown"
+            pass
+
+    worker = threading.Thread(target=run_probe, name="hardware-probe-target", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return result[0]
+
+
 def collect(budget: int | None, context: int | None = None) -> list[dict]:
     """One row per catalog entry plus installed models outside the catalog."""
     from app.inference import fit
     from app.inference.catalog import installed_model_path, list_installed, load_catalog
+    from app.inference.prebuilt import catalog_status
 
     catalog = load_catalog()
+    backend, arch = machine_target()
     installed = set(list_installed())
     rows = []
     for entry in catalog.entries:
@@ -79,6 +106,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
                 "origin": entry.origin,
                 "installed": path is not None,
                 "path": str(path) if path else None,
+                "library": catalog_status(entry, backend, arch),
                 "fit": {
                     "verdict": est.verdict,
                     "context": est.context,
@@ -108,6 +136,7 @@ def collect(budget: int | None, context: int | None = None) -> list[dict]:
                 "origin": "installed",
                 "installed": True,
                 "path": str(path) if path else None,
+                "library": catalog_status(None, backend, arch),
                 "fit": {
                     "verdict": "unknown",
                     "context": None,
@@ -134,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"memory_budget_bytes": budget, "models": rows}, indent=2))
         return 0
-    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "INSTALLED")
+    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "LIBRARY", "INSTALLED")
     table = [header]
     for row in rows:
         table.append(
@@ -144,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
                 _size(row["download_bytes"]),
                 str(row["context_window"] or "-"),
                 _fit_text(row),
+                row["library"],
                 "yes" if row["installed"] else "",
             )
         )
