@@ -100,12 +100,17 @@ def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
     assert time.monotonic() - start < 1.5
 
 
+def phi_line(lines: list[str]) -> str:
+    return next(line for line in lines if line.startswith("phi-3.5-mini-instruct"))
+
+
 def test_table_output(capsys):
     (paths.models_dir() / "phi-3.5-mini-instruct").mkdir(parents=True)
     assert main(["models", "--memory", "4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "INSTALLED"]
+    assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "LIBRARY", "INSTALLED"]
+    assert "compiles here (~" in phi_line(lines)
     phi = next(line for line in lines if line.startswith("phi-3.5-mini-instruct"))
     assert phi.rstrip().endswith("yes") and "2.2 GB" in phi
     assert "memory budget 4.0 GB" in out
