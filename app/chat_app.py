@@ -84,6 +84,14 @@ def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event
     return download_model(model_id, progress, cancel)
 
 
+def _prepare_library(model_id: str, model_dir: Path, device: str, progress: ProgressCallback,
+                     cancel: threading.Event, prebuilt: bool | None = None) -> str:
+    """After a download: the prebuilt library that fits, or why the library compiles on first use."""
+    from app.inference.prebuilt import prepare_library
+
+    return prepare_library(model_id, Path(model_dir), device, prebuilt, progress, cancel)
+
+
 def _fit(entry: Any, report: Any) -> str:
     """'fits', 'tight', 'does not fit' or 'unknown' for a catalog entry on the probed hardware."""
     from app.inference.fit import estimate
@@ -102,6 +110,8 @@ class Services:
     list_installed: Callable[[], list[str]] = _list_installed
     remove_model: Callable[[str], Any] = _remove
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
+    #: the library step after a download (a line for the status bar); see app.inference.prebuilt
+    prepare_library: Callable[[str, Path, str, ProgressCallback, threading.Event], str] = _prepare_library
     fit: Callable[[Any, Any], str] = _fit
     default_model_id: str = DEFAULT_MODEL_ID
     #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models

@@ -24,6 +24,7 @@ def run_tui(args: argparse.Namespace) -> int:
         StartOptions,
         _load_engine,
         _load_mlc_engine,
+        _prepare_library,
         remote_services,
     )
 
@@ -34,7 +35,8 @@ def run_tui(args: argparse.Namespace) -> int:
     )
     services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
     if services is None and getattr(args, "no_prebuilt", False):  # always compile the library here
-        services = Services(load_engine=functools.partial(_load_engine, prebuilt=False))
+        services = Services(load_engine=functools.partial(_load_engine, prebuilt=False),
+                            prepare_library=functools.partial(_prepare_library, prebuilt=False))
     if getattr(args, "endpoint", None):
         services = remote_services(args.endpoint, getattr(args, "api_key", None))
     app = LlmchatApp(options, services)
