@@ -295,7 +295,7 @@ def fetch_one(slot: LibrarySlot, candidate: Candidate, progress: ProgressCallbac
 
     Raises BundleRejected (the staging folder is removed) or LlmchatError of the download (its
     partial files stay for a resume)."""
-    from app.inference.downloads import fetch_verified, list_repo_files
+    from app.inference.downloads import _staging_lock, list_repo_files
 
     commit, listing = list_repo_files(candidate.repo, candidate.revision)
     inside = {f.name: f for f in listing if f.name.startswith(candidate.folder + "/")}
@@ -303,10 +303,23 @@ def fetch_one(slot: LibrarySlot, candidate: Candidate, progress: ProgressCallbac
     if manifest_name not in inside:
         raise BundleRejected(f"the repo has no {manifest_name}")
     staging = staging_dir(slot, candidate, commit)
+    with _staging_lock(staging, f"the {slot.key.target} library"):
+        return _fetch_locked(slot, candidate, commit, inside, staging, progress, cancel, label)
+
+
+def _fetch_locked(slot: LibrarySlot, candidate: Candidate, commit: str, inside: dict[str, Any],
+                  staging: Path, progress: ProgressCallback | None, cancel: threading.Event | None,
+                  label: str) -> CompiledModel:
+    from app.inference.downloads import fetch_verified
+
+    manifest_name = f"{candidate.folder}/{MANIFEST}"
     try:
         fetch_verified(candidate.repo, commit, [inside[manifest_name]], staging,
                        {manifest_name: candidate.manifest_sha256}, "the catalog", progress, cancel, label)
         folder = staging / candidate.folder
+        pinned, got = candidate.manifest_sha256, compiler.file_digest(folder / MANIFEST)
+        if pinned and got != pinned:  # also when an earlier run left the file complete
+            raise BundleRejected(f"{MANIFEST} has sha256 {got}, the catalog says {pinned}")
         manifest = parse_manifest((folder / MANIFEST).read_bytes())
         check_fits(manifest, slot)  # before a single byte of the library is fetched
         remotes = []

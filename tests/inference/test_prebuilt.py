@@ -367,3 +367,17 @@ def test_build_errors_are_clear(built, tmp_path, capsys):
     assert main(["build", str(model), *vulkan]) == 1
     assert "not a WGSL adapter profile" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ask_with_no_prebuilt_compiles_here(built, hub, capsys):
+    model, folder, _ = built
+    hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(folder)})
+    downloads.download_model(MODEL_ID)
+    before = compiler.COMPILE_COUNT
+    args = ["ask", "--model", MODEL_ID, "--device", "cpu", "--temperature", "0", "--max-tokens", "2"]
+    assert main([*args, "--no-prebuilt", "hello"]) == 0
+    err = capsys.readouterr().err
+    assert "prebuilt libraries are off (--no-prebuilt): compiling here" in err
+    assert before + 1 == compiler.COMPILE_COUNT
+    assert [e["origin"] for e in cache_entries()] == ["compiled"]
+    assert not hub.counters.gets.get(f"libs/{folder.name}/{prebuilt.MANIFEST}")
