@@ -108,12 +108,38 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-@functools.cache
+#: developer switch: ``native`` compiles CPU libraries for this CPU's own ``-mcpu`` (a few % faster
+#: decode measured here, but such a library fits only this CPU model and no prebuilt bundle), or a
+#: lower level (``x86-64-v2``) to share one library between machines
+CPU_LEVEL_ENV = "LLMCHAT_CPU_LEVEL"
+NATIVE = "native"
+
+
 def cpu_level() -> str:
     """This CPU's portable level: the newest x86-64-vN whose instructions it has (``x86-64-v3`` on a
     Steam Deck's Zen 2), or the architecture's baseline elsewhere.  CPU libraries are compiled for
     it, never for the build machine's own ``-mcpu``, so a library (and a prebuilt one) runs on every
-    CPU of that level; it is part of the cache key."""
+    CPU of that level; it is part of the cache key.  ``LLMCHAT_CPU_LEVEL`` overrides it."""
+    forced = os.environ.get(CPU_LEVEL_ENV, "").strip()
+    if forced == NATIVE:
+        return _native_level()
+    if forced:
+        return check_cpu_level(forced)
+    return _detected_level()
+
+
+def _native_level() -> str:
+    """``native-<digest of this CPU's model name and flags>`` (no LLVM needed to find the library)."""
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        model = next((line.partition(":")[2].strip() for line in f
+                      if line.partition(":")[0].strip() in ("model name", "Model", "CPU part")), "")
+    blob = f"{model}|{' '.join(sorted(_cpu_flags()))}"
+    return f"{NATIVE}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def _detected_level() -> str:
     levels = cpu_levels()
     if levels[0] != "x86-64":
         return levels[0]
@@ -127,15 +153,21 @@ def cpu_level() -> str:
 
 def check_cpu_level(level: str) -> str:
     """``level`` when this architecture knows it (``--arch`` of a CPU build), else a clear error."""
+    if level.startswith(NATIVE + "-") and level == _native_level():
+        return level
     if level not in cpu_levels():
         raise LlmchatError(f"{level!r} is not a CPU level of this architecture.",
-                           f"use one of {', '.join(cpu_levels())} (this CPU: {cpu_level()})")
+                           f"use one of {', '.join(cpu_levels())} (this CPU: {_detected_level()})")
     return level
 
 
 def _host(level: str | None = None) -> dict[str, Any]:
     """The CPU target of the CPU back end: a portable level (this CPU's, or ``level``)."""
     level = check_cpu_level(level) if level else cpu_level()
+    if level.startswith(NATIVE + "-"):
+        import tvm
+
+        return {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
     return {"kind": "llvm", "mcpu": level} if level.startswith("x86-64") else {"kind": "llvm"}
 
 

@@ -97,6 +97,24 @@ def test_targets_are_dict_form_with_a_portable_cpu_level():
     with pytest.raises(LlmchatError, match="not a CPU level") as err:
         compiler.target_dict(DeviceSpec("cpu"), arch="rocketlake")
     assert compiler.cpu_level() in err.value.fix
+
+
+def test_cpu_level_switch(monkeypatch):
+    """LLMCHAT_CPU_LEVEL=native: this CPU's own -mcpu under a key of its own; a lower level: that
+    level; anything else: a clear error."""
+    import tvm
+
+    detected = compiler.cpu_level()
+    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, "native")
+    native = compiler.cpu_level()
+    assert native.startswith("native-") and native != detected
+    assert compiler.device_fingerprint(DeviceSpec("cpu")) == native
+    assert compiler.target_dict(DeviceSpec("cpu"))["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
+    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, compiler.cpu_levels()[0])
+    assert compiler.cpu_level() == compiler.cpu_levels()[0]
+    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, "fastest")
+    with pytest.raises(LlmchatError, match="not a CPU level"):
+        compiler.cpu_level()
     cuda = compiler.make_target(DeviceSpec("cuda"), arch="sm_90")
     assert cuda.kind.name == "cuda" and cuda.attrs["arch"] == "sm_90"
     # GPU libraries' host code is for a portable CPU level: their key records only the GPU
