@@ -44,10 +44,11 @@ def screenshot_dir() -> Path:
 
 
 def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None,
-                 context_window: int | None = None) -> Engine:
+                 context_window: int | None = None, prebuilt: bool | None = None) -> Engine:
     from app.inference.engine import load_engine
 
-    return load_engine(model, device=device, progress=progress, context_window=context_window)
+    return load_engine(model, device=device, progress=progress, context_window=context_window,
+                       prebuilt=prebuilt)
 
 
 def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
@@ -124,6 +125,14 @@ def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event
     return download_model(model_id, progress, cancel)
 
 
+def _prepare_library(model_id: str, model_dir: Path, device: str, progress: ProgressCallback,
+                     cancel: threading.Event, prebuilt: bool | None = None) -> str:
+    """After a download: the prebuilt library that fits, or why the library compiles on first use."""
+    from app.inference.prebuilt import prepare_library
+
+    return prepare_library(model_id, Path(model_dir), device, prebuilt, progress, cancel)
+
+
 def _fit(entry: Any, report: Any) -> str:
     """'fits', 'tight', 'does not fit' or 'unknown' for a catalog entry on the probed hardware."""
     from app.inference.fit import estimate
@@ -152,6 +161,8 @@ class Services:
     remove_model: Callable[[str], Any] = _remove
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
     install_problem: Callable[[str], str | None] = _install_problem
+    #: the library step after a download (a line for the status bar); see app.inference.prebuilt
+    prepare_library: Callable[[str, Path, str, ProgressCallback, threading.Event], str] = _prepare_library
     fit: Callable[[Any, Any], str] = _fit
     speed: Callable[[Any], Callable[[Any], Any]] = _speed
     #: connect to a server saved in the models screen, by name (``--model server:NAME``)

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ask": "ask",
     "bench": "bench",
     "serve": "serve",
+    "build": "build",
 }
 
 
@@ -60,6 +61,18 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = No
     parser.add_argument("--api-key", default=default, metavar="KEY",
                         help="the server's API key (default: $LLMCHAT_API_KEY; $OPENAI_API_KEY only for "
                         "api.openai.com); sent to that host only, never printed")
+
+
+def add_prebuilt_argument(parser: argparse.ArgumentParser, default: object = False) -> None:
+    """``--no-prebuilt``: never use a prebuilt model library, always compile it here."""
+    parser.add_argument("--no-prebuilt", action="store_true", default=default,
+                        help="always compile the model library here, never download a prebuilt one "
+                        "(also: LLMCHAT_NO_PREBUILT=1, or prebuilt_libraries = false in config.toml)")
+
+
+def prebuilt_choice(args: argparse.Namespace) -> bool | None:
+    """False under ``--no-prebuilt``; None: the settings decide (app.inference.prebuilt)."""
+    return False if getattr(args, "no_prebuilt", False) else None
 
 
 def _command_module(name: str):
@@ -97,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_endpoint_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    add_prebuilt_argument(parser)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = _command_module(name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import threading
@@ -23,6 +24,7 @@ def run_tui(args: argparse.Namespace) -> int:
         StartOptions,
         _load_engine,
         _load_mlc_engine,
+        _prepare_library,
         remote_services,
     )
 
@@ -33,9 +35,12 @@ def run_tui(args: argparse.Namespace) -> int:
     )
     services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
     context_window = getattr(args, "context_window", None)
-    if services is None and context_window:
-        services = Services(load_engine=lambda model, device, progress: _load_engine(
-            model, device, progress, context_window=context_window))
+    no_prebuilt = bool(getattr(args, "no_prebuilt", False))  # always compile the library here
+    if services is None and (context_window or no_prebuilt):
+        extra = ({"prepare_library": functools.partial(_prepare_library, prebuilt=False)}
+                 if no_prebuilt else {})
+        services = Services(load_engine=functools.partial(_load_engine, context_window=context_window,
+                                                          prebuilt=False if no_prebuilt else None), **extra)
     if getattr(args, "endpoint", None):
         services = remote_services(args.endpoint, getattr(args, "api_key", None))
     app = LlmchatApp(options, services)

@@ -464,7 +464,8 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
 
     original = compiler.get_library
 
-    def get_library(cfg: Any, device: Any, arch: str | None = None, progress: Any = None) -> Any:
+    def get_library(cfg: Any, device: Any, arch: str | None = None, progress: Any = None,
+                    **kwargs: Any) -> Any:
         from app.inference.random_model import PRESETS
 
         plain = os.environ.get("LLMCHAT_TVM_PIPELINE") == "default"
@@ -473,7 +474,7 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
             if entry and cfg.code_key() == _preset_key(preset, quant, context):
                 fields = dict(entry, lib_path=compiler.libs_dir() / entry["lib_path"])
                 return compiler.CompiledModel(**fields)
-        return original(cfg, device, arch=arch, progress=progress)
+        return original(cfg, device, arch=arch, progress=progress, **kwargs)  # fetch= (prebuilt libraries)
 
     compiler.get_library = get_library
 

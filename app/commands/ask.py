@@ -41,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-window", type=context_window_arg, default=argparse.SUPPRESS,
                         metavar="TOKENS", help="KV-cache size in tokens (default: the model's, at most 8192)")
     add_engine_argument(parser)
-    from app.cli import add_endpoint_arguments
+    from app.cli import add_endpoint_arguments, add_prebuilt_argument
 
     add_endpoint_arguments(parser, default=argparse.SUPPRESS)
+    add_prebuilt_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument("--stats", action="store_true", help="print MLC-style speed stats to stderr")
     parser.add_argument("--progress", action="store_true",
                         help="report the reading of a long prompt on stderr also when stderr is not a "
@@ -68,10 +69,11 @@ def open_engine(args: argparse.Namespace, model: str | Path, progress: StderrPro
 
         model_id, model_dir = resolve_model_dir(model)
         return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
+    from app.cli import prebuilt_choice
     from app.inference.engine import load_engine
 
     return load_engine(model, device=device, progress=progress, context_window=context_window,
-                       arch=getattr(args, "arch", None))
+                       arch=getattr(args, "arch", None), prebuilt=prebuilt_choice(args))
 
 
 class StderrProgress:

@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
                         help="memory bandwidth for the roofline (default: from the hardware probe)")
     add_engine_argument(parser)
+    from app.cli import add_prebuilt_argument
+
+    add_prebuilt_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
 

@@ -16,6 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", metavar="ID_OR_HF_REPO", help="catalog id (see `llmchat models`) or HF://owner/repo"
     )
+    parser.add_argument("--device", dest="lib_device", default="auto",
+                        help="the device whose prebuilt model library to fetch (default: auto)")
+    from app.cli import add_prebuilt_argument
+
+    add_prebuilt_argument(parser, default=argparse.SUPPRESS)
 
 
 class ProgressBar:
@@ -68,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     def work() -> None:
         try:
             outcome["path"] = download_model(args.model, progress=bar, cancel=cancel)
+            outcome["library"] = library_step(outcome["path"], args, bar, cancel)
         except BaseException as err:  # handed to the main thread
             outcome["error"] = err
 
@@ -91,5 +97,28 @@ def run(args: argparse.Namespace) -> int:
         raise error
     if error is not None:
         raise error  # type: ignore[misc]
+    if outcome.get("library"):
+        print(f"llmchat: {outcome['library']}", file=sys.stderr)
     print(outcome["path"])
     return 0
+
+
+def library_step(model_dir, args: argparse.Namespace, progress, cancel: threading.Event) -> str | None:
+    """The model's library after the weights: the prebuilt one that fits this machine, or a line
+    saying it compiles on first use and why.  Nothing for a model whose library cannot be told
+    (a repo without a usable config), where the first load says it."""
+    from pathlib import Path
+
+    from app.cli import prebuilt_choice
+    from app.inference.downloads import DownloadCancelled
+    from app.inference.prebuilt import prepare_library
+
+    model_dir = Path(model_dir)
+    try:
+        return prepare_library(model_dir.name, model_dir, getattr(args, "lib_device", "auto") or "auto",
+                               prebuilt_choice(args), progress, cancel)
+    except DownloadCancelled:
+        raise
+    except Exception as err:  # the weights are installed: the library step never undoes that
+        why = err.problem if isinstance(err, LlmchatError) else f"{type(err).__name__}: {err}"
+        return f"the model library compiles here on first use ({why})"

@@ -64,12 +64,40 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
+def machine_target(timeout_s: float = PROBE_TIMEOUT_S, report: Any = None) -> tuple[str, str | None]:
+    """(backend, CPU level or GPU architecture when known) of this machine, for the library column;
+    from ``report`` when the caller probed already."""
+    result: list[tuple[str, str | None]] = [("cpu", None)]
+
+    def run_probe() -> None:
+        try:
+            from app.inference import hardware
+
+            nonlocal report
+            report = report if report is not None else hardware.shared_probe()
+            backend = str(getattr(report, "backend", "cpu") or "cpu")
+            arch = None
+            if backend == "cpu":
+                from app.inference.compiler import cpu_level
+
+                arch = cpu_level()
+            result[0] = (backend, arch)
+        except Exception:  # the probe belongs to another module: any failure means "cpu, unknown"
+            pass
+
+    worker = threading.Thread(target=run_probe, name="hardware-probe-target", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return result[0]
+
+
 def collect(budget: int | None, context: int | None = None, report: Any = None) -> list[dict]:
     """One row per catalog entry plus installed models outside the catalog; ``report``: the hardware
     probe's, for the estimated decode speed (None: unknown)."""
     from app.inference import fit
     from app.inference.catalog import installed_model_path, list_installed, load_catalog
     from app.inference.installed import quick_problem, repair_fix
+    from app.inference.prebuilt import catalog_status
     from app.inference.speed import speed_function
 
     speed = speed_function(report)
@@ -79,6 +107,7 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
         return {"broken": problem, "fix": repair_fix(path) if problem else None}
 
     catalog = load_catalog()
+    backend, arch = machine_target(report=report)
     installed = set(list_installed())
     rows = []
     for entry in catalog.entries:
@@ -102,6 +131,7 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
                 "installed": path is not None,
                 "path": str(path) if path else None,
                 **health(path),
+                "library": catalog_status(entry, backend, arch),
                 "fit": {
                     "verdict": est.verdict,
                     "context": est.context,
@@ -133,6 +163,7 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
                 "installed": True,
                 "path": str(path) if path else None,
                 **health(path),
+                "library": catalog_status(None, backend, arch),
                 "fit": {
                     "verdict": "unknown",
                     "context": None,
@@ -170,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"memory_budget_bytes": budget, "models": rows}, indent=2))
         return 0
-    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "INSTALLED")
+    header = ("ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "LIBRARY", "INSTALLED")
     table = [header]
     for row in rows:
         table.append(
@@ -181,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
                 str(row["context_window"] or "-"),
                 _fit_text(row),
                 _speed_text(row),
+                row["library"],
                 ("broken" if row["broken"] else "yes") if row["installed"] else "",
             )
         )

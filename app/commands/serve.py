@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's log level (default info)")
+    from app.cli import add_prebuilt_argument
+
+    add_prebuilt_argument(parser, default=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,6 +66,19 @@ Source = HfSource | PypiSource
 
 
 @dataclass(frozen=True)
+class PrebuiltLib:
+    """A prebuilt model library a catalog entry names (app/inference/prebuilt.py): the bundle folder
+    ``path`` in the Hugging Face repo ``repo``, for ``target`` (``cpu-x86-64-v3``, ``cuda-sm_90``,
+    ``vulkan-wgsl-f16-wg32768-t256`` …), pinned by the sha256 of its manifest.json."""
+
+    target: str
+    repo: str
+    path: str
+    sha256: str
+    revision: str = "main"
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     """One model the user can pick."""
 
@@ -84,7 +97,7 @@ class CatalogEntry:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    prebuilt_libs: dict[str, str] = field(default_factory=dict)
+    prebuilt_libs: tuple[PrebuiltLib, ...] = ()
     sampling: dict[str, float] = field(default_factory=dict)  # sampling defaults chosen for this model
     origin: str = "builtin"  # "builtin", "user" (config dir) or "hf" (an HF:// repo outside the catalog)
 
@@ -106,13 +119,16 @@ _ENTRY_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "num_kv_heads": (int, True),
     "head_dim": (int, True),
     "vocab_size": (int, True),
-    "prebuilt_libs": (dict, False),
+    "prebuilt_libs": (list, False),
     "sampling": (dict, False),
 }
 #: the keys of an entry's ``sampling`` table (checked like /set values)
 _SAMPLING_KEYS = ("temperature", "top_p", "repetition_penalty", "repeat_last_n", "presence_penalty",
                   "frequency_penalty")
 _HF_SOURCE_KEYS = {"hf": True, "revision": False}
+_PREBUILT_KEYS = {"target": True, "repo": True, "path": True, "sha256": True, "revision": False}
+_TARGET_RE = re.compile(r"^(rocm|vulkan|cuda|metal|cpu)-[A-Za-z0-9._-]+$")
+_LIB_PATH_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _PYPI_SOURCE_KEYS = {"pypi": True, "version": True, "sha256": True, "file": True}
 
 
@@ -175,16 +191,34 @@ def _parse_entry(where: str, index: int, raw: Any, origin: str) -> CatalogEntry:
     if raw["format"] not in FORMATS:
         raise _fail(where, label, f"key 'format' must be one of {', '.join(FORMATS)}, got {raw['format']!r}")
     source = _parse_source(where, label, raw["source"])
-    libs = raw.get("prebuilt_libs", {})
-    for backend, url in libs.items():
-        if backend not in BACKENDS:
-            allowed = ", ".join(BACKENDS)
-            raise _fail(where, label, f"unknown key 'prebuilt_libs.{backend}' (allowed: {allowed})")
-        if not isinstance(url, str) or not url.startswith("https://"):
-            raise _fail(where, label, f"prebuilt_libs.{backend} must be an https:// URL")
+    libs = tuple(_parse_prebuilt(where, label, i, lib) for i, lib in enumerate(raw.get("prebuilt_libs", [])))
     sampling = _parse_sampling(where, label, raw.get("sampling", {}))
     fields = {k: raw[k] for k in _ENTRY_KEYS if k not in ("source", "prebuilt_libs", "sampling")}
-    return CatalogEntry(**fields, source=source, prebuilt_libs=dict(libs), sampling=sampling, origin=origin)
+    return CatalogEntry(**fields, source=source, prebuilt_libs=libs, sampling=sampling, origin=origin)
+
+
+def _parse_prebuilt(where: str, label: str, index: int, raw: Any) -> PrebuiltLib:
+    prefix = f"prebuilt_libs[{index}]."
+    if not isinstance(raw, dict):
+        raise _fail(where, label, f"prebuilt_libs[{index}] must be a table {{ target, repo, path, sha256 }}")
+    _check_keys(where, label, raw, _PREBUILT_KEYS, prefix)
+    if not all(isinstance(v, str) for v in raw.values()):
+        raise _fail(where, label, f"every value of prebuilt_libs[{index}] must be a string")
+    if not _TARGET_RE.match(raw["target"]):
+        raise _fail(where, label, f"{prefix}target must be BACKEND-ARCH (e.g. cpu-x86-64-v3, cuda-sm_90), "
+                    f"got {raw['target']!r}")
+    if not _HF_REPO_RE.match(raw["repo"]):
+        raise _fail(where, label, f"{prefix}repo must be 'owner/repo', got {raw['repo']!r}")
+    if not _LIB_PATH_RE.match(raw["path"]) or ".." in raw["path"].split("/"):
+        raise _fail(where, label, f"{prefix}path must be a folder of the repo (e.g. libs/<key>), "
+                    f"got {raw['path']!r}")
+    if not _SHA256_RE.match(raw["sha256"]):
+        raise _fail(where, label,
+                    f"{prefix}sha256 (of the bundle's manifest.json) must be 64 lowercase hex digits")
+    revision = raw.get("revision", "main")
+    if not _REVISION_RE.match(revision) or ".." in revision:
+        raise _fail(where, label, f"{prefix}revision must be a branch, tag or commit, got {revision!r}")
+    return PrebuiltLib(raw["target"], raw["repo"], raw["path"], raw["sha256"], revision)
 
 
 def _parse_sampling(where: str, label: str, raw: dict[str, Any]) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 ``get_library(cfg, target)`` returns a ``CompiledModel`` (path of the shared library plus the
 parameter list the runtime needs), compiling only when no library with the same cache key is
-cached.  The key hashes everything that changes the generated code: the model's architecture
-fields, its weight formats, the target (with GPU architecture / CPU model), the TVM version,
-``ENGINE_VERSION`` and the source of the model, quantization and pipeline modules.
+cached.  The key (``LibraryKey``) holds everything that changes the generated code: the model's architecture
+fields and weight formats (hashed), the target (GPU architecture, WGSL adapter profile or portable CPU
+level), the host code's CPU level, the TVM version, ``ENGINE_VERSION`` and the source of the model,
+quantization and pipeline modules.  Its digest names the cache entry; a prebuilt library's manifest
+carries the same key, so one comparison decides both "cached already" and "this bundle fits"
+(app/inference/prebuilt.py).
 
 Libraries are written atomically (temp file, then rename); the ``.json`` beside the ``.so`` is
 written last and marks a complete entry: it records the library's size and sha256, checked before
@@ -13,8 +16,8 @@ runs with a runtime-only TVM.
 
 The "source" part of the key is derived, not listed: every module reachable by imports from the
 compiler and the model, quantization and pipeline packages (plus the CUDA sources next to them).
-Host code is compiled for a portable CPU level on GPU targets; CPU libraries carry the host's
-ISA flags in the key.
+Host code is compiled for a portable CPU level: the architecture's baseline on GPU targets, the
+newest x86-64-vN level this CPU has on the CPU target (never the build machine's own ``-mcpu``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,7 @@ class CompiledModel:
     params: list[dict[str, Any]]  # [{"name", "shape", "dtype"}] in the VM's packed order
     target: str
     compute_dtype: str  # activations and KV cache
+    origin: str = "compiled"  # "compiled" here or "prebuilt" (downloaded, verified)
 
     @property
     def kv_itemsize(self) -> int:
@@ -73,17 +78,103 @@ def libs_dir() -> Path:
 # ------------------------------------------------------------------------------------------
 # Targets
 # ------------------------------------------------------------------------------------------
-def _host() -> dict[str, Any]:
-    """The host CPU as the CPU back end compiles for it (its ISA flags are in the cache key)."""
-    import tvm
+#: x86-64 micro-architecture levels (psABI) and the /proc/cpuinfo flags each adds to the one before
+_X86_LEVELS = (
+    ("x86-64-v2", ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3")),
+    ("x86-64-v3", ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")),
+    ("x86-64-v4", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+)
 
-    return {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+
+def cpu_levels() -> tuple[str, ...]:
+    """The portable CPU levels a library can be built for on this architecture (oldest first)."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return ("x86-64", *(name for name, _ in _X86_LEVELS))
+    return ({"arm64": "aarch64"}.get(machine, machine) or "unknown",)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+#: developer switch: ``native`` compiles CPU libraries for this CPU's own ``-mcpu`` (a few % faster
+#: decode measured here, but such a library fits only this CPU model and no prebuilt bundle), or a
+#: lower level (``x86-64-v2``) to share one library between machines
+CPU_LEVEL_ENV = "LLMCHAT_CPU_LEVEL"
+NATIVE = "native"
+
+
+def cpu_level() -> str:
+    """This CPU's portable level: the newest x86-64-vN whose instructions it has (``x86-64-v3`` on a
+    Steam Deck's Zen 2), or the architecture's baseline elsewhere.  CPU libraries are compiled for
+    it, never for the build machine's own ``-mcpu``, so a library (and a prebuilt one) runs on every
+    CPU of that level; it is part of the cache key.  ``LLMCHAT_CPU_LEVEL`` overrides it."""
+    forced = os.environ.get(CPU_LEVEL_ENV, "").strip()
+    if forced == NATIVE:
+        return _native_level()
+    if forced:
+        return check_cpu_level(forced)
+    return _detected_level()
+
+
+def _native_level() -> str:
+    """``native-<digest of this CPU's model name and flags>`` (no LLVM needed to find the library)."""
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        model = next((line.partition(":")[2].strip() for line in f
+                      if line.partition(":")[0].strip() in ("model name", "Model", "CPU part")), "")
+    blob = f"{model}|{' '.join(sorted(_cpu_flags()))}"
+    return f"{NATIVE}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def _detected_level() -> str:
+    levels = cpu_levels()
+    if levels[0] != "x86-64":
+        return levels[0]
+    flags, level = _cpu_flags(), "x86-64"
+    for name, needs in _X86_LEVELS:
+        if not set(needs) <= flags:
+            break
+        level = name
+    return level
+
+
+def check_cpu_level(level: str) -> str:
+    """``level`` when this architecture knows it (``--arch`` of a CPU build), else a clear error."""
+    if level.startswith(NATIVE + "-") and level == _native_level():
+        return level
+    if level not in cpu_levels():
+        raise LlmchatError(f"{level!r} is not a CPU level of this architecture.",
+                           f"use one of {', '.join(cpu_levels())} (this CPU: {_detected_level()})")
+    return level
+
+
+def _host(level: str | None = None) -> dict[str, Any]:
+    """The CPU target of the CPU back end: a portable level (this CPU's, or ``level``)."""
+    level = check_cpu_level(level) if level else cpu_level()
+    if level.startswith(NATIVE + "-"):
+        import tvm
+
+        return {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+    return {"kind": "llvm", "mcpu": level} if level.startswith("x86-64") else {"kind": "llvm"}
 
 
 def _portable_host() -> dict[str, Any]:
     """Host code of GPU libraries: LLVM's generic CPU of this architecture (no AVX-512 & co.), so a
     cached library moved to another machine with the same GPU never dies of an illegal instruction
-    (the cache key of a GPU library records only the GPU)."""
+    (the key records this level as ``host_cpu``)."""
     return {"kind": "llvm"}
 
 
@@ -93,7 +184,7 @@ def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
 
     backend = device.backend
     if backend == "cpu":
-        return _host()
+        return _host(arch)
     if backend == "cuda":
         arch = arch or gpu_arch(device)
         if arch is None:
@@ -200,28 +291,6 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def _cpu_fingerprint() -> str:
-    """The host CPU, as precisely as the runtime can tell without LLVM (model name + ISA flags)."""
-    import platform
-
-    model, flags = platform.processor() or "", ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "Model", "CPU part") and not model:
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = value.strip()
-                if model and flags:
-                    break
-    except OSError:
-        pass
-    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
-    return f"{platform.machine()}|{model}|{digest}"
-
-
 def gpu_arch(device: DeviceSpec) -> str | None:
     """``sm_90`` / ``gfx1100`` of a present CUDA or ROCm device (None otherwise); the same name a
     cross-compile's ``--arch`` gives, so both find the same cached library."""
@@ -237,13 +306,14 @@ def gpu_arch(device: DeviceSpec) -> str | None:
 
 
 def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
-    """What distinguishes code for ``device``: CPU model and ISA, or the GPU architecture.
+    """What distinguishes code for ``device``: the CPU level, the GPU architecture or the WGSL
+    adapter profile (``arch`` names one that is not here).
 
     Needs only the TVM runtime, so a runtime-only install finds the cached library."""
     import tvm
 
     if device.backend == "cpu":
-        return _cpu_fingerprint()
+        return check_cpu_level(arch) if arch else cpu_level()
     if device.backend == "vulkan":
         from app.inference.backends import webgpu
 
@@ -258,26 +328,84 @@ def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
     return device.backend
 
 
-def cache_key(cfg: ModelConfig, backend: str, fingerprint: str, plain_pipeline: bool | None = None) -> str:
-    """Hex digest naming the library of ``cfg`` compiled for ``backend`` / ``fingerprint``
-    (``plain_pipeline``: that of TVM's stock pipeline; default: as LLMCHAT_TVM_PIPELINE says)."""
+@dataclass(frozen=True)
+class LibraryKey:
+    """Everything that decides a library's code.  Its digest names the entry in the local compile
+    cache, and a prebuilt bundle's manifest carries it field by field: a bundle fits this machine
+    exactly when its key is the one this machine would compile (app/inference/prebuilt.py)."""
+
+    model: str  # sha256 of the model's code-relevant config (ModelConfig.code_key)
+    quantization: str
+    backend: str  # cpu, cuda, rocm, vulkan, metal
+    device: str  # the CPU level, GPU architecture (sm_90, gfx1100) or WGSL adapter profile
+    host_cpu: str  # the portable CPU level of the host code
+    tvm: str
+    engine: str  # ENGINE_VERSION
+    source: str  # digest of llmchat's sources that end up in a library (library_sources)
+    pipeline: str  # "llmchat" or "tvm-default" (TVM's stock pipeline)
+    switches: tuple[tuple[str, str], ...] = ()  # kernel switches that are set
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["switches"] = dict(self.switches)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LibraryKey:
+        """The key a manifest records (ValueError when a field is missing or of the wrong type)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(data, dict) or set(data) != set(names):
+            raise ValueError(f"a library key has exactly the fields {', '.join(names)}")
+        switches = data["switches"]
+        if not isinstance(switches, dict) or not all(isinstance(v, str) for v in switches.values()):
+            raise ValueError("switches must map names to strings")
+        if not all(isinstance(data[n], str) for n in names if n != "switches"):
+            raise ValueError("every field but switches must be a string")
+        return cls(**{**data, "switches": tuple(sorted(switches.items()))})
+
+    def digest(self) -> str:
+        blob = json.dumps(self.as_dict(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    @property
+    def target(self) -> str:
+        """``cpu-x86-64-v3``, ``cuda-sm_90``, ``vulkan-wgsl-f16-wg32768-t256``: the label a catalog's
+        prebuilt library names."""
+        return f"{self.backend}-{self.device}"
+
+    def differences(self, other: LibraryKey) -> list[str]:
+        """What differs from ``other`` (this machine's key), in words: ``TVM 0.26.0 (here 0.27.0)``."""
+        words = {"model": "model config", "device": "target", "host_cpu": "host CPU level", "tvm": "TVM",
+                 "engine": "engine version", "source": "llmchat library sources", "pipeline": "pipeline",
+                 "switches": "kernel switches"}
+        mine, theirs = self.as_dict(), other.as_dict()
+        return [f"{words.get(n, n)} {mine[n] or '-'} (here {theirs[n] or '-'})"
+                for n in mine if mine[n] != theirs[n]]
+
+
+def _host_level(backend: str, fingerprint: str) -> str:
+    """The CPU level host code is compiled for: the CPU library's own level, else the baseline."""
+    return fingerprint if backend == "cpu" else cpu_levels()[0]
+
+
+def library_key(cfg: ModelConfig, backend: str, fingerprint: str,
+                plain_pipeline: bool | None = None) -> LibraryKey:
+    """The key of ``cfg`` compiled for ``backend`` / ``fingerprint`` (``plain_pipeline``: with TVM's
+    stock pipeline; default: as LLMCHAT_TVM_PIPELINE says)."""
     import tvm
 
-    blob = json.dumps(
-        {
-            "model": cfg.code_key(),
-            "backend": backend,
-            "device": fingerprint,
-            "tvm": tvm.__version__,
-            "engine": ENGINE_VERSION,
-            "source": _source_digest(),
-            "plain_pipeline": _plain_pipeline() if plain_pipeline is None else plain_pipeline,
-            "switches": _kernel_switches(),
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    model = hashlib.sha256(json.dumps(cfg.code_key(), sort_keys=True, default=str).encode()).hexdigest()
+    plain = _plain_pipeline() if plain_pipeline is None else plain_pipeline
+    return LibraryKey(model=model[:32], quantization=cfg.quantization, backend=backend, device=fingerprint,
+                      host_cpu=_host_level(backend, fingerprint), tvm=str(tvm.__version__),
+                      engine=ENGINE_VERSION, source=_source_digest()[:32],
+                      pipeline="tvm-default" if plain else "llmchat",
+                      switches=tuple(sorted(_kernel_switches().items())))
+
+
+def cache_key(cfg: ModelConfig, backend: str, fingerprint: str, plain_pipeline: bool | None = None) -> str:
+    """Hex digest naming the library of ``cfg`` compiled for ``backend`` / ``fingerprint``."""
+    return library_key(cfg, backend, fingerprint, plain_pipeline).digest()
 
 
 # ------------------------------------------------------------------------------------------
@@ -590,7 +718,8 @@ def _cached_entry(lib: Path, meta_path: Path) -> CompiledModel | None:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if lib.stat().st_size != int(meta["size"]) or file_digest(lib) != meta["sha256"]:
             return None
-        return CompiledModel(lib, meta["params"], meta["target"], meta["compute_dtype"])
+        return CompiledModel(lib, meta["params"], meta["target"], meta["compute_dtype"],
+                             meta.get("origin", "compiled"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -632,28 +761,85 @@ def without_f16_storage(cfg: ModelConfig, fingerprint: str) -> ModelConfig:
                                tensor_formats=formats)
 
 
-def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
-                progress: ProgressCallback | None = None) -> CompiledModel:
-    """The cached library for ``cfg`` on ``device``, compiling it first if needed (also when the
-    cached one fails its size/checksum check)."""
+@dataclass(frozen=True)
+class LibrarySlot:
+    """Where the library of a model on a device lives in the cache, under which key, and the
+    model config as it is compiled there (compute dtype, storage)."""
+
+    cfg: ModelConfig
+    key: LibraryKey
+    lib: Path
+    meta: Path
+
+    @property
+    def digest(self) -> str:
+        return self.lib.stem.rsplit("-", 1)[-1]
+
+
+def library_slot(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
+                 plain_pipeline: bool | None = None) -> LibrarySlot:
+    """The cache slot of ``cfg`` on ``device`` (``arch``: a GPU architecture, WGSL profile or CPU
+    level that is not this machine's)."""
     fingerprint = device_fingerprint(device, arch)
     if device.backend == "vulkan":
         cfg = without_f16_storage(cfg, fingerprint)
     cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend),
                               word_storage=device.backend == "vulkan")
-    key = cache_key(cfg, device.backend, fingerprint)
-    base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key}"
-    lib, meta_path = base.with_suffix(".so"), base.with_suffix(".json")
-    if meta_path.exists() or lib.exists():
-        found = _cached_entry(lib, meta_path)
-        if found is not None:
-            return found
-        if progress:
-            progress(ProgressEvent("compile", f"the cached library {lib.name} is damaged or incomplete: "
-                                   "rebuilding it", 0, 3))
-        _drop_entry(lib, meta_path)
-    fallback_key = cache_key(cfg, device.backend, fingerprint, plain_pipeline=True)
-    known = None if _plain_pipeline() else _known_fallback(cfg, device, key, fallback_key)
+    key = library_key(cfg, device.backend, fingerprint, plain_pipeline)
+    base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key.digest()}"
+    return LibrarySlot(cfg, key, base.with_suffix(".so"), base.with_suffix(".json"))
+
+
+def cached_library(slot: LibrarySlot, progress: ProgressCallback | None = None) -> CompiledModel | None:
+    """The slot's verified cache entry; a damaged or incomplete one is removed (and None)."""
+    if not (slot.meta.exists() or slot.lib.exists()):
+        return None
+    found = _cached_entry(slot.lib, slot.meta)
+    if found is not None:
+        return found
+    if progress:
+        progress(ProgressEvent("compile", f"the cached library {slot.lib.name} is damaged or incomplete: "
+                               "rebuilding it", 0, 3))
+    drop_library(slot)
+    return None
+
+
+def drop_library(slot: LibrarySlot) -> None:
+    """Remove the slot's entry (metadata first: a half-removed entry is never "complete")."""
+    _drop_entry(slot.lib, slot.meta)
+
+
+def install_library(slot: LibrarySlot, built: Path, meta: dict[str, Any]) -> CompiledModel:
+    """Move ``built`` (a verified library on the cache's file system) into the slot and write its
+    metadata last, with the size and sha256 every later load checks."""
+    try:
+        os.replace(built, slot.lib)
+        meta = {**meta, "key": slot.digest, "size": slot.lib.stat().st_size, "sha256": file_digest(slot.lib)}
+        _write_json_atomic(slot.meta, meta)
+    except OSError as err:
+        raise cache_write_error(libs_dir(), err) from err
+    return CompiledModel(slot.lib, meta["params"], meta["target"], meta["compute_dtype"],
+                         meta.get("origin", "compiled"))
+
+
+#: asked on a cache miss before compiling: a verified prebuilt library installed in the slot, or None
+Fetcher = Callable[[LibrarySlot], "CompiledModel | None"]
+
+
+def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
+                progress: ProgressCallback | None = None, fetch: Fetcher | None = None) -> CompiledModel:
+    """The cached library for ``cfg`` on ``device``, compiling it first if needed (also when the
+    cached one fails its size/checksum check); ``fetch`` may install a prebuilt one instead."""
+    slot = library_slot(cfg, device, arch)
+    found = cached_library(slot, progress)
+    if found is not None:
+        return found
+    if fetch is not None:
+        fetched = fetch(slot)
+        if fetched is not None:
+            return fetched
+    fallback_key = library_key(slot.cfg, device.backend, slot.key.device, plain_pipeline=True).digest()
+    known = None if _plain_pipeline() else _known_fallback(slot.cfg, device, slot.digest, fallback_key)
     if known is not None:
         if progress:
             progress(ProgressEvent("compile", f"llmchat's schedules failed for this model before: using the "
@@ -666,8 +852,17 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
             pass
     except OSError as err:
         raise cache_write_error(libs_dir(), err) from err
+    return compile_into(slot, device, arch, progress)
+
+
+def compile_into(slot: LibrarySlot, device: DeviceSpec, arch: str | None = None,
+                 progress: ProgressCallback | None = None) -> CompiledModel:
+    """Compile the slot's library here and cache it."""
+    cfg, lib, meta_path = slot.cfg, slot.lib, slot.meta
+    key = slot.digest
     target = make_target(device, arch)
     t0 = time.monotonic()
+    fallback_key = library_key(cfg, device.backend, slot.key.device, plain_pipeline=True).digest()
     params, stock = compile_library(cfg, target, lib, progress, device_label=str(device),
                                     report_pipeline=True)
     normal_key = key
@@ -680,7 +875,7 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
         lib, meta_path, key = fallback.with_suffix(".so"), fallback.with_suffix(".json"), fallback_key
     meta = {"params": params, "target": str(target), "compute_dtype": cfg.activation_dtype, "key": key,
             "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key(),
-            "pipeline": "tvm-default" if stock else "llmchat",
+            "pipeline": "tvm-default" if stock else "llmchat", "origin": "compiled",
             # the schedules failed for these sources: later starts take this library at once
             **({"schedules_failed_for": normal_key} if stock and not _plain_pipeline() else {}),
             "size": lib.stat().st_size, "sha256": file_digest(lib)}
@@ -689,6 +884,19 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
     except OSError as err:
         raise cache_write_error(libs_dir(), err) from err
     return CompiledModel(lib, params, meta["target"], cfg.activation_dtype)
+
+
+def compile_seconds(backend: str) -> float | None:
+    """How long compiling a library for ``backend`` took on this machine (the mean of the cached
+    libraries' recorded times), or None when none was compiled here yet."""
+    times = []
+    with contextlib.suppress(OSError):
+        for meta_path in libs_dir().glob(f"*-{backend}-*.json"):
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                if meta.get("origin", "compiled") == "compiled" and float(meta.get("compile_s", 0)) > 0:
+                    times.append(float(meta["compile_s"]))
+    return sum(times) / len(times) if times else None
 
 
 def cache_write_error(where: Path, err: OSError) -> LlmchatError:

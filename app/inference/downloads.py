@@ -79,6 +79,8 @@ DISK_MARGIN_BYTES = 64 * 1024 * 1024
 #: progress events per second at most
 PROGRESS_HZ = 10.0
 MANIFEST_NAME = DOWNLOAD_MANIFEST
+#: the folder of a model repo that holds prebuilt model libraries (app/inference/prebuilt.py)
+LIBS_FOLDER = "libs"
 SKIPPED_FILES = {".gitattributes"}
 CACHE_FILES = ("tensor-cache.json", "ndarray-cache.json")
 _READ_CHUNK = 1 << 20
@@ -138,11 +140,12 @@ class _Hashes:
     """The digests a file is checked against while it streams in: md5 from tensor-cache.json,
     sha256 (LFS files) or the git blob id (other files) from the Hub's listing."""
 
-    def __init__(self, remote: RemoteFile, md5: str | None) -> None:
+    def __init__(self, remote: RemoteFile, expected: str | None, algorithm: str = "md5",
+                 source: str = "tensor-cache.json") -> None:
         self.size = remote.size
         self.checks: list[tuple[str, str, str]] = []  # (algorithm, who says so, expected hex)
-        if md5:
-            self.checks.append(("md5", "tensor-cache.json", md5.lower()))
+        if expected:  # md5 from tensor-cache.json (shards), sha256 from a bundle's manifest (libraries)
+            self.checks.append((algorithm, source, expected.lower()))
         if remote.sha256:
             self.checks.append(("sha256", "the listing", remote.sha256.lower()))
         elif remote.blob_id and remote.size is not None:
@@ -396,8 +399,13 @@ def _fetch_file(
     expected_md5: str | None,
     progress: _Progress,
     cancel: threading.Event,
+    algorithm: str = "md5",
+    checksum_source: str = "tensor-cache.json",
 ) -> None:
-    """Download one file into ``staging`` (resuming ``.part``), verify it, rename it into place."""
+    """Download one file into ``staging`` (resuming ``.part``), verify it, rename it into place.
+
+    ``expected_md5`` is the digest ``checksum_source`` gives, in ``algorithm`` (md5 for weight
+    shards, sha256 for prebuilt libraries)."""
     import httpx2
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -420,7 +428,7 @@ def _fetch_file(
             part.unlink()
             progress.add(-offset)
             offset = 0
-        hashes = _Hashes(remote, expected_md5)
+        hashes = _Hashes(remote, expected_md5, algorithm, checksum_source)
         if offset:
             hashes.update_file(part)
         try:
@@ -815,7 +823,11 @@ def _download_model(
         _say(progress, f"{entry.id}: {problem}; fetching what is missing or damaged")
     cancel = cancel or threading.Event()
     repo = entry.source.repo
-    commit, files = list_repo_files(repo, entry.source.revision)
+    commit, listing = list_repo_files(repo, entry.source.revision)
+    # prebuilt model libraries (libs/<key>/) are not weights: app.inference.prebuilt fetches the one
+    # that fits this machine; the download manifest records what the repo carries
+    files = [f for f in listing if not f.name.startswith(LIBS_FOLDER + "/")]
+    libs = {f.name: f.size for f in listing if f.name.startswith(LIBS_FOLDER + "/")}
     names = {f.name for f in files}
     if "mlc-chat-config.json" not in names or not names & {"tensor-cache.json", "ndarray-cache.json"}:
         raise LlmchatError(
@@ -881,7 +893,8 @@ def _download_model(
                 "the repo itself is broken or in a format llmchat cannot read)",
                 "report it to the repo's owner, or pick another repo (`llmchat models` lists the catalog)",
             ) from None
-        manifest.update({"files": {f.name: f.record() for f in files}, "downloaded_at": time.time()})
+        manifest.update({"files": {f.name: f.record() for f in files}, "libs": libs,
+                         "downloaded_at": time.time()})
         manifest_path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         (staging / ".lock").unlink(missing_ok=True)
         try:
@@ -894,3 +907,30 @@ def _download_model(
             raise LlmchatError(problem, "check the permissions of the data directory") from None
     tracker.emit(message=f"{entry.id}: installed in {target}")
     return target
+
+
+def fetch_verified(
+    repo: str,
+    commit: str,
+    remotes: list[RemoteFile],
+    staging: Path,
+    sha256: dict[str, str | None],
+    checksum_source: str,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    label: str = "",
+) -> None:
+    """Fetch ``remotes`` of ``repo`` at ``commit`` into ``staging`` with the weights' code: resumed
+    from ``.part`` files, retried, each renamed into place only once its size matches the listing
+    and its sha256 the one ``checksum_source`` gives (None: size only)."""
+    if _offline():
+        raise _offline_error()
+    cancel = cancel or threading.Event()
+    total = sum(r.size or 0 for r in remotes)
+    tracker = _Progress(progress, total, _staging_bytes(staging, remotes), label or repo)
+    for remote in remotes:
+        final = staging.joinpath(*safe_relative_path(remote.name).parts)
+        if final.is_file() and (remote.size is None or final.stat().st_size == remote.size):
+            continue  # complete in an earlier run (verified again by the caller)
+        _fetch_file(repo, commit, remote, staging, sha256.get(remote.name), tracker, cancel,
+                    algorithm="sha256", checksum_source=checksum_source)

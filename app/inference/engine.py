@@ -346,10 +346,14 @@ def load_engine(
     context_window: int | None = None,
     *,
     arch: str | None = None,
+    prebuilt: bool | None = None,
 ) -> TVMEngine:
-    """Load ``model`` (a model directory or an installed id) on ``device``, compiling if needed."""
+    """Load ``model`` (a model directory or an installed id) on ``device``: its library from the
+    cache, else a verified prebuilt one (``prebuilt`` False: never; None: as the settings say),
+    else compiled here."""
+    from app.inference import prebuilt as prebuilt_libs
     from app.inference.chat_template import ChatFormatter
-    from app.inference.compiler import get_library
+    from app.inference.compiler import CompiledModel, drop_library, get_library, library_slot
     from app.inference.config import check_tokenizer_fits
     from app.inference.devices import resolve_device, tvm_device
     from app.inference.tokenizer import Tokenizer
@@ -361,7 +365,8 @@ def load_engine(
     check_tokenizer_fits(cfg, tokenizer.vocab_size, str(model_dir))
     formatter = ChatFormatter.from_model_dir(model_dir, cfg.raw)
     spec = resolve_device(device)
-    compiled = get_library(cfg, spec, arch=arch, progress=progress)
+    compiled = get_library(cfg, spec, arch=arch, progress=progress,
+                           fetch=prebuilt_libs.fetcher(model_id, model_dir, prebuilt, progress))
 
     if context_window is not None and not int(context_window) >= 2:
         raise LlmchatError(f"A context window of {context_window} tokens is too small.",
@@ -387,11 +392,30 @@ def load_engine(
     if not context_window:
         ctx = fit_context_window(ctx, dev, weight_bytes, kv_per_token,
                                  _vulkan_memory_budget() if spec.backend == "vulkan" else None)
-    runtime = ModelRuntime(
-        str(compiled.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=compiled.compute_dtype,
-        context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
-        weight_bytes=weight_bytes,
-    )
+
+    def start(lib: CompiledModel) -> ModelRuntime:
+        return ModelRuntime(
+            str(lib.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=lib.compute_dtype,
+            context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
+            weight_bytes=weight_bytes,
+        )
+
+    try:
+        runtime = start(compiled)
+    except Exception as err:
+        if compiled.origin != "prebuilt":
+            raise
+        # a prebuilt library that passed every check and still does not load is never used again
+        drop_library(library_slot(cfg, spec, arch))
+        if progress:
+            progress(ProgressEvent("compile", f"the prebuilt library failed to load ({type(err).__name__}: "
+                                   f"{str(err).strip()[:200]}): removed it, compiling here", None, None))
+        rebuilt = get_library(cfg, spec, arch=arch, progress=progress)
+        if rebuilt.params != compiled.params:
+            params, weight_bytes = load_weights(model_dir, rebuilt.params, dev,
+                                                progress=on_load if progress else None)
+        compiled = rebuilt
+        runtime = start(compiled)
     info = EngineInfo(
         model_id=model_id, model_path=str(model_dir), backend=spec.backend, device=str(spec),
         quantization=cfg.quantization_label, context_window=ctx, weight_bytes=weight_bytes,

@@ -44,10 +44,11 @@ class ModelsScreen(LoadsCatalog, Screen):
             self.event = event
 
     class DownloadDone(Message):
-        def __init__(self, model_id: str, error: BaseException | None) -> None:
+        def __init__(self, model_id: str, error: BaseException | None, library: str | None = None) -> None:
             super().__init__()
             self.model_id = model_id
             self.error = error
+            self.library = library  # the prebuilt library installed, or why it compiles on first use
 
     def __init__(self) -> None:
         super().__init__()
@@ -142,13 +143,19 @@ class ModelsScreen(LoadsCatalog, Screen):
     def _download(self, model_id: str, cancel: threading.Event) -> None:
         progress = ProgressThrottle(lambda event: self.post_message(self.DownloadProgress(event)))
         try:
-            self.llm_app.services.download_model(model_id, progress, cancel)
+            path = self.llm_app.services.download_model(model_id, progress, cancel)
             if cancel.is_set():
                 raise LlmchatError(f"The download of {model_id} was cancelled.", "press d to start it again")
         except BaseException as err:
             self.post_message(self.DownloadDone(model_id, err))
             return
-        self.post_message(self.DownloadDone(model_id, None))
+        library = None
+        try:  # the weights are installed; the library step only adds to them
+            library = self.llm_app.services.prepare_library(model_id, path, self.llm_app.options.device,
+                                                            progress, cancel)
+        except Exception as err:
+            library = f"the model library compiles on first use ({getattr(err, 'problem', None) or err})"
+        self.post_message(self.DownloadDone(model_id, None, library))
 
     @on(DownloadProgress)
     def on_download_progress(self, message: DownloadProgress) -> None:
@@ -172,6 +179,8 @@ class ModelsScreen(LoadsCatalog, Screen):
             self.llm_app.show_error(message.error)
         else:
             self.last_result = f"{message.model_id} installed. Enter: chat with it"
+            if message.library:
+                self.last_result += f"\n{message.library}"
             self.notify(f"{message.model_id} installed")
         status.update(self.last_result)
         self.load_catalog()

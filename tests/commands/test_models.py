@@ -108,13 +108,18 @@ def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
     assert time.monotonic() - start < 1.5
 
 
+def phi_line(lines: list[str]) -> str:
+    return next(line for line in lines if line.startswith("phi-3.5-mini-instruct"))
+
+
 def test_table_output(capsys):
     install_whole(paths.models_dir() / "phi-3.5-mini-instruct")
     (paths.models_dir() / "qwen2.5-0.5b-instruct").mkdir(parents=True)  # an empty directory: broken
     assert main(["models", "--memory", "4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "INSTALLED"]
+    assert lines[0].split() == ["ID", "PARAMS", "SIZE", "CONTEXT", "FIT", "SPEED", "LIBRARY", "INSTALLED"]
+    assert "compiles here (~" in phi_line(lines)
     phi = next(line for line in lines if line.startswith("phi-3.5-mini-instruct"))
     assert phi.rstrip().endswith("yes") and "2.00 GiB" in phi  # one unit everywhere: GiB
     qwen = next(line for line in lines if line.startswith("qwen2.5-0.5b-instruct "))

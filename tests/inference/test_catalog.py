@@ -152,12 +152,21 @@ def test_pypi_source_needs_sha256_and_file():
 
 
 def test_prebuilt_libs_are_validated():
-    ok = parse_registry(ENTRY + 'prebuilt_libs = { vulkan = "https://example.org/lib.so" }\n', "t", "user")
-    assert ok[0].prebuilt_libs == {"vulkan": "https://example.org/lib.so"}
-    with pytest.raises(LlmchatError, match=r"prebuilt_libs\.tpu"):
-        parse_registry(ENTRY + 'prebuilt_libs = { tpu = "https://x" }\n', "t", "user")
-    with pytest.raises(LlmchatError, match="https://"):
-        parse_registry(ENTRY + 'prebuilt_libs = { cuda = "http://x" }\n', "t", "user")
+    sha = "a" * 64
+    lib = f'{{ target = "cpu-x86-64-v3", repo = "o/libs", path = "libs/abc", sha256 = "{sha}" }}'
+    ok = parse_registry(ENTRY + f"prebuilt_libs = [{lib}]\n", "t", "user")
+    assert ok[0].prebuilt_libs[0].target == "cpu-x86-64-v3" and ok[0].prebuilt_libs[0].revision == "main"
+    assert ok[0].prebuilt_libs[0].sha256 == sha and ok[0].prebuilt_libs[0].path == "libs/abc"
+    for bad, match in [
+        (lib.replace("cpu-x86-64-v3", "tpu-v5"), r"prebuilt_libs\[0\]\.target"),
+        (lib.replace('"libs/abc"', '"../etc"'), r"prebuilt_libs\[0\]\.path"),
+        (lib.replace(sha, "xyz"), r"prebuilt_libs\[0\]\.sha256"),
+        (lib.replace('repo = "o/libs", ', ""), r"missing key 'prebuilt_libs\[0\]\.repo'"),
+        ('{ vulkan = "https://example.org/lib.so" }', r"unknown key 'prebuilt_libs\[0\]\.vulkan'"),
+        ('"libs/abc"', r"must be a table"),
+    ]:
+        with pytest.raises(LlmchatError, match=match):
+            parse_registry(ENTRY + f"prebuilt_libs = [{bad}]\n", "t", "user")
 
 
 def test_duplicate_ids_and_bad_toml_are_errors():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from app.errors import LlmchatError
 from app.inference import compiler
 from app.inference.config import ModelConfig
 from app.inference.devices import DeviceSpec
@@ -64,11 +65,56 @@ def test_cache_key_covers_what_changes_code(tiny_model_dir, monkeypatch):
     assert key != compiler.cache_key(cfg, "cpu", "x86_64|cpu")
 
 
-def test_targets_are_dict_form_with_the_real_cpu():
+def test_library_key_round_trips_and_names_its_differences(tiny_model_dir, monkeypatch):
+    """The manifest of a prebuilt library carries the key field by field: read back, it gives the
+    same digest (the cache entry's name); another TVM or CPU level is named in words."""
+    cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
+    key = compiler.library_key(cfg, "cpu", "x86-64-v3")
+    assert key.host_cpu == "x86-64-v3" and key.target == "cpu-x86-64-v3"
+    assert compiler.LibraryKey.from_dict(json.loads(json.dumps(key.as_dict()))) == key
+    assert key.digest() == compiler.cache_key(cfg, "cpu", "x86-64-v3")
+    gpu = compiler.library_key(cfg, "cuda", "sm_90")
+    assert gpu.host_cpu == compiler.cpu_levels()[0]  # GPU libraries: host code at the baseline
+    other = dataclasses.replace(key, tvm="0.26.0", device="x86-64-v4", host_cpu="x86-64-v4")
+    words = other.differences(key)
+    assert "TVM 0.26.0 (here " in " ".join(words) and "target x86-64-v4 (here x86-64-v3)" in words
+    with pytest.raises(ValueError):
+        compiler.LibraryKey.from_dict({**key.as_dict(), "extra": "1"})
+    with pytest.raises(ValueError):
+        compiler.LibraryKey.from_dict({**key.as_dict(), "tvm": 27})
+
+
+def test_targets_are_dict_form_with_a_portable_cpu_level():
     import tvm
 
     cpu = compiler.target_dict(DeviceSpec("cpu"))
-    assert cpu["kind"] == "llvm" and cpu["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
+    level = compiler.cpu_level()
+    assert level in compiler.cpu_levels()
+    # never the build machine's own -mcpu (rocketlake, znver2 ...): the x86-64-vN level it supports
+    assert cpu["kind"] == "llvm" and cpu.get("mcpu", level) == level
+    assert cpu.get("mcpu") != tvm.target.codegen.llvm_get_system_cpu()
+    assert compiler.target_dict(DeviceSpec("cpu"), arch=compiler.cpu_levels()[0])["kind"] == "llvm"
+    with pytest.raises(LlmchatError, match="not a CPU level") as err:
+        compiler.target_dict(DeviceSpec("cpu"), arch="rocketlake")
+    assert compiler.cpu_level() in err.value.fix
+
+
+def test_cpu_level_switch(monkeypatch):
+    """LLMCHAT_CPU_LEVEL=native: this CPU's own -mcpu under a key of its own; a lower level: that
+    level; anything else: a clear error."""
+    import tvm
+
+    detected = compiler.cpu_level()
+    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, "native")
+    native = compiler.cpu_level()
+    assert native.startswith("native-") and native != detected
+    assert compiler.device_fingerprint(DeviceSpec("cpu")) == native
+    assert compiler.target_dict(DeviceSpec("cpu"))["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
+    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, compiler.cpu_levels()[0])
+    assert compiler.cpu_level() == compiler.cpu_levels()[0]
+    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, "fastest")
+    with pytest.raises(LlmchatError, match="not a CPU level"):
+        compiler.cpu_level()
     cuda = compiler.make_target(DeviceSpec("cuda"), arch="sm_90")
     assert cuda.kind.name == "cuda" and cuda.attrs["arch"] == "sm_90"
     # GPU libraries' host code is for a portable CPU level: their key records only the GPU

@@ -120,6 +120,9 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
         await pilot.press("d")
         await wait_until(pilot, lambda: not screen.downloading and TINY_ID in list_installed(), timeout=60)
         await wait_until(pilot, lambda: "✓ yes" in str(table.get_row(TINY_ID)[6]))
+        # the library step after the weights: no prebuilt library is published for this model
+        status = str(screen.query_one("#models-status").render())
+        assert "installed" in status and "compiles here on first use" in status
         await pilot.press("x")
         assert TINY_ID in list_installed()  # the first x only asks
         await pilot.press("x")
