@@ -15,8 +15,13 @@ serial and scalar. ``cpu_pipeline`` adds, right after fusion:
   residual add) runs per row. With several activation rows (prefill) each activation row meets 32
   weight rows while it is in L1, and when the model materialises the dequantized weight in its
   own block, 8-row tiles of it are decoded once per call and reused by every activation row;
+  prompt matmuls in block formats go to the register-blocked GEMM of :mod:`.cpu_gemm` instead
+  (``LLMCHAT_CPU_GEMM=tvm``: this generic schedule);
 * a vectorized, parallel paged-KV decode attention kernel in place of TVM's scalar
   ``batch_decode_paged_kv_cpu`` (:func:`decode_attention_kernel`).
+
+After relax's own passes, :func:`MarkNoAlias` marks every PrimFunc ``noalias`` (without it TVM's
+LLVM code generator treats every buffer of the library as possibly aliased).
 
 Small kernels (RMSNorm, SiLU, reshapes: a few microseconds per token) stay serial: a parallel
 launch would cost more than they do. Kernels that arrive scheduled (the KV-cache kernels carry
@@ -126,7 +131,8 @@ def MarkNoAlias() -> Any:
     def _mark(mod: Any, _ctx: Any) -> Any:
         updates = {}
         for gvar, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tirx.noalias" in func.attrs):
+            marked = func.attrs is not None and "tirx.noalias" in func.attrs
+            if isinstance(func, tirx.PrimFunc) and not marked:
                 updates[gvar] = func.with_attr("tirx.noalias", True)
         for gvar, func in updates.items():
             mod[gvar] = func
