@@ -425,9 +425,9 @@ def param_list(named_params: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     return [{"name": n, "shape": [int(x) for x in p.shape], "dtype": str(p.dtype)} for n, p in named_params]
 
 
-#: environment switches that change the generated kernels (pipelines/gpu.py reads them)
+#: environment switches that change the generated kernels (pipelines/gpu.py and cpu.py read them)
 KERNEL_SWITCHES = ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION", "LLMCHAT_WGSL_GEMM",
-                   "LLMCHAT_WGSL_ATTENTION")
+                   "LLMCHAT_WGSL_ATTENTION", "LLMCHAT_CPU_GEMM")
 
 
 def _kernel_switches() -> dict[str, str]:

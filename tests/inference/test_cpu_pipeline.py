@@ -11,6 +11,7 @@ import tvm
 
 from app.inference.pipelines.cpu import (
     KERNEL_KIND_ATTR,
+    CPUScheduleConfig,
     configure_cpu_threads,
     cpu_pipeline,
     default_cpu_threads,
@@ -92,7 +93,8 @@ def test_linear_matches_numpy(compiled_linear, rows):
 
 @pytest.mark.parametrize("fmt_name", FORMATS)
 def test_gemv_schedule_is_parallel_and_vectorized(target, fmt_name):
-    mod = scheduled_module(_linear_module(fmt_name)[2], target)
+    # the generic schedule (prompt matmuls of block formats go to cpu_gemm unless LLMCHAT_CPU_GEMM=tvm)
+    mod = scheduled_module(_linear_module(fmt_name)[2], target, CPUScheduleConfig(prefill_gemm=False))
     gemvs = [f for _gv, f in mod.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"]
     assert gemvs, "no matmul kernel was scheduled as a GEMV"
@@ -226,9 +228,12 @@ def test_model_gets_our_kernels(target):
                    "merge_state_inplace_cpu"):
         assert kinds[symbol] == "attention", symbol
     matmuls = {name: kind for name, kind in kinds.items() if "matmul" in name}
-    assert matmuls and all(kind in ("gemv", "block_gemv") for kind in matmuls.values()), matmuls
-    # the four decode projections take the group-factored q4f16_1 kernel (cpu_gemv.py)
+    allowed = ("gemv", "block_gemv", "prefill_gemm")
+    assert matmuls and all(kind in allowed for kind in matmuls.values()), matmuls
+    # the four decode projections take the group-factored q4f16_1 kernel (cpu_gemv.py), the four
+    # prompt projections the register-blocked GEMM (cpu_gemm.py)
     assert sum(kind == "block_gemv" for kind in matmuls.values()) == 4, matmuls
+    assert sum(kind == "prefill_gemm" for kind in matmuls.values()) == 4, matmuls
 
 
 def test_model_builds_with_our_pipeline(tiny_model_dir, target, tmp_path):

@@ -88,15 +88,25 @@ def cpu_target():
     return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 
 
-def test_cpu_schedule_decodes_weight_tiles_for_prefill_only(cpu_target):
+@pytest.mark.parametrize("prefill_gemm", [True, False], ids=["cpu_gemm", "generic"])
+def test_cpu_schedule_decodes_weight_tiles_for_prefill_only(cpu_target, prefill_gemm):
+    """Prompts run llmchat's prefill GEMM (or, with ``LLMCHAT_CPU_GEMM=tvm``, the generic schedule
+    that decodes 8-row weight tiles); decode keeps its GEMV either way."""
+    from app.inference.pipelines.cpu import CPUScheduleConfig
+
     _fmt, _dtype, mod, _named = _module("q4f16_1")
-    scheduled = scheduled_module(mod, cpu_target)
-    texts = {}
+    scheduled = scheduled_module(mod, cpu_target, CPUScheduleConfig(prefill_gemm=prefill_gemm))
+    kinds, texts = {}, {}
     for relax_name in ("prefill", "decode"):
         func = _kernel_of(scheduled, relax_name)
         assert func.attrs is not None and KERNEL_KIND_ATTR in func.attrs, relax_name
+        kinds[relax_name] = str(func.attrs[KERNEL_KIND_ATTR])
         texts[relax_name] = func.script()
-    assert "llmchat.dequantize_tile" in texts["prefill"]
+    assert kinds["decode"] == "block_gemv"
+    if prefill_gemm:
+        assert kinds["prefill"] == "prefill_gemm"
+    else:
+        assert kinds["prefill"] == "gemv" and "llmchat.dequantize_tile" in texts["prefill"]
     assert "llmchat.dequantize_tile" not in texts["decode"]
 
 

@@ -15,8 +15,13 @@ serial and scalar. ``cpu_pipeline`` adds, right after fusion:
   residual add) runs per row. With several activation rows (prefill) each activation row meets 32
   weight rows while it is in L1, and when the model materialises the dequantized weight in its
   own block, 8-row tiles of it are decoded once per call and reused by every activation row;
+  prompt matmuls in block formats go to the register-blocked GEMM of :mod:`.cpu_gemm` instead
+  (``LLMCHAT_CPU_GEMM=tvm``: this generic schedule);
 * vectorized, parallel attention kernels over the paged KV cache (prompt and decode) in place of
   TVM's scalar ones (:mod:`app.inference.pipelines.cpu_attention`).
+
+After relax's own passes, :func:`MarkNoAlias` marks every PrimFunc ``noalias`` (without it TVM's
+LLVM code generator treats every buffer of the library as possibly aliased).
 
 Small kernels (RMSNorm, SiLU, reshapes: a few microseconds per token) stay serial: a parallel
 launch would cost more than they do. Kernels that arrive scheduled (the KV-cache kernels carry
@@ -28,10 +33,11 @@ sets it to the number of physical cores before the first kernel runs.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.inference.pipelines.cpu_attention import ATTENTION_SYMBOLS, KERNEL_KIND_ATTR, replacement_kernel
+from app.inference.pipelines.cpu_gemm import replace_prefill_gemm
 from app.inference.pipelines.cpu_gemv import replace_block_gemv
 from app.inference.pipelines.tir_facts import static_int
 
@@ -49,6 +55,10 @@ class CPUScheduleConfig:
     weight_tile_rows: int = 8  # dequantized weight rows decoded at once for several activation rows
     replace_attention: bool = True  # swap TVM's scalar paged-KV attention kernels for cpu_attention's
     factored_block_gemv: bool = True  # decode GEMVs in block formats: the kernel of cpu_gemv
+    # prompt GEMMs in block formats: the register-blocked kernel of cpu_gemm (``LLMCHAT_CPU_GEMM=tvm``:
+    # the generic schedule below instead)
+    prefill_gemm: bool = field(default_factory=lambda: os.environ.get(
+        "LLMCHAT_CPU_GEMM", "").strip().lower() != "tvm")
 
 
 def default_cpu_threads() -> int:
@@ -95,11 +105,39 @@ def cpu_pipeline(target: Any, config: CPUScheduleConfig | None = None) -> Any:
                 _schedule_passes(target, cfg)
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)
+                + [MarkNoAlias()]
             )
             mod = seq(mod)
         return mod
 
     return _pipeline
+
+
+def MarkNoAlias() -> Any:
+    """A module pass giving ``tirx.noalias`` to every PrimFunc of the library that lacks it.
+
+    TVM's LLVM code generator does not keep the ``noalias`` state per function: one function of the
+    module without the attribute (relax's ``shape_func``, the KV cache's kernels) made every kernel
+    of the library tag its buffers as possibly aliased, so LLVM kept register-blocked accumulators in
+    memory (a store per FMA: the prompt GEMM of SmolLM2's gate_up ran at half speed). The kernels
+    are called with distinct arrays for the buffers they write (relax allocates every output; the
+    KV cache passes its pages, temporaries and read-only index arrays), which is what the
+    attribute promises."""
+    import tvm
+    from tvm import tirx
+
+    @tvm.transform.module_pass(opt_level=0, name="MarkNoAlias")
+    def _mark(mod: Any, _ctx: Any) -> Any:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            marked = func.attrs is not None and "tirx.noalias" in func.attrs
+            if isinstance(func, tirx.PrimFunc) and not marked:
+                updates[gvar] = func.with_attr("tirx.noalias", True)
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+    return _mark
 
 
 def scheduled_module(mod: Any, target: Any, config: CPUScheduleConfig | None = None) -> Any:
@@ -147,6 +185,11 @@ def ScheduleCPUKernels(target: Any, config: CPUScheduleConfig | None = None) -> 
                 factored = replace_block_gemv(func)
                 if factored is not None:
                     updates[gvar] = factored
+                    continue
+            if cfg.prefill_gemm:
+                gemm = replace_prefill_gemm(func, target)
+                if gemm is not None:
+                    updates[gvar] = gemm
                     continue
             scheduled = schedule_prim_func(func, target, cfg)
             if scheduled is not None:
