@@ -30,8 +30,9 @@ $(LLAMACPP_VENV)/bin/python:
 run: $(BIN)/llmchat  ## install and start the chat app
 	$(BIN)/llmchat $(ARGS)
 
-test: $(BIN)/llmchat  ## install and run the linter and the tests
+test: $(BIN)/llmchat  ## install and run the linter, the formatter's check and the tests
 	$(BIN)/ruff check app tests
+	$(BIN)/ruff format --check app tests
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-gpu: $(BIN)/llmchat  ## the GPU suite (tests/gpu, marker gpu) on an NVIDIA GPU; a skip fails it

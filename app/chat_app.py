@@ -43,12 +43,18 @@ def screenshot_dir() -> Path:
     return own
 
 
-def _load_engine(model: str | Path, device: str, progress: ProgressCallback | None,
-                 context_window: int | None = None, prebuilt: bool | None = None) -> Engine:
+def _load_engine(
+    model: str | Path,
+    device: str,
+    progress: ProgressCallback | None,
+    context_window: int | None = None,
+    prebuilt: bool | None = None,
+) -> Engine:
     from app.inference.engine import load_engine
 
-    return load_engine(model, device=device, progress=progress, context_window=context_window,
-                       prebuilt=prebuilt)
+    return load_engine(
+        model, device=device, progress=progress, context_window=context_window, prebuilt=prebuilt
+    )
 
 
 def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
@@ -125,8 +131,14 @@ def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event
     return download_model(model_id, progress, cancel)
 
 
-def _prepare_library(model_id: str, model_dir: Path, device: str, progress: ProgressCallback,
-                     cancel: threading.Event, prebuilt: bool | None = None) -> str:
+def _prepare_library(
+    model_id: str,
+    model_dir: Path,
+    device: str,
+    progress: ProgressCallback,
+    cancel: threading.Event,
+    prebuilt: bool | None = None,
+) -> str:
     """After a download: the prebuilt library that fits, or why the library compiles on first use."""
     from app.inference.prebuilt import prepare_library
 
@@ -185,10 +197,15 @@ def remote_services(endpoint: str, api_key: str | None = None) -> Services:
     def no_download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
         raise LlmchatError(f"{model_id} is not on the server at {endpoint}.", "pick one of its models")
 
-    return Services(load_engine=load, list_installed=lambda: list_models(endpoint, api_key),
-                    installed_model_path=lambda model_id: None, download_model=no_download,
-                    install_problem=lambda model_id: None,
-                    default_model_id="", remote_endpoint=endpoint)
+    return Services(
+        load_engine=load,
+        list_installed=lambda: list_models(endpoint, api_key),
+        installed_model_path=lambda model_id: None,
+        download_model=no_download,
+        install_problem=lambda model_id: None,
+        default_model_id="",
+        remote_endpoint=endpoint,
+    )
 
 
 class ChatCommandsProvider(Provider):
@@ -372,8 +389,12 @@ class LlmchatApp(App):
                 self.show_error(err)
                 conversation, unanswered, messages = None, [], []
             if unanswered:
-                self.notify("Your last message had no reply (llmchat stopped mid-reply): it was taken out "
-                            "of the conversation; press Up to send it again.", severity="warning", timeout=10)
+                self.notify(
+                    "Your last message had no reply (llmchat stopped mid-reply): it was taken out "
+                    "of the conversation; press Up to send it again.",
+                    severity="warning",
+                    timeout=10,
+                )
             if conversation is not None:
                 self.saved_messages = [(m.role, m.content, None) for m in messages]
                 self._history_generation = self.history.generation
@@ -520,8 +541,9 @@ class LlmchatApp(App):
 
         self.notify(error_markdown(err).replace("**", ""), severity="error", timeout=12, markup=False)
 
-    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
-                           time_format: str | None = None) -> str | None:
+    def deliver_screenshot(
+        self, filename: str | None = None, path: str | None = None, time_format: str | None = None
+    ) -> str | None:
         """The palette's "Save screenshot": into the Downloads directory where there is one, else
         ``<data dir>/screenshots`` (Textual's default fails when ~/Downloads does not exist)."""
         if path is None:

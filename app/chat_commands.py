@@ -40,14 +40,18 @@ COMMANDS: tuple[CommandSpec, ...] = (
         "sampling: temperature, top_p, max_tokens, seed, repetition_penalty, repeat_last_n, stop "
         "(no value: show; reset: the model's defaults)",
     ),
-    CommandSpec("system", "/system [TEXT|clear]",
-                "set the system prompt (no text: show it; clear: clear it)"),
+    CommandSpec(
+        "system", "/system [TEXT|clear]", "set the system prompt (no text: show it; clear: clear it)"
+    ),
     CommandSpec("model", "/model [ID]", "switch to model ID (no ID: open the models screen)"),
     CommandSpec("models", "/models", "open the models screen (catalog, download, remove)"),
     CommandSpec("hardware", "/hardware", "open the hardware report (llmchat doctor)"),
     CommandSpec("history", "/history", "list saved conversations and resume one"),
-    CommandSpec("export", "/export [PATH]",
-                "save this conversation as Markdown (no PATH: a new file in the current directory)"),
+    CommandSpec(
+        "export",
+        "/export [PATH]",
+        "save this conversation as Markdown (no PATH: a new file in the current directory)",
+    ),
     CommandSpec("exit", "/exit", "quit llmchat"),
 )
 

@@ -31,9 +31,9 @@ from app.units import format_bytes
 STALE_AFTER_S = 3600.0
 
 _PID_IN_NAME = (
-    re.compile(r"^\..+\.importing-(\d+)$"),      # models/.NAME.importing-PID
+    re.compile(r"^\..+\.importing-(\d+)$"),  # models/.NAME.importing-PID
     re.compile(r"^.+\.(\d+)\.[^.]+\.so\.tmp$"),  # libs/STEM.PID.XXXX.so.tmp
-    re.compile(r"^build-(\d+)$"),                # tmp/build-PID (the compiler's scratch files)
+    re.compile(r"^build-(\d+)$"),  # tmp/build-PID (the compiler's scratch files)
 )
 
 
@@ -47,8 +47,10 @@ class CleanReport:
     def summary(self) -> str:
         if not self.removed:
             return "nothing to clean: no temporaries of interrupted runs were found"
-        return (f"removed {len(self.removed)} temporar{'y' if len(self.removed) == 1 else 'ies'} of "
-                f"interrupted runs, reclaiming {format_bytes(self.bytes)}")
+        return (
+            f"removed {len(self.removed)} temporar{'y' if len(self.removed) == 1 else 'ies'} of "
+            f"interrupted runs, reclaiming {format_bytes(self.bytes)}"
+        )
 
 
 def pid_alive(pid: int) -> bool:
@@ -124,8 +126,9 @@ def stale_temporaries(now: float | None = None) -> list[Path]:
                     found.append(path)
                 break
         else:
-            temporary = path.name.startswith(".trash-") or (path.parent.name == "libs"
-                                                            and path.name.endswith(".tmp"))
+            temporary = path.name.startswith(".trash-") or (
+                path.parent.name == "libs" and path.name.endswith(".tmp")
+            )
             if temporary and _old(path, now):
                 found.append(path)
     if _setup_idle():

@@ -31,8 +31,10 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-VERBOSE_HELP = ("also print the debug log on stderr (what llmchat falls back from and why; always "
-                "written to debug.log in the cache directory; the chat app names that file at exit)")
+VERBOSE_HELP = (
+    "also print the debug log on stderr (what llmchat falls back from and why; always "
+    "written to debug.log in the cache directory; the chat app names that file at exit)"
+)
 
 
 #: the smallest KV cache a reply can be written into
@@ -48,26 +50,39 @@ def context_window_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from None
     if value < MIN_CONTEXT_WINDOW:
         raise argparse.ArgumentTypeError(
-            f"{value} tokens is too small: give at least 64, or leave it out for the model's default")
+            f"{value} tokens is too small: give at least 64, or leave it out for the model's default"
+        )
     return value
 
 
 def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
     """``--endpoint URL`` and ``--api-key KEY``: chat with a model on an OpenAI-compatible server."""
-    parser.add_argument("--endpoint", default=default, metavar="URL",
-                        help="chat with a model on an OpenAI-compatible server (vLLM, SGLang, llama.cpp, "
-                        "Ollama, mlc_llm serve, llmchat serve), e.g. http://127.0.0.1:8000/v1; --model "
-                        "then names one of its models (default: the first it lists)")
-    parser.add_argument("--api-key", default=default, metavar="KEY",
-                        help="the server's API key (default: $LLMCHAT_API_KEY; $OPENAI_API_KEY only for "
-                        "api.openai.com); sent to that host only, never printed")
+    parser.add_argument(
+        "--endpoint",
+        default=default,
+        metavar="URL",
+        help="chat with a model on an OpenAI-compatible server (vLLM, SGLang, llama.cpp, "
+        "Ollama, mlc_llm serve, llmchat serve), e.g. http://127.0.0.1:8000/v1; --model "
+        "then names one of its models (default: the first it lists)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=default,
+        metavar="KEY",
+        help="the server's API key (default: $LLMCHAT_API_KEY; $OPENAI_API_KEY only for "
+        "api.openai.com); sent to that host only, never printed",
+    )
 
 
 def add_prebuilt_argument(parser: argparse.ArgumentParser, default: object = False) -> None:
     """``--no-prebuilt``: never use a prebuilt model library, always compile it here."""
-    parser.add_argument("--no-prebuilt", action="store_true", default=default,
-                        help="always compile the model library here, never download a prebuilt one "
-                        "(also: LLMCHAT_NO_PREBUILT=1, or prebuilt_libraries = false in config.toml)")
+    parser.add_argument(
+        "--no-prebuilt",
+        action="store_true",
+        default=default,
+        help="always compile the model library here, never download a prebuilt one "
+        "(also: LLMCHAT_NO_PREBUILT=1, or prebuilt_libraries = false in config.toml)",
+    )
 
 
 def prebuilt_choice(args: argparse.Namespace) -> bool | None:
@@ -106,8 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, where the mlc_llm package "
         "(MLC's wheels) is installed",
     )
-    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
-                        help="KV-cache size in tokens (default: the model's, at most 8192)")
+    parser.add_argument(
+        "--context-window",
+        type=context_window_arg,
+        default=None,
+        metavar="TOKENS",
+        help="KV-cache size in tokens (default: the model's, at most 8192)",
+    )
     add_endpoint_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     add_prebuilt_argument(parser)

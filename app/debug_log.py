@@ -37,8 +37,9 @@ def setup(verbose: bool = False) -> None:
         try:
             path = log_path()
             path.parent.mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS,
-                                                           encoding="utf-8", delay=False)
+            handler = logging.handlers.RotatingFileHandler(
+                path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", delay=False
+            )
         except OSError:
             handler = None
         if handler is not None:

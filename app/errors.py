@@ -31,7 +31,7 @@ def decode_utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        bad = data[err.start:err.start + 1].hex()
+        bad = data[err.start : err.start + 1].hex()
         raise LlmchatError(
             f"{what} is not valid UTF-8 (byte 0x{bad} at offset {err.start}).",
             "pass the text encoded as UTF-8 (set a UTF-8 locale, e.g. LANG=C.UTF-8, or convert it with "
@@ -63,11 +63,15 @@ def os_error(err: OSError, what: str, fix: str | None = None) -> LlmchatError:
     reasons = {
         errno.ENOSPC: ("the disk is full", "free some disk space"),
         errno.EDQUOT: ("the disk quota is exhausted", "free some disk space"),
-        errno.EACCES: ("permission denied", "check the permissions, or set LLMCHAT_DATA_DIR / "
-                       "LLMCHAT_CACHE_DIR to a directory you can write"),
+        errno.EACCES: (
+            "permission denied",
+            "check the permissions, or set LLMCHAT_DATA_DIR / LLMCHAT_CACHE_DIR to a directory you can write",
+        ),
         errno.EPERM: ("the operation is not permitted", "check the permissions of that directory"),
-        errno.EROFS: ("the file system is read-only", "set LLMCHAT_DATA_DIR / LLMCHAT_CACHE_DIR to a "
-                      "writable directory"),
+        errno.EROFS: (
+            "the file system is read-only",
+            "set LLMCHAT_DATA_DIR / LLMCHAT_CACHE_DIR to a writable directory",
+        ),
         errno.ENOTDIR: ("a part of the path is a file, not a directory", "move that file away"),
         errno.EISDIR: ("it is a directory, not a file", "give the path of a file"),
         errno.ENOENT: ("it does not exist", "check the path"),

@@ -53,16 +53,21 @@ def _guarded(method):
         except sqlite3.DatabaseError as err:
             if _is_damage(err):
                 raise self._recover(err) from err
-            raise LlmchatError(f"The chat history {self.path} cannot be used: {err}.",
-                               "check that the data directory is writable and the disk not full") from err
+            raise LlmchatError(
+                f"The chat history {self.path} cannot be used: {err}.",
+                "check that the data directory is writable and the disk not full",
+            ) from err
 
     return wrapper
+
 
 #: the schema's history, in order: migration N takes a file of version N - 1 (``PRAGMA
 #: user_version``; 0: a new file) to version N. Append only: a released migration never changes
 #: (tests/test_history_migrations.py opens a file of every earlier version).
 MIGRATIONS: list[tuple[int, str]] = [
-    (1, """
+    (
+        1,
+        """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL DEFAULT '',
@@ -80,7 +85,8 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
-"""),
+""",
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -114,7 +120,8 @@ def refuse_newer(db: sqlite3.Connection, newest: int = SCHEMA_VERSION) -> int:
         raise LlmchatError(
             f"The chat history {db.execute('PRAGMA database_list').fetchone()[2]} was written by a newer "
             f"llmchat (schema version {version}; this one reads up to {newest}).",
-            "update llmchat, or set LLMCHAT_DATA_DIR to another directory to start a new history")
+            "update llmchat, or set LLMCHAT_DATA_DIR to another directory to start a new history",
+        )
     return version
 
 
@@ -164,8 +171,11 @@ class HistoryStore:
         except OSError as err:
             from app.errors import os_error
 
-            raise os_error(err, f"Cannot create the directory of the chat history {self.path}",
-                           "set LLMCHAT_DATA_DIR to a writable directory") from err
+            raise os_error(
+                err,
+                f"Cannot create the directory of the chat history {self.path}",
+                "set LLMCHAT_DATA_DIR to a writable directory",
+            ) from err
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as err:
@@ -214,8 +224,10 @@ class HistoryStore:
             src = Path(str(self.path) + suffix)
             with contextlib.suppress(FileNotFoundError):
                 os.replace(src, Path(str(aside) + suffix))
-        self.notice = (f"The chat history was damaged ({err}): it was moved to {aside.name} and a new, "
-                       "empty history started. The conversation on screen is saved in the new one.")
+        self.notice = (
+            f"The chat history was damaged ({err}): it was moved to {aside.name} and a new, "
+            "empty history started. The conversation on screen is saved in the new one."
+        )
         return aside
 
     def _recover(self, err: sqlite3.DatabaseError) -> HistoryDamaged:
@@ -228,10 +240,14 @@ class HistoryStore:
             try:
                 self._db = self._connect()
             except sqlite3.DatabaseError as err2:
-                return HistoryDamaged(f"The chat history {self.path} is damaged and a new one cannot be "
-                                      f"created: {err2}.", "set LLMCHAT_DATA_DIR to another directory")
-        return HistoryDamaged(self.notice or "The chat history was damaged.",
-                              "nothing to do: new messages are saved in the new history")
+                return HistoryDamaged(
+                    f"The chat history {self.path} is damaged and a new one cannot be created: {err2}.",
+                    "set LLMCHAT_DATA_DIR to another directory",
+                )
+        return HistoryDamaged(
+            self.notice or "The chat history was damaged.",
+            "nothing to do: new messages are saved in the new history",
+        )
 
     def close(self) -> None:
         with self._lock, contextlib.suppress(sqlite3.Error):

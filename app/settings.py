@@ -27,7 +27,7 @@ def _models() -> tuple[dict[str, Any], str | None]:
         return {}, None
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict):
-        return {}, f"{path()} has no \"models\" table"
+        return {}, f'{path()} has no "models" table'
     return models, None
 
 
@@ -65,6 +65,8 @@ def save_overrides(model_id: str, overrides: dict[str, Any]) -> None:
     try:
         write_json_atomic(path(), {"version": 1, "models": models})
     except OSError as err:
-        raise LlmchatError(f"Could not save your /set values to {path()}: {err.strerror or err}.",
-                           f"make {path().parent} writable (or set LLMCHAT_CONFIG_DIR to a writable "
-                           "directory); the values apply until you quit") from err
+        raise LlmchatError(
+            f"Could not save your /set values to {path()}: {err.strerror or err}.",
+            f"make {path().parent} writable (or set LLMCHAT_CONFIG_DIR to a writable "
+            "directory); the values apply until you quit",
+        ) from err

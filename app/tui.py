@@ -37,10 +37,15 @@ def run_tui(args: argparse.Namespace) -> int:
     context_window = getattr(args, "context_window", None)
     no_prebuilt = bool(getattr(args, "no_prebuilt", False))  # always compile the library here
     if services is None and (context_window or no_prebuilt):
-        extra = ({"prepare_library": functools.partial(_prepare_library, prebuilt=False)}
-                 if no_prebuilt else {})
-        services = Services(load_engine=functools.partial(_load_engine, context_window=context_window,
-                                                          prebuilt=False if no_prebuilt else None), **extra)
+        extra = (
+            {"prepare_library": functools.partial(_prepare_library, prebuilt=False)} if no_prebuilt else {}
+        )
+        services = Services(
+            load_engine=functools.partial(
+                _load_engine, context_window=context_window, prebuilt=False if no_prebuilt else None
+            ),
+            **extra,
+        )
     if getattr(args, "endpoint", None):
         services = remote_services(args.endpoint, getattr(args, "api_key", None))
     app = LlmchatApp(options, services)

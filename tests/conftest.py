@@ -51,9 +51,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     if no_skip() and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
-        report.longrepr = (f"{NO_SKIP_ENV} is set, and this test skipped: {_skip_reason(report.longrepr)}\n"
-                           "CI must run every test: install what it needs (see the README's "
-                           "'What the tests need') or make it run without it")
+        report.longrepr = (
+            f"{NO_SKIP_ENV} is set, and this test skipped: {_skip_reason(report.longrepr)}\n"
+            "CI must run every test: install what it needs (see the README's "
+            "'What the tests need') or make it run without it"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -91,21 +93,54 @@ TOKENIZER_VOCAB = 300
 
 #: tiny architectures (dims are multiples of 32 so every weight format applies)
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {"model_type": "llama", "model_config": {
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "position_embedding_base": 10000.0,
-        "tie_word_embeddings": False}},
-    "qwen2": {"model_type": "qwen2", "model_config": {
-        "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 1,
-        "num_hidden_layers": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "tie_word_embeddings": True, "hidden_act": "silu"}},
+    "llama": {
+        "model_type": "llama",
+        "model_config": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+            "rms_norm_eps": 1e-5,
+            "position_embedding_base": 10000.0,
+            "tie_word_embeddings": False,
+        },
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "model_config": {
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 2,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": True,
+            "hidden_act": "silu",
+        },
+    },
     # Llama 3.1/3.2-style RoPE scaling with a tiny original window so every frequency band is hit
-    "llama3": {"model_type": "llama", "model_config": {
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "position_embedding_base": 10000.0,
-        "tie_word_embeddings": True,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}},
+    "llama3": {
+        "model_type": "llama",
+        "model_config": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+            "rms_norm_eps": 1e-5,
+            "position_embedding_base": 10000.0,
+            "tie_word_embeddings": True,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    },
 }
 
 _CORPUS = [
@@ -164,20 +199,36 @@ def build_tokenizer(out_dir: Path) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_CORPUS * 4, trainer)
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None,
-        "add_bos_token": False,
-    }), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHATML_TEMPLATE,
+                "eos_token": "<|im_end|>",
+                "bos_token": None,
+                "add_bos_token": False,
+            }
+        ),
+        encoding="utf-8",
+    )
     return tok.get_vocab_size(with_added_tokens=True)
 
 
-def write_tiny_model(out_dir: Path, family: str, quantization: str, seed: int = 0,
-                     context_window: int = 256, prefill_chunk: int = 32, **overrides: Any) -> Path:
+def write_tiny_model(
+    out_dir: Path,
+    family: str,
+    quantization: str,
+    seed: int = 0,
+    context_window: int = 256,
+    prefill_chunk: int = 32,
+    **overrides: Any,
+) -> Path:
     """A complete MLC-format model directory with random weights. Its parameter list comes from
     TVM's model exporter, or from the GPU suite's prebuilt cache where it runs from one
     (tests/gpu/prebuilt.py: the GPU machine has no TVM compiler)."""
@@ -193,15 +244,27 @@ def write_tiny_model(out_dir: Path, family: str, quantization: str, seed: int = 
     base["model_config"]["context_window_size"] = context_window
     base["model_config"]["prefill_chunk_size"] = prefill_chunk
     data = {
-        "version": "0.1.0", **base, "quantization": quantization, "vocab_size": vocab,
-        "context_window_size": context_window, "prefill_chunk_size": prefill_chunk,
-        "sliding_window_size": -1, "temperature": 0.7, "top_p": 0.95,
+        "version": "0.1.0",
+        **base,
+        "quantization": quantization,
+        "vocab_size": vocab,
+        "context_window_size": context_window,
+        "prefill_chunk_size": prefill_chunk,
+        "sliding_window_size": -1,
+        "temperature": 0.7,
+        "top_p": 0.95,
         "tokenizer_files": ["tokenizer.json", "tokenizer_config.json"],
         "conv_template": {
-            "name": "chatml", "system_template": "<|im_start|>system\n{system_message}<|im_end|>\n",
-            "system_message": "", "roles": {"user": "<|im_start|>user", "assistant": "<|im_start|>assistant"},
-            "seps": ["<|im_end|>\n"], "role_content_sep": "\n", "role_empty_sep": "\n",
-            "stop_str": ["<|im_end|>"], "stop_token_ids": [2]},
+            "name": "chatml",
+            "system_template": "<|im_start|>system\n{system_message}<|im_end|>\n",
+            "system_message": "",
+            "roles": {"user": "<|im_start|>user", "assistant": "<|im_start|>assistant"},
+            "seps": ["<|im_end|>\n"],
+            "role_content_sep": "\n",
+            "role_empty_sep": "\n",
+            "stop_str": ["<|im_end|>"],
+            "stop_token_ids": [2],
+        },
     }
     (out_dir / "mlc-chat-config.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
     cfg = ModelConfig.load(out_dir)

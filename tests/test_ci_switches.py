@@ -45,8 +45,23 @@ def _pytest(tmp_path: Path, source: str, *args: str, no_skip: bool) -> subproces
     env = {k: v for k, v in os.environ.items() if k != "LLMCHAT_NO_SKIP"}
     if no_skip:
         env["LLMCHAT_NO_SKIP"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-           "-c", os.devnull, "--rootdir", str(tmp_path), "-q", "-rA", *args, str(test_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "tests.conftest",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        str(tmp_path),
+        "-q",
+        "-rA",
+        *args,
+        str(test_file),
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 

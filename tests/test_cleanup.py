@@ -24,8 +24,14 @@ def _dead_pid() -> int:
 
 
 def _llmchat(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
 
 
 def test_import_killed_with_sigkill_leaves_staging_that_clean_reclaims(tmp_path):
@@ -102,13 +108,21 @@ def test_scratch_is_kept_while_a_setup_holds_the_lock(tmp_path):
     os.utime(old, (long_ago, long_ago))
     lock = paths.cache_dir() / "default-model.lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import fcntl, sys
             fh = open({str(lock)!r}, "w")
             fcntl.flock(fh, fcntl.LOCK_EX)
             print("locked", flush=True)
             sys.stdin.read()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert old not in stale_temporaries()

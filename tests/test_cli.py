@@ -47,7 +47,6 @@ def test_unknown_subcommand_fails(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-
 @pytest.mark.parametrize("command", ["ask", "bench", "serve"])
 @pytest.mark.parametrize("value", ["0", "-5", "1"])
 def test_a_context_window_below_two_tokens_is_refused_never_the_default(command, value, capsys):

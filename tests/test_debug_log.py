@@ -60,19 +60,41 @@ def test_cli_verbose_on_a_subcommand_and_a_read_only_cache(cache, tmp_path):
     assert (cache / "debug.log").is_file()
     debug_log.close()
     # a cache directory that cannot be written: no log file, no error
-    env = {**os.environ, "LLMCHAT_CACHE_DIR": "/proc/llmchat-cache", "LLMCHAT_DATA_DIR": str(tmp_path / "d"),
-           "LLMCHAT_CONFIG_DIR": str(tmp_path / "c")}
-    out = subprocess.run([sys.executable, "-m", "app", "--verbose", "models", "--memory", "4"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "LLMCHAT_CACHE_DIR": "/proc/llmchat-cache",
+        "LLMCHAT_DATA_DIR": str(tmp_path / "d"),
+        "LLMCHAT_CONFIG_DIR": str(tmp_path / "c"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "--verbose", "models", "--memory", "4"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert logging.getLogger("llmchat") is debug_log.log
 
 
 def _llmchat(args: list[bytes], stdin: bytes | None, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LLMCHAT_CACHE_DIR": str(tmp_path / "c"), "LLMCHAT_DATA_DIR": str(tmp_path / "d"),
-           "LLMCHAT_CONFIG_DIR": str(tmp_path / "cfg"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-    return subprocess.run([sys.executable.encode(), b"-m", b"app", *args], cwd=REPO, env=env, input=stdin,
-                          capture_output=True, timeout=120)
+    env = {
+        **os.environ,
+        "LLMCHAT_CACHE_DIR": str(tmp_path / "c"),
+        "LLMCHAT_DATA_DIR": str(tmp_path / "d"),
+        "LLMCHAT_CONFIG_DIR": str(tmp_path / "cfg"),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
+    return subprocess.run(
+        [sys.executable.encode(), b"-m", b"app", *args],
+        cwd=REPO,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def test_invalid_utf8_in_an_argument_or_on_stdin_is_a_message(tmp_path):

@@ -135,9 +135,16 @@ def test_a_missing_code_generator_fix(tiny_model_dir, tmp_path):
 
 
 def test_the_checker_catches_what_it_should():
-    for bad in ("pip install --pre -f https://mlc.ai/wheels mlc-ai-nightly-rocm62",
-                "start llmchat with --no-such-flag", "run `llmchat frobnicate`", "type /nonsense", " "):
+    for bad in (
+        "pip install --pre -f https://mlc.ai/wheels mlc-ai-nightly-rocm62",
+        "start llmchat with --no-such-flag",
+        "run `llmchat frobnicate`",
+        "type /nonsense",
+        " ",
+    ):
         with pytest.raises(AssertionError):
             check_fix(bad)
-    check_fix("use --device cpu, `llmchat doctor`, /system clear, or fix /dev/kfd access; "
-              "`sudo apt install x` (or amdgpu-install --usecase=rocm)")
+    check_fix(
+        "use --device cpu, `llmchat doctor`, /system clear, or fix /dev/kfd access; "
+        "`sudo apt install x` (or amdgpu-install --usecase=rocm)"
+    )

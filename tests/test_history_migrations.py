@@ -22,8 +22,10 @@ SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "history"
 
 
 def _old_schemas() -> dict[int, str]:
-    found = {int(re.fullmatch(r"schema-v(\d+)\.sql", p.name).group(1)): p.read_text()
-             for p in SCHEMAS.glob("schema-v*.sql")}
+    found = {
+        int(re.fullmatch(r"schema-v(\d+)\.sql", p.name).group(1)): p.read_text()
+        for p in SCHEMAS.glob("schema-v*.sql")
+    }
     return dict(sorted(found.items()))
 
 
@@ -31,12 +33,18 @@ def _old_file(path: Path, version: int, schema: str) -> None:
     """A history file as llmchat of schema ``version`` left it: one conversation, two messages."""
     db = sqlite3.connect(path)
     db.executescript(schema)
-    db.execute("INSERT INTO conversations (id, title, model, system_prompt, created_at, updated_at) "
-               "VALUES (7, 'llamas', 'smollm2-135m-instruct', 'Be brief.', 100.0, 101.0)")
-    db.execute("INSERT INTO messages (conversation_id, role, content, stats, created_at) "
-               "VALUES (7, 'user', 'Tell me about llamas.', NULL, 100.5)")
-    db.execute("INSERT INTO messages (conversation_id, role, content, stats, created_at) "
-               "VALUES (7, 'assistant', 'They live in the Andes.', '{\"decode_tok_s\": 12.5}', 101.0)")
+    db.execute(
+        "INSERT INTO conversations (id, title, model, system_prompt, created_at, updated_at) "
+        "VALUES (7, 'llamas', 'smollm2-135m-instruct', 'Be brief.', 100.0, 101.0)"
+    )
+    db.execute(
+        "INSERT INTO messages (conversation_id, role, content, stats, created_at) "
+        "VALUES (7, 'user', 'Tell me about llamas.', NULL, 100.5)"
+    )
+    db.execute(
+        "INSERT INTO messages (conversation_id, role, content, stats, created_at) "
+        "VALUES (7, 'assistant', 'They live in the Andes.', '{\"decode_tok_s\": 12.5}', 101.0)"
+    )
     db.execute(f"PRAGMA user_version={version}")
     db.commit()
     db.close()
@@ -58,7 +66,9 @@ def test_a_file_of_an_earlier_version_opens_with_its_conversations(tmp_path, ver
         conv = store.get(7)
         assert conv is not None and conv.title == "llamas" and conv.system_prompt == "Be brief."
         assert [(m.role, m.content) for m in store.messages(7)] == [
-            ("user", "Tell me about llamas."), ("assistant", "They live in the Andes.")]
+            ("user", "Tell me about llamas."),
+            ("assistant", "They live in the Andes."),
+        ]
         new = store.new_conversation("qwen2.5-0.5b-instruct")
         store.add_message(new, "user", "hi")
         assert [c.id for c in store.list()][:2] == [new, 7]
@@ -75,7 +85,9 @@ def test_a_new_file_gets_the_newest_schema(tmp_path):
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
     assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} >= {
-        "conversations", "messages"}
+        "conversations",
+        "messages",
+    }
     db.close()
 
 
@@ -95,8 +107,11 @@ def test_migrations_run_in_order_and_a_failing_one_keeps_the_last_version(tmp_pa
     half-way: the file ends at v2, v3's first statement rolled back."""
     path = tmp_path / "history.sqlite3"
     _old_file(path, 1, _old_schemas()[1])
-    v2 = (2, "ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;\n"
-             "UPDATE conversations SET pinned = 1 WHERE title = 'llamas';")
+    v2 = (
+        2,
+        "ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;\n"
+        "UPDATE conversations SET pinned = 1 WHERE title = 'llamas';",
+    )
     v3 = (3, "CREATE TABLE tags (name TEXT);\nINSERT INTO no_such_table VALUES (1);")
     db = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(sqlite3.OperationalError, match="no_such_table"):

@@ -54,22 +54,38 @@ def pythons() -> list[str]:
     return list(dict.fromkeys(p for p in found if p))
 
 
-def run_python(code: str, workdir: Path, env: dict[str, str] | None = None,
-               timeout: float = 60) -> subprocess.CompletedProcess[str] | None:
+def run_python(
+    code: str, workdir: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str] | None:
     """Run ``code`` with ``workdir`` (a :func:`shared_dir`) as its working directory and import
     path, as ``nobody`` when this process is root, else as this user. None when no interpreter
     can be run by that user (the caller skips with that reason; CI installs Debian's python3)."""
-    child_env = {"HOME": str(workdir), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(workdir),
-                 "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+    child_env = {
+        "HOME": str(workdir),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(workdir),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **(env or {}),
+    }
     preexec = _drop_to_nobody if is_root() else None
     for python in pythons():
         try:
-            out = subprocess.run([python, "-c", code], cwd=workdir, env=child_env, preexec_fn=preexec,
-                                 capture_output=True, text=True, timeout=timeout)
+            out = subprocess.run(
+                [python, "-c", code],
+                cwd=workdir,
+                env=child_env,
+                preexec_fn=preexec,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except (PermissionError, FileNotFoundError):
             continue
-        if out.returncode != 0 and ("Permission denied" in out.stderr or "No module named" in out.stderr
-                                    or "Could not find platform" in out.stderr):
+        if out.returncode != 0 and (
+            "Permission denied" in out.stderr
+            or "No module named" in out.stderr
+            or "Could not find platform" in out.stderr
+        ):
             continue  # this interpreter's own files are out of the user's reach
         return out
     return None

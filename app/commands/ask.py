@@ -18,49 +18,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import context_window_arg
 
     # SUPPRESS: a value given before the subcommand (llmchat --model X ask ...) is kept
-    parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
-                        help="catalog id or model directory (default: the built-in default model)")
-    parser.add_argument("--device", default=argparse.SUPPRESS,
-                        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N")
+    parser.add_argument(
+        "--model",
+        default=argparse.SUPPRESS,
+        metavar="ID_OR_PATH",
+        help="catalog id or model directory (default: the built-in default model)",
+    )
+    parser.add_argument(
+        "--device",
+        default=argparse.SUPPRESS,
+        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
+    )
     # sampling: unset flags take the model's defaults (see app/inference/model_defaults.py), as in the chat
-    parser.add_argument("--temperature", type=float, default=None,
-                        help="0 = greedy (default: the model's, else 0.7)")
-    parser.add_argument("--top-p", type=float, default=None,
-                        help="nucleus sampling mass (default: the model's, else 0.95)")
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0.7)"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=None, help="nucleus sampling mass (default: the model's, else 0.95)"
+    )
     parser.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate (default 512)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
-    parser.add_argument("--repetition-penalty", type=float, default=None,
-                        help="1 = off (default: the model's, else 1.1 over the last 64 tokens)")
-    parser.add_argument("--repeat-last-n", type=int, default=None,
-                        help="tokens the penalties look back (default 64; 0 = the whole reply)")
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="1 = off (default: the model's, else 1.1 over the last 64 tokens)",
+    )
+    parser.add_argument(
+        "--repeat-last-n",
+        type=int,
+        default=None,
+        help="tokens the penalties look back (default 64; 0 = the whole reply)",
+    )
     parser.add_argument("--presence-penalty", type=float, default=None, help="-2 to 2 (default 0)")
     parser.add_argument("--frequency-penalty", type=float, default=None, help="-2 to 2 (default 0)")
-    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                        help="an extra stop string (repeatable)")
+    parser.add_argument(
+        "--stop", action="append", default=None, metavar="TEXT", help="an extra stop string (repeatable)"
+    )
     parser.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
-    parser.add_argument("--context-window", type=context_window_arg, default=argparse.SUPPRESS,
-                        metavar="TOKENS", help="KV-cache size in tokens (default: the model's, at most 8192)")
+    parser.add_argument(
+        "--context-window",
+        type=context_window_arg,
+        default=argparse.SUPPRESS,
+        metavar="TOKENS",
+        help="KV-cache size in tokens (default: the model's, at most 8192)",
+    )
     add_engine_argument(parser)
     from app.cli import add_endpoint_arguments, add_prebuilt_argument
 
     add_endpoint_arguments(parser, default=argparse.SUPPRESS)
     add_prebuilt_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument("--stats", action="store_true", help="print MLC-style speed stats to stderr")
-    parser.add_argument("--progress", action="store_true",
-                        help="report the reading of a long prompt on stderr also when stderr is not a "
-                        "terminal (on a terminal it always is)")
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="report the reading of a long prompt on stderr also when stderr is not a "
+        "terminal (on a terminal it always is)",
+    )
     parser.add_argument("prompt", nargs="*", help="the prompt (read from stdin when omitted or '-')")
 
 
 def add_engine_argument(parser: argparse.ArgumentParser) -> None:
     """``--engine tvm|mlc``."""
-    parser.add_argument("--engine", choices=("tvm", "mlc"), default="tvm",
-                        help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, when the "
-                        "mlc_llm package (MLC's wheels) is installed")
+    parser.add_argument(
+        "--engine",
+        choices=("tvm", "mlc"),
+        default="tvm",
+        help="tvm: llmchat's own engine (default); mlc: MLC-LLM's MLCEngine, when the "
+        "mlc_llm package (MLC's wheels) is installed",
+    )
 
 
-def open_engine(args: argparse.Namespace, model: str | Path, progress: StderrProgress,
-                context_window: int | None) -> Any:
+def open_engine(
+    args: argparse.Namespace, model: str | Path, progress: StderrProgress, context_window: int | None
+) -> Any:
     """The engine ``--engine`` names, loaded on ``--device``."""
     device = getattr(args, "device", None) or "auto"
     if getattr(args, "engine", "tvm") == "mlc":
@@ -72,8 +103,14 @@ def open_engine(args: argparse.Namespace, model: str | Path, progress: StderrPro
     from app.cli import prebuilt_choice
     from app.inference.engine import load_engine
 
-    return load_engine(model, device=device, progress=progress, context_window=context_window,
-                       arch=getattr(args, "arch", None), prebuilt=prebuilt_choice(args))
+    return load_engine(
+        model,
+        device=device,
+        progress=progress,
+        context_window=context_window,
+        arch=getattr(args, "arch", None),
+        prebuilt=prebuilt_choice(args),
+    )
 
 
 class StderrProgress:
@@ -143,8 +180,10 @@ def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
     except ImportError:
         if model:
             return model
-        raise LlmchatError("No --model given and the default model is not available in this build.",
-                           "pass --model ID_OR_PATH (see `llmchat models`)") from None
+        raise LlmchatError(
+            "No --model given and the default model is not available in this build.",
+            "pass --model ID_OR_PATH (see `llmchat models`)",
+        ) from None
     return model_or_default(model, progress)
 
 
@@ -157,16 +196,26 @@ def read_prompt(parts: list[str]) -> str:
     from app.errors import decode_utf8
 
     stream = getattr(sys.stdin, "buffer", None)
-    text = (decode_utf8(stream.read(), "the prompt read from stdin") if stream is not None
-            else sys.stdin.read()).strip()
+    text = (
+        decode_utf8(stream.read(), "the prompt read from stdin") if stream is not None else sys.stdin.read()
+    ).strip()
     if not text:
         raise LlmchatError("The prompt read from stdin is empty.", 'llmchat ask "your question"')
     return text
 
 
 #: the sampling flags (argparse dest = SamplingParams field)
-SAMPLING_FLAGS = ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty", "repeat_last_n",
-                  "presence_penalty", "frequency_penalty", "stop")
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "repetition_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+)
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -193,8 +242,9 @@ def run(args: argparse.Namespace) -> int:
     if endpoint:
         from app.inference.remote import RemoteEngine
 
-        engine = RemoteEngine(endpoint, api_key=getattr(args, "api_key", None),
-                              model=getattr(args, "model", None))
+        engine = RemoteEngine(
+            endpoint, api_key=getattr(args, "api_key", None), model=getattr(args, "model", None)
+        )
     else:
         check_device_first(args)
         model = resolve_model(getattr(args, "model", None), progress)

@@ -31,28 +31,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import context_window_arg
     from app.inference.random_model import PRESETS
 
-    parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
-                        help="catalog id or model directory (default: the built-in default model)")
-    parser.add_argument("--random-weights", metavar="ARCH", choices=sorted(PRESETS),
-                        help="benchmark an architecture with random weights, no download: "
-                        + ", ".join(PRESETS))
-    parser.add_argument("--quantization", default="q4f16_1",
-                        help="weight format for --random-weights (default q4f16_1)")
-    parser.add_argument("--device", default=argparse.SUPPRESS,
-                        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N")
-    parser.add_argument("--prompt-tokens", type=int, default=512, metavar="N",
-                        help="prompt of the prefill pass (default 512; 0: no prefill pass)")
-    parser.add_argument("--depth", type=int, default=0, metavar="N",
-                        help="tokens of context before the timed decode, prefilled untimed (default 0)")
+    parser.add_argument(
+        "--model",
+        default=argparse.SUPPRESS,
+        metavar="ID_OR_PATH",
+        help="catalog id or model directory (default: the built-in default model)",
+    )
+    parser.add_argument(
+        "--random-weights",
+        metavar="ARCH",
+        choices=sorted(PRESETS),
+        help="benchmark an architecture with random weights, no download: " + ", ".join(PRESETS),
+    )
+    parser.add_argument(
+        "--quantization", default="q4f16_1", help="weight format for --random-weights (default q4f16_1)"
+    )
+    parser.add_argument(
+        "--device",
+        default=argparse.SUPPRESS,
+        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=512,
+        metavar="N",
+        help="prompt of the prefill pass (default 512; 0: no prefill pass)",
+    )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tokens of context before the timed decode, prefilled untimed (default 0)",
+    )
     parser.add_argument("--gen", type=int, default=512, help="tokens to decode (default 512)")
-    parser.add_argument("--warmup", type=int, default=16,
-                        help="tokens decoded in the warm-up run (default 16; 0: no warm-up)")
+    parser.add_argument(
+        "--warmup", type=int, default=16, help="tokens decoded in the warm-up run (default 16; 0: no warm-up)"
+    )
     parser.add_argument("--runs", type=int, default=1, help="measured runs; the best is reported (default 1)")
-    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
-                        help="KV-cache size (default: the longest pass, rounded up, at least 1024)")
+    parser.add_argument(
+        "--context-window",
+        type=context_window_arg,
+        default=None,
+        metavar="TOKENS",
+        help="KV-cache size (default: the longest pass, rounded up, at least 1024)",
+    )
     parser.add_argument("--arch", default=None, help="GPU architecture to compile for (e.g. sm_90, gfx1100)")
-    parser.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
-                        help="memory bandwidth for the roofline (default: from the hardware probe)")
+    parser.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        metavar="GB/S",
+        help="memory bandwidth for the roofline (default: from the hardware probe)",
+    )
     add_engine_argument(parser)
     from app.cli import add_prebuilt_argument
 
@@ -97,8 +129,14 @@ def _load(args: argparse.Namespace, progress: StderrProgress, ctx: int) -> Any:
             raise LlmchatError("--random-weights works with llmchat's own engine only.", "drop --engine")
         from app.inference.random_model import load_random_engine
 
-        return load_random_engine(args.random_weights, args.quantization, device=device, context_window=ctx,
-                                  progress=progress, arch=args.arch)
+        return load_random_engine(
+            args.random_weights,
+            args.quantization,
+            device=device,
+            context_window=ctx,
+            progress=progress,
+            arch=args.arch,
+        )
     if not getattr(args, "arch", None):  # --arch cross-compiles for a GPU that need not be here
         check_device_first(args)
     model = resolve_model(getattr(args, "model", None), progress)
@@ -124,20 +162,32 @@ def context_needed(prompt_tokens: int, depth: int, gen: int) -> int:
 def check_sizes(prompt_tokens: int, depth: int, gen: int, context_window: int | None) -> None:
     """Refuse sizes the passes cannot run with, naming the one at fault."""
     if prompt_tokens < 0 or prompt_tokens == 1:
-        raise LlmchatError(f"--prompt-tokens {prompt_tokens}: a prefill needs a real prompt.",
-                           "use at least 2 (default 512), or 0 to skip the prefill pass")
+        raise LlmchatError(
+            f"--prompt-tokens {prompt_tokens}: a prefill needs a real prompt.",
+            "use at least 2 (default 512), or 0 to skip the prefill pass",
+        )
     if depth < 0 or gen < 2:
-        raise LlmchatError("bench needs --depth >= 0 and --gen >= 2.",
-                           "use the defaults: --depth 0 --gen 512")
+        raise LlmchatError(
+            "bench needs --depth >= 0 and --gen >= 2.", "use the defaults: --depth 0 --gen 512"
+        )
     if context_window is not None and context_window < max(prompt_tokens + 2, max(depth, 1) + gen + 1):
         raise LlmchatError(
             f"--context-window {context_window} is smaller than the passes need "
             f"(prompt {prompt_tokens}, depth {depth} + {gen} generated).",
-            f"leave --context-window out (it is then {context_needed(prompt_tokens, depth, gen)})")
+            f"leave --context-window out (it is then {context_needed(prompt_tokens, depth, gen)})",
+        )
 
 
-def measure(engine: Any, prompt_tokens: int, depth: int, gen: int, runs: int = 1, warmup: int = 16,
-            seed: int = 0, log: Any = None) -> dict[str, Any]:
+def measure(
+    engine: Any,
+    prompt_tokens: int,
+    depth: int,
+    gen: int,
+    runs: int = 1,
+    warmup: int = 16,
+    seed: int = 0,
+    log: Any = None,
+) -> dict[str, Any]:
     """Prefill tok/s of a ``prompt_tokens`` prompt (None when 0) and decode tok/s of ``gen`` tokens
     after ``depth`` tokens of context, the best of ``runs`` each, on random token ids; a warm-up
     pass of each kind first (none with ``warmup=0``). The figures of the best runs."""
@@ -154,8 +204,14 @@ def measure(engine: Any, prompt_tokens: int, depth: int, gen: int, runs: int = 1
         if log is not None:
             log(text)
 
-    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "depth": depth, "generated_tokens": gen,
-                           "prefill_tok_s": None, "prefill_runs": [], "time_to_first_token_s": None}
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "depth": depth,
+        "generated_tokens": gen,
+        "prefill_tok_s": None,
+        "prefill_runs": [],
+        "time_to_first_token_s": None,
+    }
     t0 = time.perf_counter()
     if warmup > 0:  # 0: the caller has warmed the engine up
         if prompt_tokens:
@@ -201,12 +257,19 @@ def run(args: argparse.Namespace) -> int:
             raise LlmchatError(
                 f"The model's context window holds {window} tokens: too few for a "
                 f"{args.prompt_tokens}-token prompt or {args.depth} tokens of depth + {args.gen} generated.",
-                f"keep --prompt-tokens below {window - 1} and --depth + --gen below {window}")
+                f"keep --prompt-tokens below {window - 1} and --depth + --gen below {window}",
+            )
         mem_before = _device_memory_used(engine)
         print(f"[bench] on {engine.info.device}", file=sys.stderr, flush=True)
-        figures = measure(engine, args.prompt_tokens, args.depth, args.gen, runs=args.runs,
-                          warmup=args.warmup, log=lambda text: print(f"[bench] {text}", file=sys.stderr,
-                                                                     flush=True))
+        figures = measure(
+            engine,
+            args.prompt_tokens,
+            args.depth,
+            args.gen,
+            runs=args.runs,
+            warmup=args.warmup,
+            log=lambda text: print(f"[bench] {text}", file=sys.stderr, flush=True),
+        )
         mem_peak = _device_memory_used(engine)
         bandwidth = args.bandwidth * 1e9 if args.bandwidth else None
         gpu_name = None
@@ -240,14 +303,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result['model']} ({result['quantization']}) on {result['device']}")
     if result["prefill_tok_s"] is not None:
         print(f"prefill: {result['prefill_tok_s']:.1f} tok/s on a {result['prompt_tokens']}-token prompt")
-    print(f"decode: {result['decode_tok_s']:.1f} tok/s, {result['generated_tokens']} tokens after "
-          f"{result['depth']} tokens of context")
+    print(
+        f"decode: {result['decode_tok_s']:.1f} tok/s, {result['generated_tokens']} tokens after "
+        f"{result['depth']} tokens of context"
+    )
     mem = result["device_memory_used_bytes"] or result["engine_memory_bytes"]
-    print(f"weights: {weight_bytes / 2**20:.1f} MiB, device memory: "
-          f"{mem / 2**20:.1f} MiB" if mem else f"weights: {weight_bytes / 2**20:.1f} MiB")
+    print(
+        f"weights: {weight_bytes / 2**20:.1f} MiB, device memory: {mem / 2**20:.1f} MiB"
+        if mem
+        else f"weights: {weight_bytes / 2**20:.1f} MiB"
+    )
     if roofline:
-        print(f"roofline: {result['roofline_percent']:.1f}% of {roofline:.1f} tok/s "
-              f"({bandwidth / 1e9:.0f} GB/s / weight bytes)")
+        print(
+            f"roofline: {result['roofline_percent']:.1f}% of {roofline:.1f} tok/s "
+            f"({bandwidth / 1e9:.0f} GB/s / weight bytes)"
+        )
     if args.json:
         print(json.dumps(result))
     return 0

@@ -11,15 +11,28 @@ HELP = "compile a model's library for a target and write it as a prebuilt bundle
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="ID_OR_PATH", help="installed model id or model directory")
-    parser.add_argument("--device", dest="build_device", required=True, metavar="TARGET",
-                        help="cpu, cuda, rocm, vulkan or metal (the device need not be here with --arch)")
-    parser.add_argument("--arch", default=None,
-                        help="what to build for: a CPU level (x86-64-v2, x86-64-v3 …; default: this "
-                        "CPU's), a GPU architecture (sm_90, gfx1100) or a WGSL adapter profile "
-                        "(wgsl-f16-wg32768-t256, see `llmchat doctor`); default: the device here")
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
-                        help="folder to write the bundle into (as DIR/<key>/); publish DIR's contents "
-                        "under libs/ in the model's repo")
+    parser.add_argument(
+        "--device",
+        dest="build_device",
+        required=True,
+        metavar="TARGET",
+        help="cpu, cuda, rocm, vulkan or metal (the device need not be here with --arch)",
+    )
+    parser.add_argument(
+        "--arch",
+        default=None,
+        help="what to build for: a CPU level (x86-64-v2, x86-64-v3 …; default: this "
+        "CPU's), a GPU architecture (sm_90, gfx1100) or a WGSL adapter profile "
+        "(wgsl-f16-wg32768-t256, see `llmchat doctor`); default: the device here",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="folder to write the bundle into (as DIR/<key>/); publish DIR's contents "
+        "under libs/ in the model's repo",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     folder = prebuilt.build_bundle(args.model, args.build_device, args.arch, args.out, StderrProgress())
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())
     digest = prebuilt.compiler.file_digest(folder / prebuilt.MANIFEST)
-    print(f"llmchat: bundle for {manifest.key.target} (TVM {manifest.key.tvm}, engine {manifest.key.engine}, "
-          f"host CPU {manifest.key.host_cpu}); manifest sha256 {digest}", file=sys.stderr)
+    print(
+        f"llmchat: bundle for {manifest.key.target} (TVM {manifest.key.tvm}, engine {manifest.key.engine}, "
+        f"host CPU {manifest.key.host_cpu}); manifest sha256 {digest}",
+        file=sys.stderr,
+    )
     print(folder)
     return 0

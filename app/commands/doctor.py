@@ -52,8 +52,9 @@ def _add_vulkan_adapters(report) -> None:
 
         try:
             why = webgpu.problem(0)
-            outcome.append(([a.as_dict() for a in webgpu.adapters()] if why is None or "adapter" in why
-                            else [], why))
+            outcome.append(
+                ([a.as_dict() for a in webgpu.adapters()] if why is None or "adapter" in why else [], why)
+            )
         except LlmchatError as err:
             outcome.append(([], err.problem))
         except Exception as err:  # never let doctor fail on a driver

@@ -16,8 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", metavar="ID_OR_HF_REPO", help="catalog id (see `llmchat models`) or HF://owner/repo"
     )
-    parser.add_argument("--device", dest="lib_device", default="auto",
-                        help="the device whose prebuilt model library to fetch (default: auto)")
+    parser.add_argument(
+        "--device",
+        dest="lib_device",
+        default="auto",
+        help="the device whose prebuilt model library to fetch (default: auto)",
+    )
     from app.cli import add_prebuilt_argument
 
     add_prebuilt_argument(parser, default=argparse.SUPPRESS)
@@ -115,8 +119,14 @@ def library_step(model_dir, args: argparse.Namespace, progress, cancel: threadin
 
     model_dir = Path(model_dir)
     try:
-        return prepare_library(model_dir.name, model_dir, getattr(args, "lib_device", "auto") or "auto",
-                               prebuilt_choice(args), progress, cancel)
+        return prepare_library(
+            model_dir.name,
+            model_dir,
+            getattr(args, "lib_device", "auto") or "auto",
+            prebuilt_choice(args),
+            progress,
+            cancel,
+        )
     except DownloadCancelled:
         raise
     except Exception as err:  # the weights are installed: the library step never undoes that

@@ -12,8 +12,11 @@ HELP = "import a GGUF file (llama.cpp's format) as an llmchat model, without re-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="PATH.gguf", help="the GGUF file (Llama, Mistral, SmolLM2 or Qwen2; "
-                        "tensors F32, F16, BF16, Q8_0, Q4_0 or Q4_1)")
+    parser.add_argument(
+        "path",
+        metavar="PATH.gguf",
+        help="the GGUF file (Llama, Mistral, SmolLM2 or Qwen2; tensors F32, F16, BF16, Q8_0, Q4_0 or Q4_1)",
+    )
     parser.add_argument("--name", help="model id to install it as (default: from the file name)")
 
 

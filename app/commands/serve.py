@@ -16,28 +16,58 @@ API_KEY_ENV = "LLMCHAT_SERVE_API_KEY"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import context_window_arg
 
-    parser.add_argument("--model", default=argparse.SUPPRESS, metavar="ID_OR_PATH",
-                        help="catalog id or model directory (default: the built-in default model)")
-    parser.add_argument("--device", default=argparse.SUPPRESS,
-                        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1: this machine only; any other "
-                        "needs --api-key)")
+    parser.add_argument(
+        "--model",
+        default=argparse.SUPPRESS,
+        metavar="ID_OR_PATH",
+        help="catalog id or model directory (default: the built-in default model)",
+    )
+    parser.add_argument(
+        "--device",
+        default=argparse.SUPPRESS,
+        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; any other needs --api-key)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
-    parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
-    parser.add_argument("--max-queue", type=int, default=16, metavar="N",
-                        help="requests that may wait behind the running one; more get 429 (default 16)")
-    parser.add_argument("--context-window", type=context_window_arg, default=None, metavar="TOKENS",
-                        help="KV-cache size in tokens (default: the model's, at most 8192)")
-    parser.add_argument("--served-model-name", default=None, metavar="NAME",
-                        help="the model's name in the API (default: its llmchat id)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests that may wait behind the running one; more get 429 (default 16)",
+    )
+    parser.add_argument(
+        "--context-window",
+        type=context_window_arg,
+        default=None,
+        metavar="TOKENS",
+        help="KV-cache size in tokens (default: the model's, at most 8192)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model's name in the API (default: its llmchat id)",
+    )
     from app.commands.ask import add_engine_argument
 
     add_engine_argument(parser)
-    parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug"),
-                        help="uvicorn's log level (default info)")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (default info)",
+    )
     from app.cli import add_prebuilt_argument
 
     add_prebuilt_argument(parser, default=argparse.SUPPRESS)
@@ -60,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
         model = resolve_model(getattr(args, "model", None), progress)
         engine = open_engine(args, model, progress, args.context_window)  # --engine tvm or mlc
         try:
-            app = create_app(engine, api_key=api_key, max_queue=args.max_queue,
-                             model_id=args.served_model_name)
+            app = create_app(
+                engine, api_key=api_key, max_queue=args.max_queue, model_id=args.served_model_name
+            )
             # uvicorn shuts down on Ctrl+C / SIGTERM, then re-raises it
             with contextlib.suppress(KeyboardInterrupt):
                 run_server(app, sock, log_level=args.log_level)

@@ -52,10 +52,14 @@ def _parse(item: Any) -> BenchResult | None:
     weight, speed = item.get("weight_bytes"), item.get("decode_tok_s")
     when = item.get("measured_at", 0.0)
     numbers = (weight, speed, when)
-    if not (isinstance(model, str) and isinstance(device, str) and device
-            and all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n)
-                    for n in numbers)
-            and weight > 0 and speed > 0):
+    if not (
+        isinstance(model, str)
+        and isinstance(device, str)
+        and device
+        and all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers)
+        and weight > 0
+        and speed > 0
+    ):
         return None
     return BenchResult(model, device, int(weight), float(speed), float(when))
 
@@ -75,7 +79,7 @@ def record(result: dict[str, Any]) -> BenchResult | None:
     parsed = _parse({**result, "measured_at": result.get("measured_at", time.time())})
     if parsed is None:
         return None
-    kept = [r.__dict__ for r in results()][-(KEEP - 1):]
+    kept = [r.__dict__ for r in results()][-(KEEP - 1) :]
     try:
         write_json_atomic(path(), {"version": 1, "results": [*kept, parsed.__dict__]})
     except OSError:

@@ -123,8 +123,14 @@ _ENTRY_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "sampling": (dict, False),
 }
 #: the keys of an entry's ``sampling`` table (checked like /set values)
-_SAMPLING_KEYS = ("temperature", "top_p", "repetition_penalty", "repeat_last_n", "presence_penalty",
-                  "frequency_penalty")
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+)
 _HF_SOURCE_KEYS = {"hf": True, "revision": False}
 _PREBUILT_KEYS = {"target": True, "repo": True, "path": True, "sha256": True, "revision": False}
 _TARGET_RE = re.compile(r"^(rocm|vulkan|cuda|metal|cpu)-[A-Za-z0-9._-]+$")
@@ -205,16 +211,21 @@ def _parse_prebuilt(where: str, label: str, index: int, raw: Any) -> PrebuiltLib
     if not all(isinstance(v, str) for v in raw.values()):
         raise _fail(where, label, f"every value of prebuilt_libs[{index}] must be a string")
     if not _TARGET_RE.match(raw["target"]):
-        raise _fail(where, label, f"{prefix}target must be BACKEND-ARCH (e.g. cpu-x86-64-v3, cuda-sm_90), "
-                    f"got {raw['target']!r}")
+        raise _fail(
+            where,
+            label,
+            f"{prefix}target must be BACKEND-ARCH (e.g. cpu-x86-64-v3, cuda-sm_90), got {raw['target']!r}",
+        )
     if not _HF_REPO_RE.match(raw["repo"]):
         raise _fail(where, label, f"{prefix}repo must be 'owner/repo', got {raw['repo']!r}")
     if not _LIB_PATH_RE.match(raw["path"]) or ".." in raw["path"].split("/"):
-        raise _fail(where, label, f"{prefix}path must be a folder of the repo (e.g. libs/<key>), "
-                    f"got {raw['path']!r}")
+        raise _fail(
+            where, label, f"{prefix}path must be a folder of the repo (e.g. libs/<key>), got {raw['path']!r}"
+        )
     if not _SHA256_RE.match(raw["sha256"]):
-        raise _fail(where, label,
-                    f"{prefix}sha256 (of the bundle's manifest.json) must be 64 lowercase hex digits")
+        raise _fail(
+            where, label, f"{prefix}sha256 (of the bundle's manifest.json) must be 64 lowercase hex digits"
+        )
     revision = raw.get("revision", "main")
     if not _REVISION_RE.match(revision) or ".." in revision:
         raise _fail(where, label, f"{prefix}revision must be a branch, tag or commit, got {revision!r}")

@@ -132,8 +132,14 @@ def _native_level() -> str:
     """``native-<digest of this CPU's model name and flags>`` (no LLVM needed to find the library)."""
     model = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-        model = next((line.partition(":")[2].strip() for line in f
-                      if line.partition(":")[0].strip() in ("model name", "Model", "CPU part")), "")
+        model = next(
+            (
+                line.partition(":")[2].strip()
+                for line in f
+                if line.partition(":")[0].strip() in ("model name", "Model", "CPU part")
+            ),
+            "",
+        )
     blob = f"{model}|{' '.join(sorted(_cpu_flags()))}"
     return f"{NATIVE}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
@@ -156,8 +162,10 @@ def check_cpu_level(level: str) -> str:
     if level.startswith(NATIVE + "-") and level == _native_level():
         return level
     if level not in cpu_levels():
-        raise LlmchatError(f"{level!r} is not a CPU level of this architecture.",
-                           f"use one of {', '.join(cpu_levels())} (this CPU: {_detected_level()})")
+        raise LlmchatError(
+            f"{level!r} is not a CPU level of this architecture.",
+            f"use one of {', '.join(cpu_levels())} (this CPU: {_detected_level()})",
+        )
     return level
 
 
@@ -189,17 +197,30 @@ def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
         arch = arch or gpu_arch(device)
         if arch is None:
             raise LlmchatError("No CUDA device found to compile for.", "pass the architecture, e.g. sm_90")
-        return {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152,
-                "max_threads_per_block": 1024, "thread_warp_size": 32, "host": _portable_host()}
+        return {
+            "kind": "cuda",
+            "arch": arch,
+            "max_shared_memory_per_block": 49152,
+            "max_threads_per_block": 1024,
+            "thread_warp_size": 32,
+            "host": _portable_host(),
+        }
     if backend == "rocm":
         arch = arch or gpu_arch(device)
         if arch is None:
-            raise LlmchatError("No ROCm device found to compile for.",
-                               "pass the gfx architecture, e.g. gfx1100")
+            raise LlmchatError(
+                "No ROCm device found to compile for.", "pass the gfx architecture, e.g. gfx1100"
+            )
         wave = 32 if arch.startswith(("gfx10", "gfx11", "gfx12")) else 64
-        return {"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc",
-                "max_shared_memory_per_block": 65536, "max_threads_per_block": 1024,
-                "thread_warp_size": wave, "host": _portable_host()}
+        return {
+            "kind": "rocm",
+            "mcpu": arch,
+            "mtriple": "amdgcn-amd-amdhsa-hcc",
+            "max_shared_memory_per_block": 65536,
+            "max_threads_per_block": 1024,
+            "thread_warp_size": wave,
+            "host": _portable_host(),
+        }
     if backend == "vulkan":
         # TVM's WGSL code generator (PyPI's TVM has no SPIR-V one), run by llmchat's WebGPU
         # device API on wgpu-native; sized to the adapter's limits
@@ -207,8 +228,13 @@ def target_dict(device: DeviceSpec, arch: str | None = None) -> dict[str, Any]:
 
         return webgpu.target_dict(device.index, _portable_host(), profile=arch)
     if backend == "metal":
-        return {"kind": "metal", "max_threads_per_block": 1024, "max_shared_memory_per_block": 32768,
-                "thread_warp_size": 32, "host": {"kind": "llvm", "mtriple": "arm64-apple-macos"}}
+        return {
+            "kind": "metal",
+            "max_threads_per_block": 1024,
+            "max_shared_memory_per_block": 32768,
+            "thread_warp_size": 32,
+            "host": {"kind": "llvm", "mtriple": "arm64-apple-macos"},
+        }
     raise LlmchatError(f"Unknown backend {backend!r}.", "use cpu, cuda, rocm, vulkan or metal")
 
 
@@ -221,8 +247,10 @@ def make_target(device: DeviceSpec, arch: str | None = None) -> Any:
     except LlmchatError:
         raise
     except Exception as err:
-        raise LlmchatError(f"TVM cannot build code for {device.backend} ({err}).",
-                           "use --device cpu or a TVM build with that back end") from err
+        raise LlmchatError(
+            f"TVM cannot build code for {device.backend} ({err}).",
+            "use --device cpu or a TVM build with that back end",
+        ) from err
 
 
 # ------------------------------------------------------------------------------------------
@@ -251,8 +279,12 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and node.value.startswith("app.") and node.value.replace(".", "").replace("_", "").isalnum():
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("app.")
+            and node.value.replace(".", "").replace("_", "").isalnum()
+        ):
             found.add(node.value)
     return {m for m in found if m == "app" or m.startswith("app.")}
 
@@ -276,8 +308,13 @@ def library_sources() -> list[Path]:
             found = _module_file(name, app_root)
             if found is not None and found.resolve() not in seen:
                 todo.append(found)
-    extra = {f.resolve() for d in {p.parent for p in seen} if d.is_relative_to(here.resolve())
-             for f in d.iterdir() if f.suffix in _KERNEL_SOURCE_SUFFIXES and f.is_file()}
+    extra = {
+        f.resolve()
+        for d in {p.parent for p in seen}
+        if d.is_relative_to(here.resolve())
+        for f in d.iterdir()
+        if f.suffix in _KERNEL_SOURCE_SUFFIXES and f.is_file()
+    }
     return sorted(seen | extra)
 
 
@@ -375,12 +412,22 @@ class LibraryKey:
 
     def differences(self, other: LibraryKey) -> list[str]:
         """What differs from ``other`` (this machine's key), in words: ``TVM 0.26.0 (here 0.27.0)``."""
-        words = {"model": "model config", "device": "target", "host_cpu": "host CPU level", "tvm": "TVM",
-                 "engine": "engine version", "source": "llmchat library sources", "pipeline": "pipeline",
-                 "switches": "kernel switches"}
+        words = {
+            "model": "model config",
+            "device": "target",
+            "host_cpu": "host CPU level",
+            "tvm": "TVM",
+            "engine": "engine version",
+            "source": "llmchat library sources",
+            "pipeline": "pipeline",
+            "switches": "kernel switches",
+        }
         mine, theirs = self.as_dict(), other.as_dict()
-        return [f"{words.get(n, n)} {mine[n] or '-'} (here {theirs[n] or '-'})"
-                for n in mine if mine[n] != theirs[n]]
+        return [
+            f"{words.get(n, n)} {mine[n] or '-'} (here {theirs[n] or '-'})"
+            for n in mine
+            if mine[n] != theirs[n]
+        ]
 
 
 def _host_level(backend: str, fingerprint: str) -> str:
@@ -388,19 +435,27 @@ def _host_level(backend: str, fingerprint: str) -> str:
     return fingerprint if backend == "cpu" else cpu_levels()[0]
 
 
-def library_key(cfg: ModelConfig, backend: str, fingerprint: str,
-                plain_pipeline: bool | None = None) -> LibraryKey:
+def library_key(
+    cfg: ModelConfig, backend: str, fingerprint: str, plain_pipeline: bool | None = None
+) -> LibraryKey:
     """The key of ``cfg`` compiled for ``backend`` / ``fingerprint`` (``plain_pipeline``: with TVM's
     stock pipeline; default: as LLMCHAT_TVM_PIPELINE says)."""
     import tvm
 
     model = hashlib.sha256(json.dumps(cfg.code_key(), sort_keys=True, default=str).encode()).hexdigest()
     plain = _plain_pipeline() if plain_pipeline is None else plain_pipeline
-    return LibraryKey(model=model[:32], quantization=cfg.quantization, backend=backend, device=fingerprint,
-                      host_cpu=_host_level(backend, fingerprint), tvm=str(tvm.__version__),
-                      engine=ENGINE_VERSION, source=_source_digest()[:32],
-                      pipeline="tvm-default" if plain else "llmchat",
-                      switches=tuple(sorted(_kernel_switches().items())))
+    return LibraryKey(
+        model=model[:32],
+        quantization=cfg.quantization,
+        backend=backend,
+        device=fingerprint,
+        host_cpu=_host_level(backend, fingerprint),
+        tvm=str(tvm.__version__),
+        engine=ENGINE_VERSION,
+        source=_source_digest()[:32],
+        pipeline="tvm-default" if plain else "llmchat",
+        switches=tuple(sorted(_kernel_switches().items())),
+    )
 
 
 def cache_key(cfg: ModelConfig, backend: str, fingerprint: str, plain_pipeline: bool | None = None) -> str:
@@ -426,8 +481,14 @@ def param_list(named_params: list[tuple[str, Any]]) -> list[dict[str, Any]]:
 
 
 #: environment switches that change the generated kernels (pipelines/gpu.py and cpu.py read them)
-KERNEL_SWITCHES = ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION", "LLMCHAT_WGSL_GEMM",
-                   "LLMCHAT_WGSL_ATTENTION", "LLMCHAT_CPU_GEMM")
+KERNEL_SWITCHES = (
+    "LLMCHAT_GPU_GEMV",
+    "LLMCHAT_CUDA_GEMM",
+    "LLMCHAT_CUDA_ATTENTION",
+    "LLMCHAT_WGSL_GEMM",
+    "LLMCHAT_WGSL_ATTENTION",
+    "LLMCHAT_CPU_GEMM",
+)
 
 
 def _kernel_switches() -> dict[str, str]:
@@ -454,8 +515,11 @@ def _pass_config(target: Any) -> dict[str, Any]:
 
 
 _BITCODE_DIRS = (
-    "/opt/rocm/amdgcn/bitcode", "/opt/rocm/lib/llvm/lib/clang/*/lib/amdgcn/bitcode",
-    "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode", "/usr/lib/amdgcn/bitcode", "/usr/share/amdgcn/bitcode",
+    "/opt/rocm/amdgcn/bitcode",
+    "/opt/rocm/lib/llvm/lib/clang/*/lib/amdgcn/bitcode",
+    "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+    "/usr/lib/amdgcn/bitcode",
+    "/usr/share/amdgcn/bitcode",
 )
 
 
@@ -487,12 +551,20 @@ def rocm_toolchain() -> Any:
     env: dict[str, str] = {}
     rocm = os.environ.get("ROCM_PATH")
     if not (rocm and os.path.isdir(os.path.join(rocm, "amdgcn", "bitcode"))):
-        bitcode = next((p for pat in _BITCODE_DIRS for p in sorted(glob.glob(pat))
-                        if os.path.isfile(os.path.join(p, "ocml.bc"))), None)
+        bitcode = next(
+            (
+                p
+                for pat in _BITCODE_DIRS
+                for p in sorted(glob.glob(pat))
+                if os.path.isfile(os.path.join(p, "ocml.bc"))
+            ),
+            None,
+        )
         if bitcode is None:
             raise LlmchatError(
                 "Compiling for ROCm needs AMD's device bitcode libraries (ocml.bc, ockl.bc).",
-                "install ROCm, or the `rocm-device-libs` package, or set ROCM_PATH")
+                "install ROCm, or the `rocm-device-libs` package, or set ROCM_PATH",
+            )
         link = shim / "rocm" / "amdgcn" / "bitcode"
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.exists():
@@ -500,8 +572,10 @@ def rocm_toolchain() -> Any:
         env["ROCM_PATH"] = str(shim / "rocm")
     lld = None if shutil.which("ld.lld-22") else _newest_lld()
     if lld is None and not (shutil.which("ld.lld-22") or shutil.which("ld.lld")):
-        raise LlmchatError("Compiling for ROCm needs the LLVM linker ld.lld (version 17 or newer).",
-                           "install lld (e.g. `apt install lld-19`) or ROCm")
+        raise LlmchatError(
+            "Compiling for ROCm needs the LLVM linker ld.lld (version 17 or newer).",
+            "install lld (e.g. `apt install lld-19`) or ROCm",
+        )
     if lld is not None:
         bindir = shim / "bin"
         bindir.mkdir(parents=True, exist_ok=True)
@@ -577,15 +651,19 @@ def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: Progr
 
     if isinstance(pipeline, str) and pipeline == "default":
         mod = _without_device_argmax(mod)
-    with _build_hooks(target), _scratch_tempdir(), \
-            tvm.transform.PassContext(opt_level=3, config=_pass_config(target)):
+    with (
+        _build_hooks(target),
+        _scratch_tempdir(),
+        tvm.transform.PassContext(opt_level=3, config=_pass_config(target)),
+    ):
         executable = tvm.compile(mod, target, relax_pipeline=pipeline)
         if progress:
             progress(ProgressEvent("compile", "writing the library", 2, 3))
         try:
             out_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{out_path.stem}.{os.getpid()}.", suffix=".so.tmp",
-                                       dir=out_path.parent)
+            fd, tmp = tempfile.mkstemp(
+                prefix=f"{out_path.stem}.{os.getpid()}.", suffix=".so.tmp", dir=out_path.parent
+            )
             os.close(fd)
         except OSError as err:
             raise cache_write_error(out_path.parent, err) from err
@@ -613,9 +691,14 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
-                    progress: ProgressCallback | None = None,
-                    device_label: str | None = None, report_pipeline: bool = False) -> Any:
+def compile_library(
+    cfg: ModelConfig,
+    target: Any,
+    out_path: Path,
+    progress: ProgressCallback | None = None,
+    device_label: str | None = None,
+    report_pipeline: bool = False,
+) -> Any:
     """Compile ``cfg`` for ``target`` into the shared library ``out_path`` (atomic); the parameter
     list (with ``report_pipeline``: ``(params, stock)``, ``stock`` True when TVM's stock pipeline
     stood in for llmchat's failing schedules).
@@ -633,18 +716,22 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
         name = {"vulkan": "Vulkan (SPIR-V)", "rocm": "ROCm", "metal": "Metal", "cuda": "CUDA"}.get(kind, kind)
         raise LlmchatError(
             f"The installed TVM has no {name} code generator, so it cannot build a model library for {kind}.",
-            "use --device cpu or --device auto (`llmchat doctor` says what this machine can run)")
+            "use --device cpu or --device auto (`llmchat doctor` says what this machine can run)",
+        )
     if progress:
         where = device_label or ("cpu" if kind == "llvm" else "vulkan" if kind == "webgpu" else kind)
-        progress(ProgressEvent("compile", f"compiling for {where} ({cfg.model_type}, {cfg.quantization}) …",
-                               0, 3))
+        progress(
+            ProgressEvent("compile", f"compiling for {where} ({cfg.model_type}, {cfg.quantization}) …", 0, 3)
+        )
     try:
         mod, named_params = export_model(cfg, target)
     except LlmchatError:
         raise
     except Exception as err:
-        raise LlmchatError(f"Building the {cfg.model_type} model failed: {type(err).__name__}: {err}",
-                           "report this with the message above") from err
+        raise LlmchatError(
+            f"Building the {cfg.model_type} model failed: {type(err).__name__}: {err}",
+            "report this with the message above",
+        ) from err
     if progress:
         progress(ProgressEvent("compile", "generating kernels", 1, 3))
     stock = _plain_pipeline()
@@ -655,12 +742,21 @@ def compile_library(cfg: ModelConfig, target: Any, out_path: Path,
     except Exception as err:  # TVM raises many types; the user gets one clear message
         first = f"{type(err).__name__}: {str(err).strip()[:2000]}"
         if _plain_pipeline():
-            raise LlmchatError(f"Compiling the model for {kind} failed: {first}",
-                               "run with --device cpu, or report this with the message above") from err
+            raise LlmchatError(
+                f"Compiling the model for {kind} failed: {first}",
+                "run with --device cpu, or report this with the message above",
+            ) from err
         # llmchat's kernel schedules failed: TVM's stock pipeline gives slower but working code
         if progress:
-            progress(ProgressEvent("compile", f"llmchat's schedules failed ({first[:200]}); "
-                                   "retrying with TVM's stock pipeline (slower code)", 1, 3))
+            progress(
+                ProgressEvent(
+                    "compile",
+                    f"llmchat's schedules failed ({first[:200]}); "
+                    "retrying with TVM's stock pipeline (slower code)",
+                    1,
+                    3,
+                )
+            )
         stock = True
         try:
             _build(mod, target, "default", out_path, progress)
@@ -693,8 +789,9 @@ def compute_dtype_for(cfg: ModelConfig, backend: str) -> str | None:
     forced = os.environ.get("LLMCHAT_COMPUTE_DTYPE", "").strip()
     if forced:
         if forced not in ("float16", "float32"):
-            raise LlmchatError(f"LLMCHAT_COMPUTE_DTYPE={forced!r} is not float16 or float32.",
-                               "unset it or use one of those")
+            raise LlmchatError(
+                f"LLMCHAT_COMPUTE_DTYPE={forced!r} is not float16 or float32.", "unset it or use one of those"
+            )
         return forced
     if backend == "cpu" and cfg.model_dtype == "float16":
         return "float32"
@@ -718,14 +815,16 @@ def _cached_entry(lib: Path, meta_path: Path) -> CompiledModel | None:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if lib.stat().st_size != int(meta["size"]) or file_digest(lib) != meta["sha256"]:
             return None
-        return CompiledModel(lib, meta["params"], meta["target"], meta["compute_dtype"],
-                             meta.get("origin", "compiled"))
+        return CompiledModel(
+            lib, meta["params"], meta["target"], meta["compute_dtype"], meta.get("origin", "compiled")
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _known_fallback(cfg: ModelConfig, device: DeviceSpec, key: str,
-                    fallback_key: str) -> CompiledModel | None:
+def _known_fallback(
+    cfg: ModelConfig, device: DeviceSpec, key: str, fallback_key: str
+) -> CompiledModel | None:
     """The stock-pipeline library cached when llmchat's schedules failed for exactly these sources
     (``key``): the failure would repeat, so a start does not pay for it again."""
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{fallback_key}"
@@ -757,8 +856,9 @@ def without_f16_storage(cfg: ModelConfig, fingerprint: str) -> ModelConfig:
     if not fingerprint.startswith("wgsl-f32"):
         return cfg
     formats = {k: F32_TWINS.get(v, v) for k, v in cfg.tensor_formats.items()}
-    return dataclasses.replace(cfg, quantization=F32_TWINS.get(cfg.quantization, cfg.quantization),
-                               tensor_formats=formats)
+    return dataclasses.replace(
+        cfg, quantization=F32_TWINS.get(cfg.quantization, cfg.quantization), tensor_formats=formats
+    )
 
 
 @dataclass(frozen=True)
@@ -776,15 +876,17 @@ class LibrarySlot:
         return self.lib.stem.rsplit("-", 1)[-1]
 
 
-def library_slot(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
-                 plain_pipeline: bool | None = None) -> LibrarySlot:
+def library_slot(
+    cfg: ModelConfig, device: DeviceSpec, arch: str | None = None, plain_pipeline: bool | None = None
+) -> LibrarySlot:
     """The cache slot of ``cfg`` on ``device`` (``arch``: a GPU architecture, WGSL profile or CPU
     level that is not this machine's)."""
     fingerprint = device_fingerprint(device, arch)
     if device.backend == "vulkan":
         cfg = without_f16_storage(cfg, fingerprint)
-    cfg = dataclasses.replace(cfg, compute_dtype=compute_dtype_for(cfg, device.backend),
-                              word_storage=device.backend == "vulkan")
+    cfg = dataclasses.replace(
+        cfg, compute_dtype=compute_dtype_for(cfg, device.backend), word_storage=device.backend == "vulkan"
+    )
     key = library_key(cfg, device.backend, fingerprint, plain_pipeline)
     base = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{key.digest()}"
     return LibrarySlot(cfg, key, base.with_suffix(".so"), base.with_suffix(".json"))
@@ -798,8 +900,11 @@ def cached_library(slot: LibrarySlot, progress: ProgressCallback | None = None) 
     if found is not None:
         return found
     if progress:
-        progress(ProgressEvent("compile", f"the cached library {slot.lib.name} is damaged or incomplete: "
-                               "rebuilding it", 0, 3))
+        progress(
+            ProgressEvent(
+                "compile", f"the cached library {slot.lib.name} is damaged or incomplete: rebuilding it", 0, 3
+            )
+        )
     drop_library(slot)
     return None
 
@@ -818,16 +923,22 @@ def install_library(slot: LibrarySlot, built: Path, meta: dict[str, Any]) -> Com
         _write_json_atomic(slot.meta, meta)
     except OSError as err:
         raise cache_write_error(libs_dir(), err) from err
-    return CompiledModel(slot.lib, meta["params"], meta["target"], meta["compute_dtype"],
-                         meta.get("origin", "compiled"))
+    return CompiledModel(
+        slot.lib, meta["params"], meta["target"], meta["compute_dtype"], meta.get("origin", "compiled")
+    )
 
 
 #: asked on a cache miss before compiling: a verified prebuilt library installed in the slot, or None
 Fetcher = Callable[[LibrarySlot], "CompiledModel | None"]
 
 
-def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
-                progress: ProgressCallback | None = None, fetch: Fetcher | None = None) -> CompiledModel:
+def get_library(
+    cfg: ModelConfig,
+    device: DeviceSpec,
+    arch: str | None = None,
+    progress: ProgressCallback | None = None,
+    fetch: Fetcher | None = None,
+) -> CompiledModel:
     """The cached library for ``cfg`` on ``device``, compiling it first if needed (also when the
     cached one fails its size/checksum check); ``fetch`` may install a prebuilt one instead."""
     slot = library_slot(cfg, device, arch)
@@ -842,9 +953,16 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
     known = None if _plain_pipeline() else _known_fallback(slot.cfg, device, slot.digest, fallback_key)
     if known is not None:
         if progress:
-            progress(ProgressEvent("compile", f"llmchat's schedules failed for this model before: using the "
-                                   f"cached library of TVM's stock pipeline (slower; delete "
-                                   f"{known.lib_path.name} to try the schedules again)", 3, 3))
+            progress(
+                ProgressEvent(
+                    "compile",
+                    f"llmchat's schedules failed for this model before: using the "
+                    f"cached library of TVM's stock pipeline (slower; delete "
+                    f"{known.lib_path.name} to try the schedules again)",
+                    3,
+                    3,
+                )
+            )
         return known
     try:  # a cache that cannot take the library fails now, not after minutes of compiling
         libs_dir().mkdir(parents=True, exist_ok=True)
@@ -855,16 +973,18 @@ def get_library(cfg: ModelConfig, device: DeviceSpec, arch: str | None = None,
     return compile_into(slot, device, arch, progress)
 
 
-def compile_into(slot: LibrarySlot, device: DeviceSpec, arch: str | None = None,
-                 progress: ProgressCallback | None = None) -> CompiledModel:
+def compile_into(
+    slot: LibrarySlot, device: DeviceSpec, arch: str | None = None, progress: ProgressCallback | None = None
+) -> CompiledModel:
     """Compile the slot's library here and cache it."""
     cfg, lib, meta_path = slot.cfg, slot.lib, slot.meta
     key = slot.digest
     target = make_target(device, arch)
     t0 = time.monotonic()
     fallback_key = library_key(cfg, device.backend, slot.key.device, plain_pipeline=True).digest()
-    params, stock = compile_library(cfg, target, lib, progress, device_label=str(device),
-                                    report_pipeline=True)
+    params, stock = compile_library(
+        cfg, target, lib, progress, device_label=str(device), report_pipeline=True
+    )
     normal_key = key
     if stock and not _plain_pipeline():
         # TVM's stock pipeline stood in for llmchat's schedules: that slower library is cached under
@@ -873,12 +993,20 @@ def compile_into(slot: LibrarySlot, device: DeviceSpec, arch: str | None = None,
         fallback = libs_dir() / f"{cfg.model_type}-{cfg.quantization}-{device.backend}-{fallback_key}"
         os.replace(lib, fallback.with_suffix(".so"))
         lib, meta_path, key = fallback.with_suffix(".so"), fallback.with_suffix(".json"), fallback_key
-    meta = {"params": params, "target": str(target), "compute_dtype": cfg.activation_dtype, "key": key,
-            "compile_s": round(time.monotonic() - t0, 2), "model": cfg.code_key(),
-            "pipeline": "tvm-default" if stock else "llmchat", "origin": "compiled",
-            # the schedules failed for these sources: later starts take this library at once
-            **({"schedules_failed_for": normal_key} if stock and not _plain_pipeline() else {}),
-            "size": lib.stat().st_size, "sha256": file_digest(lib)}
+    meta = {
+        "params": params,
+        "target": str(target),
+        "compute_dtype": cfg.activation_dtype,
+        "key": key,
+        "compile_s": round(time.monotonic() - t0, 2),
+        "model": cfg.code_key(),
+        "pipeline": "tvm-default" if stock else "llmchat",
+        "origin": "compiled",
+        # the schedules failed for these sources: later starts take this library at once
+        **({"schedules_failed_for": normal_key} if stock and not _plain_pipeline() else {}),
+        "size": lib.stat().st_size,
+        "sha256": file_digest(lib),
+    }
     try:
         _write_json_atomic(meta_path, meta)
     except OSError as err:
@@ -903,8 +1031,11 @@ def cache_write_error(where: Path, err: OSError) -> LlmchatError:
     """The message for a compile cache that cannot be written (full, read-only, not a directory)."""
     from app.errors import os_error
 
-    return os_error(err, f"Cannot write the compiled model library to {where}",
-                    "free some disk space, or point LLMCHAT_CACHE_DIR at a writable directory")
+    return os_error(
+        err,
+        f"Cannot write the compiled model library to {where}",
+        "free some disk space, or point LLMCHAT_CACHE_DIR at a writable directory",
+    )
 
 
 def parameter_specs(cfg: ModelConfig) -> list[dict[str, Any]]:

@@ -104,30 +104,47 @@ class ModelConfig:
         heads = count("model_config.num_attention_heads", need("num_attention_heads"))
         kv_heads = count("model_config.num_key_value_heads", _first(mc.get("num_key_value_heads"), heads))
         if mc.get("head_dim") is None and hidden % heads:
-            raise LlmchatError(f"{source}: model_config.hidden_size {hidden} is not a multiple of "
-                               f"num_attention_heads {heads} (head_dim = hidden_size / heads).",
-                               "download the model again")
+            raise LlmchatError(
+                f"{source}: model_config.hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads} (head_dim = hidden_size / heads).",
+                "download the model again",
+            )
         head_dim = count("model_config.head_dim", _first(mc.get("head_dim"), hidden // heads))
         if head_dim % 2:
-            raise LlmchatError(f"{source}: model_config.head_dim {head_dim} is odd (RoPE rotates pairs).",
-                               "download the model again")
+            raise LlmchatError(
+                f"{source}: model_config.head_dim {head_dim} is odd (RoPE rotates pairs).",
+                "download the model again",
+            )
         layers = count("model_config.num_hidden_layers", need("num_hidden_layers"))
         inter = count("model_config.intermediate_size", need("intermediate_size"))
         vocab = count("vocab_size", _first(data.get("vocab_size"), need("vocab_size")))
-        eps = _positive_float(source, "model_config.rms_norm_eps",
-                              _first(mc.get("rms_norm_eps"), mc.get("layer_norm_epsilon"), 1e-6), upper=1.0)
-        theta = _positive_float(source, "model_config.rope_theta", _first(
-            mc.get("position_embedding_base"), mc.get("rope_theta"), data.get("rope_theta"), 10000.0))
-        ctx_candidates = (("context_window_size", data.get("context_window_size")),
-                          ("model_config.context_window_size", mc.get("context_window_size")),
-                          ("model_config.max_position_embeddings", mc.get("max_position_embeddings")))
-        ctx_field, ctx_value = next(((name, value) for name, value in ctx_candidates
-                                     if value is not None and value != -1), ("context_window_size", None))
+        eps = _positive_float(
+            source,
+            "model_config.rms_norm_eps",
+            _first(mc.get("rms_norm_eps"), mc.get("layer_norm_epsilon"), 1e-6),
+            upper=1.0,
+        )
+        theta = _positive_float(
+            source,
+            "model_config.rope_theta",
+            _first(mc.get("position_embedding_base"), mc.get("rope_theta"), data.get("rope_theta"), 10000.0),
+        )
+        ctx_candidates = (
+            ("context_window_size", data.get("context_window_size")),
+            ("model_config.context_window_size", mc.get("context_window_size")),
+            ("model_config.max_position_embeddings", mc.get("max_position_embeddings")),
+        )
+        ctx_field, ctx_value = next(
+            ((name, value) for name, value in ctx_candidates if value is not None and value != -1),
+            ("context_window_size", None),
+        )
         if ctx_value is None:
             raise LlmchatError(f"{source}: context_window_size is missing.", "download the model again")
         ctx = count(ctx_field, ctx_value)
-        chunk = count("prefill_chunk_size",
-                      _first(data.get("prefill_chunk_size"), mc.get("prefill_chunk_size"), min(ctx, 2048)))
+        chunk = count(
+            "prefill_chunk_size",
+            _first(data.get("prefill_chunk_size"), mc.get("prefill_chunk_size"), min(ctx, 2048)),
+        )
         if heads % kv_heads:
             raise LlmchatError(
                 f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}.",
@@ -135,8 +152,10 @@ class ModelConfig:
             )
         rope_scaling = _rope_scaling(mc.get("rope_scaling"), source)
         eos = data.get("eos_token_id")
-        eos_ids = [_token_id(source, "eos_token_id", e, vocab)
-                   for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])]
+        eos_ids = [
+            _token_id(source, "eos_token_id", e, vocab)
+            for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])
+        ]
         bos = data.get("bos_token_id")
         bos_id = None if bos is None else _token_id(source, "bos_token_id", bos, vocab)
         conv = data.get("conv_template")
@@ -144,8 +163,10 @@ class ModelConfig:
             for key in ("stop_token_ids", "system_prefix_token_ids"):
                 ids = conv.get(key) or []
                 if not isinstance(ids, list):
-                    raise LlmchatError(f"{source}: conv_template.{key} must be a list of token ids.",
-                                       "download the model again")
+                    raise LlmchatError(
+                        f"{source}: conv_template.{key} must be a list of token ids.",
+                        "download the model again",
+                    )
                 for i in ids:
                     _token_id(source, f"conv_template.{key}", i, vocab)
         tensor_formats = data.get("tensor_formats") or {}
@@ -245,11 +266,15 @@ def _positive_int(source: str, name: str, value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise LlmchatError(f"{source}: {name} must be a positive whole number, not {value!r}.",
-                           "download the model again (or fix that field)")
+        raise LlmchatError(
+            f"{source}: {name} must be a positive whole number, not {value!r}.",
+            "download the model again (or fix that field)",
+        )
     if value <= 0 or value >= 1 << 31:
-        raise LlmchatError(f"{source}: {name} is {value}; it must be a positive count below 2**31.",
-                           "download the model again (or fix that field)")
+        raise LlmchatError(
+            f"{source}: {name} is {value}; it must be a positive count below 2**31.",
+            "download the model again (or fix that field)",
+        )
     return value
 
 
@@ -257,19 +282,28 @@ def _positive_float(source: str, name: str, value: Any, upper: float | None = No
     """``value`` as a positive finite number (below ``upper``), else LlmchatError naming the field."""
     import math
 
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0 or (upper is not None and value >= upper):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+        or (upper is not None and value >= upper)
+    ):
         bound = f" below {upper}" if upper is not None else ""
-        raise LlmchatError(f"{source}: {name} must be a positive number{bound}, not {value!r}.",
-                           "download the model again (or fix that field)")
+        raise LlmchatError(
+            f"{source}: {name} must be a positive number{bound}, not {value!r}.",
+            "download the model again (or fix that field)",
+        )
     return float(value)
 
 
 def _token_id(source: str, name: str, value: Any, vocab: int) -> int:
     """A token id within the vocabulary, else LlmchatError naming the field."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
-        raise LlmchatError(f"{source}: {name} {value!r} is not a token id of the {vocab}-token vocabulary.",
-                           "download the model again (or fix that field)")
+        raise LlmchatError(
+            f"{source}: {name} {value!r} is not a token id of the {vocab}-token vocabulary.",
+            "download the model again (or fix that field)",
+        )
     return value
 
 
@@ -279,7 +313,8 @@ def check_tokenizer_fits(cfg: ModelConfig, tokenizer_size: int, source: str) -> 
         raise LlmchatError(
             f"{source}: the tokenizer has {tokenizer_size} tokens but the model's vocabulary "
             f"(vocab_size) only {cfg.vocab_size}; its extra tokens would read past the embedding table.",
-            "use the tokenizer that belongs to this model (download or import it again)")
+            "use the tokenizer that belongs to this model (download or import it again)",
+        )
 
 
 def _rope_scaling(value: Any, source: str) -> dict[str, Any] | None:
@@ -305,5 +340,6 @@ def _rope_scaling(value: Any, source: str) -> dict[str, Any] | None:
             "original_max_position_embeddings": int(value["original_max_position_embeddings"]),
         }
     except (KeyError, TypeError, ValueError) as err:
-        raise LlmchatError(f"{source}: llama3 rope_scaling is incomplete ({err}).",
-                           "download the model again") from err
+        raise LlmchatError(
+            f"{source}: llama3 rope_scaling is incomplete ({err}).", "download the model again"
+        ) from err

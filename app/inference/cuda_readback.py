@@ -26,10 +26,13 @@ class PinnedReadback:
         self.capacity = capacity
         self._host = ctypes.c_void_p()
         self._event = ctypes.c_void_p()
-        self._check(cudart.cudaHostAlloc(ctypes.byref(self._host), ctypes.c_size_t(4 * capacity), 0),
-                    "cudaHostAlloc")
-        self._check(cudart.cudaEventCreateWithFlags(ctypes.byref(self._event), _DISABLE_TIMING),
-                    "cudaEventCreateWithFlags")
+        self._check(
+            cudart.cudaHostAlloc(ctypes.byref(self._host), ctypes.c_size_t(4 * capacity), 0), "cudaHostAlloc"
+        )
+        self._check(
+            cudart.cudaEventCreateWithFlags(ctypes.byref(self._event), _DISABLE_TIMING),
+            "cudaEventCreateWithFlags",
+        )
         self._count = 0
 
     @staticmethod
@@ -43,8 +46,10 @@ class PinnedReadback:
         if count > self.capacity:
             raise ValueError(f"{count} values do not fit the {self.capacity} of this buffer")
         src = ctypes.c_void_p(device_tensor.data_ptr())
-        self._check(self._rt.cudaMemcpyAsync(self._host, src, ctypes.c_size_t(4 * count),
-                                             _DEVICE_TO_HOST, None), "cudaMemcpyAsync")
+        self._check(
+            self._rt.cudaMemcpyAsync(self._host, src, ctypes.c_size_t(4 * count), _DEVICE_TO_HOST, None),
+            "cudaMemcpyAsync",
+        )
         self._check(self._rt.cudaEventRecord(self._event, None), "cudaEventRecord")
         self._count = count
 
@@ -79,8 +84,10 @@ class StepFence:
     def __init__(self, cudart: Any) -> None:
         self._rt = cudart
         self._event = ctypes.c_void_p()
-        PinnedReadback._check(cudart.cudaEventCreateWithFlags(ctypes.byref(self._event), _DISABLE_TIMING),
-                              "cudaEventCreateWithFlags")
+        PinnedReadback._check(
+            cudart.cudaEventCreateWithFlags(ctypes.byref(self._event), _DISABLE_TIMING),
+            "cudaEventCreateWithFlags",
+        )
         self._marked = False
 
     def mark(self) -> None:

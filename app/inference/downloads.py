@@ -140,8 +140,13 @@ class _Hashes:
     """The digests a file is checked against while it streams in: md5 from tensor-cache.json,
     sha256 (LFS files) or the git blob id (other files) from the Hub's listing."""
 
-    def __init__(self, remote: RemoteFile, expected: str | None, algorithm: str = "md5",
-                 source: str = "tensor-cache.json") -> None:
+    def __init__(
+        self,
+        remote: RemoteFile,
+        expected: str | None,
+        algorithm: str = "md5",
+        source: str = "tensor-cache.json",
+    ) -> None:
         self.size = remote.size
         self.checks: list[tuple[str, str, str]] = []  # (algorithm, who says so, expected hex)
         if expected:  # md5 from tensor-cache.json (shards), sha256 from a bundle's manifest (libraries)
@@ -662,8 +667,11 @@ def _check_local_model(model_id: str, progress: ProgressCallback | None) -> Path
     if problem is None:
         _say(progress, f"{model_id}: installed, every file checked")
         return installed
-    raise LlmchatError(f"{model_id} is damaged: {problem} (it was not downloaded by llmchat, so "
-                       "`llmchat download` cannot fetch its files)", repair_fix(installed))
+    raise LlmchatError(
+        f"{model_id} is damaged: {problem} (it was not downloaded by llmchat, so "
+        "`llmchat download` cannot fetch its files)",
+        repair_fix(installed),
+    )
 
 
 def _say(progress: ProgressCallback | None, message: str) -> None:
@@ -704,7 +712,8 @@ def _pending(staging: Path, ordered: list[RemoteFile]) -> list[RemoteFile]:
                     md5s = {}
             checks = _Hashes(remote, (md5s or {}).get(remote.name)).checks
             whole = (remote.size is None or final.stat().st_size == remote.size) and all(
-                verifier.matches(final, algo, want) for algo, _, want in checks)
+                verifier.matches(final, algo, want) for algo, _, want in checks
+            )
             if not whole:
                 final.unlink()
                 pending.append(remote)
@@ -871,8 +880,10 @@ def _download_model(
             )
 
         tracker = _Progress(progress, total, done, entry.id)
-        start = (f"{entry.id}: downloading {len(pending)} of {plural(len(files), 'file')}, "
-                 f"{_format_bytes(total)} from {repo}")
+        start = (
+            f"{entry.id}: downloading {len(pending)} of {plural(len(files), 'file')}, "
+            f"{_format_bytes(total)} from {repo}"
+        )
         tracker.emit(message=start)
         _fetch_all(repo, commit, pending, staging, tracker, cancel)
         md5s, cache_name = _md5_table(staging)
@@ -893,8 +904,9 @@ def _download_model(
                 "the repo itself is broken or in a format llmchat cannot read)",
                 "report it to the repo's owner, or pick another repo (`llmchat models` lists the catalog)",
             ) from None
-        manifest.update({"files": {f.name: f.record() for f in files}, "libs": libs,
-                         "downloaded_at": time.time()})
+        manifest.update(
+            {"files": {f.name: f.record() for f in files}, "libs": libs, "downloaded_at": time.time()}
+        )
         manifest_path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         (staging / ".lock").unlink(missing_ok=True)
         try:
@@ -932,5 +944,14 @@ def fetch_verified(
         final = staging.joinpath(*safe_relative_path(remote.name).parts)
         if final.is_file() and (remote.size is None or final.stat().st_size == remote.size):
             continue  # complete in an earlier run (verified again by the caller)
-        _fetch_file(repo, commit, remote, staging, sha256.get(remote.name), tracker, cancel,
-                    algorithm="sha256", checksum_source=checksum_source)
+        _fetch_file(
+            repo,
+            commit,
+            remote,
+            staging,
+            sha256.get(remote.name),
+            tracker,
+            cancel,
+            algorithm="sha256",
+            checksum_source=checksum_source,
+        )

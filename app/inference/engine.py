@@ -41,8 +41,9 @@ class ContextLengthExceeded(LlmchatError):
     """A prompt that does not fit the context window (the server's 400 ``context_length_exceeded``)."""
 
     def __init__(self, prompt_tokens: int, context_window: int, fix: str) -> None:
-        super().__init__(f"The prompt is {prompt_tokens} tokens long; the context window holds "
-                         f"{context_window}.", fix)
+        super().__init__(
+            f"The prompt is {prompt_tokens} tokens long; the context window holds {context_window}.", fix
+        )
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window
 
@@ -56,8 +57,9 @@ def resolve_model_dir(model: str | Path) -> tuple[str, Path]:
     if installed.is_dir():
         return str(model), installed
     if path.exists() or "/" in str(model) or str(model).startswith("."):
-        raise LlmchatError(f"{model} is not a model directory.",
-                           "pass a directory containing mlc-chat-config.json")
+        raise LlmchatError(
+            f"{model} is not a model directory.", "pass a directory containing mlc-chat-config.json"
+        )
     raise LlmchatError(f"Model {model!r} is not installed.", f"llmchat download {model}")
 
 
@@ -75,16 +77,24 @@ def _too_long_fix(tokens: int, ctx: int, model_max: int) -> str:
     fix = f"shorten the message (by {tokens - ctx + 1} tokens or more) or the system prompt (/system clear)"
     if model_max > ctx:
         larger = min(model_max, 1 << (tokens - 1).bit_length())
-        fix += (f"; or start llmchat again with a larger window: `--context-window {larger}` "
-                f"(the model takes up to {model_max:,} tokens; `llmchat ask` has the same option)")
+        fix += (
+            f"; or start llmchat again with a larger window: `--context-window {larger}` "
+            f"(the model takes up to {model_max:,} tokens; `llmchat ask` has the same option)"
+        )
     return fix
 
 
 class TVMEngine(ConversationState):
     """A compiled model, its weights and one conversation (implements ``app.inference.api.Engine``)."""
 
-    def __init__(self, info: EngineInfo, config: ModelConfig, runtime: ModelRuntime, tokenizer: object,
-                 formatter: object) -> None:
+    def __init__(
+        self,
+        info: EngineInfo,
+        config: ModelConfig,
+        runtime: ModelRuntime,
+        tokenizer: object,
+        formatter: object,
+    ) -> None:
         self.info = info
         self.config = config
         self.runtime = runtime
@@ -162,7 +172,9 @@ class TVMEngine(ConversationState):
             ids = self._encode(self._messages(history))
         if len(ids) >= ctx:
             raise ContextLengthExceeded(
-                len(ids), ctx, _too_long_fix(len(ids), ctx, self.config.context_window_size),
+                len(ids),
+                ctx,
+                _too_long_fix(len(ids), ctx, self.config.context_window_size),
             )
         return ids, history, dropped
 
@@ -180,8 +192,10 @@ class TVMEngine(ConversationState):
     def chat(self, user_message: str, params: SamplingParams | None = None) -> Iterator[ChatEvent]:
         params = params or SamplingParams()
         if self.tokenizer is None or self.formatter is None:
-            raise LlmchatError("This engine has no tokenizer or chat template (random weights).",
-                               "use generate() with token ids, or load a real model")
+            raise LlmchatError(
+                "This engine has no tokenizer or chat template (random weights).",
+                "use generate() with token ids, or load a real model",
+            )
         if not self._lock.acquire(blocking=False):
             raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
         try:
@@ -196,9 +210,15 @@ class TVMEngine(ConversationState):
             result = GenerationResult()
             try:
                 yield from generate(
-                    self.runtime, new_ids, params, kv_ids=self._kv_ids, cancel=self._cancel,
-                    tokenizer=self.tokenizer, stop_token_ids=self.stop_token_ids,
-                    stop_strings=self.stop_strings, result=result,
+                    self.runtime,
+                    new_ids,
+                    params,
+                    kv_ids=self._kv_ids,
+                    cancel=self._cancel,
+                    tokenizer=self.tokenizer,
+                    stop_token_ids=self.stop_token_ids,
+                    stop_strings=self.stop_strings,
+                    result=result,
                 )
             except Exception:
                 self._clear_kv()  # the KV state may be partly written: rebuild it next time
@@ -215,12 +235,14 @@ class TVMEngine(ConversationState):
     def count_prompt_tokens(self, messages: list[Message]) -> int:
         """Tokens of ``messages`` rendered with the chat template (with the assistant's cue)."""
         if self.tokenizer is None or self.formatter is None:
-            raise LlmchatError("This engine has no tokenizer or chat template (random weights).",
-                               "load a real model")
+            raise LlmchatError(
+                "This engine has no tokenizer or chat template (random weights).", "load a real model"
+            )
         return len(self._encode(list(messages)))
 
-    def complete(self, messages: list[Message], params: SamplingParams, *,
-                 cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+    def complete(
+        self, messages: list[Message], params: SamplingParams, *, cancel: threading.Event | None = None
+    ) -> Iterator[ChatEvent]:
         """One reply to a whole conversation given by the caller (``llmchat serve``).
 
         Nothing is dropped to make it fit: a prompt beyond the context window raises
@@ -229,8 +251,9 @@ class TVMEngine(ConversationState):
         resends its growing conversation only prefills the new turns. ``cancel`` (default: the
         one ``cancel()`` sets) stops it within one decode step."""
         if self.tokenizer is None or self.formatter is None:
-            raise LlmchatError("This engine has no tokenizer or chat template (random weights).",
-                               "load a real model")
+            raise LlmchatError(
+                "This engine has no tokenizer or chat template (random weights).", "load a real model"
+            )
         if not self._lock.acquire(blocking=False):
             raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
         try:
@@ -245,9 +268,15 @@ class TVMEngine(ConversationState):
             result = GenerationResult()
             try:
                 yield from generate(
-                    self.runtime, new_ids, params, kv_ids=self._kv_ids, cancel=cancel,
-                    tokenizer=self.tokenizer, stop_token_ids=self.stop_token_ids,
-                    stop_strings=self.stop_strings, result=result,
+                    self.runtime,
+                    new_ids,
+                    params,
+                    kv_ids=self._kv_ids,
+                    cancel=cancel,
+                    tokenizer=self.tokenizer,
+                    stop_token_ids=self.stop_token_ids,
+                    stop_strings=self.stop_strings,
+                    result=result,
                 )
             except Exception:
                 self._clear_kv()  # the KV state may be partly written: rebuild it next time
@@ -259,8 +288,14 @@ class TVMEngine(ConversationState):
         finally:
             self._lock.release()
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, *, ignore_eos: bool = False,
-                 detokenize: bool = True) -> Iterator[ChatEvent]:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        ignore_eos: bool = False,
+        detokenize: bool = True,
+    ) -> Iterator[ChatEvent]:
         """Raw completion of ``prompt_ids`` from an empty KV cache; the conversation is kept (its KV
         state is rebuilt on the next ``chat``). ``ignore_eos``: run to ``max_tokens`` (benchmarks)."""
         if not prompt_ids:
@@ -268,7 +303,9 @@ class TVMEngine(ConversationState):
         if len(prompt_ids) >= self.runtime.context_window:
             raise LlmchatError(
                 f"The prompt is {len(prompt_ids)} tokens long; the context window holds "
-                f"{self.runtime.context_window}.", "use a shorter prompt")
+                f"{self.runtime.context_window}.",
+                "use a shorter prompt",
+            )
         if not self._lock.acquire(blocking=False):
             raise LlmchatError("The engine is already generating a reply.", "wait for it, or cancel it first")
         try:
@@ -276,10 +313,15 @@ class TVMEngine(ConversationState):
             self._clear_kv()
             result = GenerationResult()
             yield from generate(
-                self.runtime, list(prompt_ids), params, kv_ids=self._kv_ids, cancel=self._cancel,
+                self.runtime,
+                list(prompt_ids),
+                params,
+                kv_ids=self._kv_ids,
+                cancel=self._cancel,
                 tokenizer=self.tokenizer if detokenize else None,
                 stop_token_ids=() if ignore_eos else self.stop_token_ids,
-                stop_strings=() if ignore_eos else self.stop_strings, result=result,
+                stop_strings=() if ignore_eos else self.stop_strings,
+                result=result,
             )
             self.last_stats = result.stats
             self.session_stats.add(result.stats)
@@ -297,8 +339,9 @@ class TVMEngine(ConversationState):
             self.runtime = None
 
 
-def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per_token: int,
-                       memory_budget: int | None = None) -> int:
+def fit_context_window(
+    ctx: int, device: object, weight_bytes: int, kv_bytes_per_token: int, memory_budget: int | None = None
+) -> int:
     """Shrink a default context window so that weights + KV cache fit the GPU's memory.
 
     Uses 85 % of the device's memory (MLC's gpu_memory_utilization) less a 512 MiB workspace —
@@ -312,8 +355,11 @@ def fit_context_window(ctx: int, device: object, weight_bytes: int, kv_bytes_per
     except Exception as err:
         from app.debug_log import log
 
-        log.info("the GPU's memory size is unknown (context window not fitted to it): %s: %s",
-                 type(err).__name__, err)
+        log.info(
+            "the GPU's memory size is unknown (context window not fitted to it): %s: %s",
+            type(err).__name__,
+            err,
+        )
         return ctx
     if total <= 0:
         return ctx
@@ -365,12 +411,19 @@ def load_engine(
     check_tokenizer_fits(cfg, tokenizer.vocab_size, str(model_dir))
     formatter = ChatFormatter.from_model_dir(model_dir, cfg.raw)
     spec = resolve_device(device)
-    compiled = get_library(cfg, spec, arch=arch, progress=progress,
-                           fetch=prebuilt_libs.fetcher(model_id, model_dir, prebuilt, progress))
+    compiled = get_library(
+        cfg,
+        spec,
+        arch=arch,
+        progress=progress,
+        fetch=prebuilt_libs.fetcher(model_id, model_dir, prebuilt, progress),
+    )
 
     if context_window is not None and not int(context_window) >= 2:
-        raise LlmchatError(f"A context window of {context_window} tokens is too small.",
-                           "use at least 64 (or leave it out for the model's default)")
+        raise LlmchatError(
+            f"A context window of {context_window} tokens is too small.",
+            "use at least 64 (or leave it out for the model's default)",
+        )
     ctx = int(context_window) if context_window else min(cfg.context_window_size, DEFAULT_CONTEXT_CAP)
     if ctx < 2:
         raise LlmchatError(f"A context window of {ctx} tokens is too small.", "use at least 64")
@@ -386,17 +439,29 @@ def load_engine(
         if progress:
             progress(ProgressEvent("load", f"loading weights to {spec}", done, total))
 
-    params, weight_bytes = load_weights(model_dir, compiled.params, dev,
-                                        progress=on_load if progress else None)
+    params, weight_bytes = load_weights(
+        model_dir, compiled.params, dev, progress=on_load if progress else None
+    )
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * compiled.kv_itemsize
     if not context_window:
-        ctx = fit_context_window(ctx, dev, weight_bytes, kv_per_token,
-                                 _vulkan_memory_budget() if spec.backend == "vulkan" else None)
+        ctx = fit_context_window(
+            ctx,
+            dev,
+            weight_bytes,
+            kv_per_token,
+            _vulkan_memory_budget() if spec.backend == "vulkan" else None,
+        )
 
     def start(lib: CompiledModel) -> ModelRuntime:
         return ModelRuntime(
-            str(lib.lib_path), dev, params, hidden_size=cfg.hidden_size, model_dtype=lib.compute_dtype,
-            context_window=ctx, prefill_chunk=cfg.prefill_chunk_size, kv_bytes_per_token=kv_per_token,
+            str(lib.lib_path),
+            dev,
+            params,
+            hidden_size=cfg.hidden_size,
+            model_dtype=lib.compute_dtype,
+            context_window=ctx,
+            prefill_chunk=cfg.prefill_chunk_size,
+            kv_bytes_per_token=kv_per_token,
             weight_bytes=weight_bytes,
         )
 
@@ -408,17 +473,30 @@ def load_engine(
         # a prebuilt library that passed every check and still does not load is never used again
         drop_library(library_slot(cfg, spec, arch))
         if progress:
-            progress(ProgressEvent("compile", f"the prebuilt library failed to load ({type(err).__name__}: "
-                                   f"{str(err).strip()[:200]}): removed it, compiling here", None, None))
+            progress(
+                ProgressEvent(
+                    "compile",
+                    f"the prebuilt library failed to load ({type(err).__name__}: "
+                    f"{str(err).strip()[:200]}): removed it, compiling here",
+                    None,
+                    None,
+                )
+            )
         rebuilt = get_library(cfg, spec, arch=arch, progress=progress)
         if rebuilt.params != compiled.params:
-            params, weight_bytes = load_weights(model_dir, rebuilt.params, dev,
-                                                progress=on_load if progress else None)
+            params, weight_bytes = load_weights(
+                model_dir, rebuilt.params, dev, progress=on_load if progress else None
+            )
         compiled = rebuilt
         runtime = start(compiled)
     info = EngineInfo(
-        model_id=model_id, model_path=str(model_dir), backend=spec.backend, device=str(spec),
-        quantization=cfg.quantization_label, context_window=ctx, weight_bytes=weight_bytes,
+        model_id=model_id,
+        model_path=str(model_dir),
+        backend=spec.backend,
+        device=str(spec),
+        quantization=cfg.quantization_label,
+        context_window=ctx,
+        weight_bytes=weight_bytes,
     )
     return TVMEngine(info, cfg, runtime, tokenizer, formatter)
 

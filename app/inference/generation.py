@@ -48,8 +48,11 @@ class GreedyBatches:
         self.queued: deque[tuple[int, Callable[[], list[int]]]] = deque()  # queued, not read yet
         # two batches in flight where the runtime reads ids behind queued work (CUDA, Vulkan): the
         # host records batch k+1 while the GPU runs batch k
-        self.depth = 2 if (getattr(runtime, "reads_behind_queued_work", False)
-                           and self.max_steps <= PICKED_CAPACITY) else 1
+        self.depth = (
+            2
+            if (getattr(runtime, "reads_behind_queued_work", False) and self.max_steps <= PICKED_CAPACITY)
+            else 1
+        )
         self._t_batch = 0.0
 
     @property

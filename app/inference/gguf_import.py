@@ -75,8 +75,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def _check_name(name: str) -> str:
     if not _NAME_RE.match(name):
-        raise LlmchatError(f"{name!r} cannot be a model name.",
-                           "use up to 128 letters, digits, '-', '_' and '.', starting with a letter or digit")
+        raise LlmchatError(
+            f"{name!r} cannot be a model name.",
+            "use up to 128 letters, digits, '-', '_' and '.', starting with a letter or digit",
+        )
     return name
 
 
@@ -86,19 +88,25 @@ def _check_name(name: str) -> str:
 def _int(g: GGUFFile, key: str, default: int | None = None) -> int:
     value = g.arch_value(key, default)
     if value is None:
-        raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} is missing.",
-                           "use a GGUF converted by a recent llama.cpp")
+        raise LlmchatError(
+            f"{g.path}: metadata {g.architecture}.{key} is missing.",
+            "use a GGUF converted by a recent llama.cpp",
+        )
     if isinstance(value, (bool, str, bytes, list)) or not float(value).is_integer():
-        raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} must be a whole number, "
-                           f"not {value!r}.", "the file is damaged; convert it again with a recent llama.cpp")
+        raise LlmchatError(
+            f"{g.path}: metadata {g.architecture}.{key} must be a whole number, not {value!r}.",
+            "the file is damaged; convert it again with a recent llama.cpp",
+        )
     return int(value)
 
 
 def _float(g: GGUFFile, key: str, default: float) -> float:
     value = g.arch_value(key, default)
     if isinstance(value, (bool, str, bytes, list)) or value is None:
-        raise LlmchatError(f"{g.path}: metadata {g.architecture}.{key} must be a number, not {value!r}.",
-                           "the file is damaged; convert it again with a recent llama.cpp")
+        raise LlmchatError(
+            f"{g.path}: metadata {g.architecture}.{key} must be a number, not {value!r}.",
+            "the file is damaged; convert it again with a recent llama.cpp",
+        )
     return float(value)
 
 
@@ -122,8 +130,13 @@ def _llama3_rope_scaling(g: GGUFFile, head_dim: int, theta: float) -> dict[str, 
                 smooth = (original / wavelen - low) / (high - low)
                 expect.append(1 / ((1 - smooth) / factor + smooth))
         if len(expect) == factors.size and np.allclose(expect, factors, rtol=1e-3):
-            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                    "high_freq_factor": high, "original_max_position_embeddings": original}
+            return {
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low,
+                "high_freq_factor": high,
+                "original_max_position_embeddings": original,
+            }
     raise LlmchatError(
         f"{g.path}: its RoPE frequency factors (rope_freqs) are of a kind llmchat does not know.",
         "use a GGUF without RoPE scaling or with Llama-3.1-style scaling",
@@ -140,8 +153,10 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
     theta = _float(g, "rope.freq_base", 10000.0)
     scaling_type = str(g.arch_value("rope.scaling.type", "none") or "none")
     if scaling_type not in ("none", ""):
-        raise LlmchatError(f"{g.path}: RoPE scaling {scaling_type!r} is not supported.",
-                           "use a GGUF of the model without RoPE scaling")
+        raise LlmchatError(
+            f"{g.path}: RoPE scaling {scaling_type!r} is not supported.",
+            "use a GGUF of the model without RoPE scaling",
+        )
     ctx = _int(g, "context_length", 4096)
     vocab = g.tensors["token_embd.weight"].shape[0]
     mc: dict[str, Any] = {
@@ -298,8 +313,10 @@ def plan_groups(g: GGUFFile) -> list[_Group]:
 
     def need(name: str) -> GGUFTensor:
         if name not in t:
-            raise LlmchatError(f"{g.path}: tensor {name!r} is missing.",
-                               "the GGUF is incomplete or of another architecture; convert it again")
+            raise LlmchatError(
+                f"{g.path}: tensor {name!r} is missing.",
+                "the GGUF is incomplete or of another architecture; convert it again",
+            )
         return t[name]
 
     heads = _int(g, "attention.head_count")
@@ -331,8 +348,13 @@ def plan_groups(g: GGUFFile) -> list[_Group]:
 class _LazyParams(Mapping[str, np.ndarray]):
     """name -> array, converted group by group as ``write_tensor_cache`` asks for them."""
 
-    def __init__(self, groups: list[_Group], on_group: Callable[[int], None] | None = None,
-                 source: str = "", tokens: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        groups: list[_Group],
+        on_group: Callable[[int], None] | None = None,
+        source: str = "",
+        tokens: list[str] | None = None,
+    ) -> None:
         self.groups = groups
         self.source = source
         self.tokens = tokens or []
@@ -376,19 +398,24 @@ def _check_against_engine(config: dict[str, Any], params: _LazyParams) -> None:
             continue
         for part in grp.parts:
             if len(part.shape) != (2 if grp.kind == "matrix" else 1) or min(part.shape) <= 0:
-                raise LlmchatError(f"{source}: tensor {part.name!r} has the shape {tuple(part.shape)}.",
-                                   "the file is damaged; convert it again with a recent llama.cpp")
+                raise LlmchatError(
+                    f"{source}: tensor {part.name!r} has the shape {tuple(part.shape)}.",
+                    "the file is damaged; convert it again with a recent llama.cpp",
+                )
         if grp.kind == "matrix" and len({p.shape[1] for p in grp.parts}) != 1:
             shapes = ", ".join(f"{p.name} {tuple(p.shape)}" for p in grp.parts)
-            raise LlmchatError(f"{source}: the tensors fused into {grp.prefix} disagree in width ({shapes}).",
-                               "the file is damaged; convert it again with a recent llama.cpp")
+            raise LlmchatError(
+                f"{source}: the tensors fused into {grp.prefix} disagree in width ({shapes}).",
+                "the file is damaged; convert it again with a recent llama.cpp",
+            )
         if grp.prefix.endswith(QKV_NAMES[cfg.model_type]) or grp.prefix.endswith(".bias"):
             rows = [p.shape[0] for p in grp.parts]
             if len(rows) == 3 and rows != [q_rows, kv_rows, kv_rows]:
                 raise LlmchatError(
                     f"{source}: Q/K/V of {grp.prefix} have {rows} rows; the metadata's heads and head_dim "
                     f"make {[q_rows, kv_rows, kv_rows]}.",
-                    "the file is damaged; convert it again with a recent llama.cpp")
+                    "the file is damaged; convert it again with a recent llama.cpp",
+                )
     expected = {p["name"]: (tuple(p["shape"]), str(p["dtype"])) for p in parameter_specs(cfg)}
     written: dict[str, tuple[tuple[int, ...], str]] = {}
     for grp in params.groups:
@@ -420,21 +447,23 @@ def _as_message(path: Path) -> Iterator[None]:
     except (LlmchatError, OSError, KeyboardInterrupt):
         raise
     except Exception as err:
-        raise LlmchatError(f"{path} cannot be imported: {type(err).__name__}: {str(err)[:300]}",
-                           "the file is damaged or of a variant llmchat does not know; convert it again "
-                           "with a recent llama.cpp") from err
+        raise LlmchatError(
+            f"{path} cannot be imported: {type(err).__name__}: {str(err)[:300]}",
+            "the file is damaged or of a variant llmchat does not know; convert it again "
+            "with a recent llama.cpp",
+        ) from err
 
 
-def import_gguf(
-    path: str | Path, name: str | None = None, progress: ProgressCallback | None = None
-) -> Path:
+def import_gguf(path: str | Path, name: str | None = None, progress: ProgressCallback | None = None) -> Path:
     """Import the GGUF at ``path`` as model ``name`` (default: from the file name); its directory."""
     path = Path(path).expanduser()
     name = _check_name(name or default_name(path))
     target = paths.models_dir() / name
     if target.exists():
-        raise LlmchatError(f"A model named {name!r} is already installed ({target}).",
-                           f"choose another name with --name, or remove it first: llmchat remove {name}")
+        raise LlmchatError(
+            f"A model named {name!r} is already installed ({target}).",
+            f"choose another name with --name, or remove it first: llmchat remove {name}",
+        )
 
     def report(message: str, done: float | None = None, total: float | None = None) -> None:
         if progress:
@@ -448,8 +477,12 @@ def import_gguf(
         tensor_formats = {grp.prefix: grp.format for grp in groups if grp.kind == "matrix"}
         config = model_config(g, tok, tensor_formats)
         total = len(groups)
-        params = _LazyParams(groups, lambda gi: report(f"converting {groups[gi].prefix}", gi + 1, total),
-                             source=str(path), tokens=list(tok.tokens))
+        params = _LazyParams(
+            groups,
+            lambda gi: report(f"converting {groups[gi].prefix}", gi + 1, total),
+            source=str(path),
+            tokens=list(tok.tokens),
+        )
         _check_against_engine(config, params)
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -464,8 +497,10 @@ def import_gguf(
             write_tensor_cache(params, staging, shard_bytes=SHARD_BYTES)
         tok.tokenizer.save(str(staging / "tokenizer.json"))
         _write_json(staging / "tokenizer_config.json", tok.tokenizer_config(config["context_window_size"]))
-        _write_json(staging / "generation_config.json",
-                    {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_ids})
+        _write_json(
+            staging / "generation_config.json",
+            {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_ids},
+        )
         _write_json(staging / "mlc-chat-config.json", config)
         _write_json(staging / IMPORT_RECORD, {"source": str(path.resolve())})
         # everything parses as a load parses it (the chat template too): nothing is installed that
@@ -473,9 +508,11 @@ def import_gguf(
         try:
             check_model_files(staging)
         except LlmchatError as err:
-            raise LlmchatError(f"{path}: {err.problem.replace(str(staging), name)}",
-                               "the GGUF's metadata is broken: convert the model again with a recent "
-                               "llama.cpp, or use another GGUF of it") from None
+            raise LlmchatError(
+                f"{path}: {err.problem.replace(str(staging), name)}",
+                "the GGUF's metadata is broken: convert the model again with a recent "
+                "llama.cpp, or use another GGUF of it",
+            ) from None
         try:
             if target.exists():
                 raise FileExistsError(target)
@@ -491,8 +528,11 @@ def import_gguf(
         shutil.rmtree(staging, ignore_errors=True)
         from app.errors import os_error
 
-        raise os_error(err, f"Writing the model to {target.parent} failed",
-                       "free some disk space or check the permissions of the data directory") from err
+        raise os_error(
+            err,
+            f"Writing the model to {target.parent} failed",
+            "free some disk space or check the permissions of the data directory",
+        ) from err
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -109,8 +109,10 @@ def read_gguf(path: str | Path, vocab_only: bool = False) -> GGUFFile:
         if stat.S_ISDIR(mode):
             raise LlmchatError(f"{path} is a directory, not a GGUF file.", "give the path of a .gguf file")
         if not stat.S_ISREG(mode):
-            raise LlmchatError(f"{path} is not a regular file (a FIFO, socket or device).",
-                               "give the path of a .gguf file on disk")
+            raise LlmchatError(
+                f"{path} is not a regular file (a FIFO, socket or device).",
+                "give the path of a .gguf file on disk",
+            )
         size = path.stat().st_size
         with path.open("rb") as fh:
             head = fh.read(4)

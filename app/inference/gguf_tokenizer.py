@@ -165,8 +165,10 @@ def _bpe(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[Any
     regex_set, ignore_merges = PRE_TOKENIZERS[pre]
     merges_raw = meta.get("tokenizer.ggml.merges")
     if not merges_raw:
-        raise LlmchatError("The GGUF's BPE tokenizer has no merges (tokenizer.ggml.merges).",
-                           "use a GGUF converted by a recent llama.cpp")
+        raise LlmchatError(
+            "The GGUF's BPE tokenizer has no merges (tokenizer.ggml.merges).",
+            "use a GGUF converted by a recent llama.cpp",
+        )
     merges = []
     for m in merges_raw:
         left, sep, right = str(m).partition(" ")
@@ -180,8 +182,15 @@ def _bpe(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[Any
         [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
-    clean_spaces = pre not in {"deepseek-coder", "qwen2", "deepseek-r1-qwen", "smollm", "command-r",
-                               "gpt-4o", "llama4"}
+    clean_spaces = pre not in {
+        "deepseek-coder",
+        "qwen2",
+        "deepseek-r1-qwen",
+        "smollm",
+        "command-r",
+        "gpt-4o",
+        "llama4",
+    }
     return tok, clean_spaces
 
 
@@ -195,8 +204,13 @@ def _spm(meta: dict[str, Any], tokens: list[str], types: list[int]) -> Any:
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = _id(meta, "tokenizer.ggml.unknown_token_id", len(tokens))
     unk = tokens[unk_id] if unk_id is not None else None
-    model = models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores, types), unk_token=unk,
-                       fuse_unk=True, byte_fallback=True)
+    model = models.BPE(
+        vocab=vocab,
+        merges=_spm_merges(tokens, scores, types),
+        unk_token=unk,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
     tok = Tokenizer(model)
     norm = [normalizers.Replace(" ", "▁")]
     if bool(meta.get("tokenizer.ggml.add_space_prefix", True)):
@@ -213,8 +227,10 @@ def build_tokenizer(meta: dict[str, Any]) -> GGUFTokenizer:
     kind = str(meta.get("tokenizer.ggml.model") or "")
     tokens = [str(t) for t in (meta.get("tokenizer.ggml.tokens") or [])]
     if not tokens:
-        raise LlmchatError("The GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens).",
-                           "use a GGUF that embeds its tokenizer (any file converted by llama.cpp does)")
+        raise LlmchatError(
+            "The GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens).",
+            "use a GGUF that embeds its tokenizer (any file converted by llama.cpp does)",
+        )
     types = [int(t) for t in (meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))]
     if len(types) != len(tokens):
         types = [NORMAL] * len(tokens)

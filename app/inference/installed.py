@@ -84,8 +84,9 @@ def repair_fix(model_dir: Path) -> str:
         return f"`llmchat download {model_id}` checks every file and fetches what is missing or damaged"
     source = _read_json(model_dir / IMPORT_RECORD).get("source")
     if source:
-        return (f"import it again: `llmchat remove {model_id}` then "
-                f"`llmchat import {source} --name {model_id}`")
+        return (
+            f"import it again: `llmchat remove {model_id}` then `llmchat import {source} --name {model_id}`"
+        )
     return f"`llmchat remove {model_id}`, then download or import it again"
 
 

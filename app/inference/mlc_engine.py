@@ -279,8 +279,9 @@ class MLCLLMEngine(ConversationState):
         refuses one beyond the context window, which ``complete`` reports as ContextLengthExceeded)."""
         return None
 
-    def complete(self, messages: list[Message], params: SamplingParams, *,
-                 cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+    def complete(
+        self, messages: list[Message], params: SamplingParams, *, cancel: threading.Event | None = None
+    ) -> Iterator[ChatEvent]:
         """One reply to a whole conversation given by the caller (``llmchat serve --engine mlc``): the
         engine's own conversation is not touched; MLC's prefix cache spares the shared prefix.
         ``cancel`` stops it at the next chunk (the stream is closed, which aborts it in MLC)."""

@@ -105,10 +105,12 @@ def model_sampling(model_dir: str | Path | None, model_id: str | None = None) ->
     layers: list[tuple[str, dict[str, Any]]] = [("catalog entry", catalog_sampling(model_id))]
     if model_dir:
         folder = Path(model_dir)
-        layers.append(("generation_config.json", _from_file(_read_json(folder / "generation_config.json"),
-                                                            mlc=False)))
-        layers.append(("mlc-chat-config.json", _from_file(_read_json(folder / "mlc-chat-config.json"),
-                                                          mlc=True)))
+        layers.append(
+            ("generation_config.json", _from_file(_read_json(folder / "generation_config.json"), mlc=False))
+        )
+        layers.append(
+            ("mlc-chat-config.json", _from_file(_read_json(folder / "mlc-chat-config.json"), mlc=True))
+        )
     values: dict[str, Any] = {}
     for source, found in layers:
         for name, value in found.items():

@@ -81,8 +81,10 @@ def prebuilt_allowed(flag: bool | None = None) -> tuple[bool, str]:
         raise LlmchatError(f"cannot read the settings file {path}: {err}", f"fix or remove {path}") from None
     value = data.get(CONFIG_KEY, True)
     if not isinstance(value, bool):
-        raise LlmchatError(f"{path}: {CONFIG_KEY} must be true or false, got {value!r}",
-                           f"write `{CONFIG_KEY} = false` (always compile here) or remove the line")
+        raise LlmchatError(
+            f"{path}: {CONFIG_KEY} must be true or false, got {value!r}",
+            f"write `{CONFIG_KEY} = false` (always compile here) or remove the line",
+        )
     return (True, "") if value else (False, f"{CONFIG_KEY} = false in {path}")
 
 
@@ -125,8 +127,9 @@ def parse_manifest(data: bytes) -> Manifest:
         params = raw["params"]
         if not isinstance(params, list):
             raise BundleRejected("the manifest's params are not a list")
-        manifest = Manifest(key, str(raw["digest"]), files, params, str(raw["target"]),
-                            str(raw["compute_dtype"]))
+        manifest = Manifest(
+            key, str(raw["digest"]), files, params, str(raw["target"]), str(raw["compute_dtype"])
+        )
     except BundleRejected:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -170,8 +173,9 @@ def build_spec(device: str) -> Any:
     return DeviceSpec(kind, index or 0)
 
 
-def build_bundle(model: str | Path, device: str, arch: str | None, out: Path,
-                 progress: ProgressCallback | None = None) -> Path:
+def build_bundle(
+    model: str | Path, device: str, arch: str | None, out: Path, progress: ProgressCallback | None = None
+) -> Path:
     """Compile (or take from the local cache) the library of ``model`` for ``device``/``arch`` and
     write it as a bundle ``out/<digest>/`` (manifest.json + model.so); returns that folder."""
     from app.inference.config import ModelConfig
@@ -192,11 +196,21 @@ def build_bundle(model: str | Path, device: str, arch: str | None, out: Path,
     if meta.get("pipeline") == "tvm-default" and key.pipeline != "tvm-default":
         key = compiler.library_key(slot.cfg, spec.backend, key.device, plain_pipeline=True)
     manifest = {
-        "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "key": key.as_dict(), "digest": key.digest(),
-        "target_label": key.target, "params": compiled.params, "target": compiled.target,
-        "compute_dtype": compiled.compute_dtype, "model_config": slot.cfg.code_key(),
-        "files": {LIBRARY: {"size": compiled.lib_path.stat().st_size,
-                            "sha256": compiler.file_digest(compiled.lib_path)}},
+        "format": BUNDLE_FORMAT,
+        "version": BUNDLE_VERSION,
+        "key": key.as_dict(),
+        "digest": key.digest(),
+        "target_label": key.target,
+        "params": compiled.params,
+        "target": compiled.target,
+        "compute_dtype": compiled.compute_dtype,
+        "model_config": slot.cfg.code_key(),
+        "files": {
+            LIBRARY: {
+                "size": compiled.lib_path.stat().st_size,
+                "sha256": compiler.file_digest(compiled.lib_path),
+            }
+        },
     }
     out.mkdir(parents=True, exist_ok=True)
     final = out / key.digest()
@@ -209,8 +223,9 @@ def build_bundle(model: str | Path, device: str, arch: str | None, out: Path,
             shutil.rmtree(final)
         os.replace(tmp, final)
     except OSError as err:
-        raise LlmchatError(f"cannot write the bundle to {out}: {err}",
-                           "pick a writable --out directory") from None
+        raise LlmchatError(
+            f"cannot write the bundle to {out}: {err}", "pick a writable --out directory"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -260,8 +275,9 @@ def candidates(model_id: str, model_dir: Path, slot: LibrarySlot) -> tuple[list[
     entry = _catalog_entry(model_id, model_dir)
     if entry is not None and entry.prebuilt_libs:
         mine = [lib for lib in entry.prebuilt_libs if lib.target == slot.key.target]
-        found += [Candidate(lib.repo, lib.revision, lib.path.strip("/"), lib.sha256, "the catalog")
-                  for lib in mine]
+        found += [
+            Candidate(lib.repo, lib.revision, lib.path.strip("/"), lib.sha256, "the catalog") for lib in mine
+        ]
         if not mine:
             targets = ", ".join(sorted({lib.target for lib in entry.prebuilt_libs}))
             notes.append(f"the catalog has prebuilt libraries for {targets}, not for {slot.key.target}")
@@ -275,9 +291,11 @@ def candidates(model_id: str, model_dir: Path, slot: LibrarySlot) -> tuple[list[
             found.append(Candidate(repo, str(record.get("commit") or "main"), folder, None, "the model repo"))
         else:
             count = len({name.split("/")[1] for name in libs if name.count("/") >= 2})
-            notes.append(f"HF://{repo} has {count} prebuilt librar{'y' if count == 1 else 'ies'}, none built "
-                         f"with this machine's key {slot.digest} ({slot.key.target}, TVM {slot.key.tvm}, "
-                         f"engine {slot.key.engine})")
+            notes.append(
+                f"HF://{repo} has {count} prebuilt librar{'y' if count == 1 else 'ies'}, none built "
+                f"with this machine's key {slot.digest} ({slot.key.target}, TVM {slot.key.tvm}, "
+                f"engine {slot.key.engine})"
+            )
     return found, notes
 
 
@@ -289,8 +307,13 @@ def staging_dir(slot: LibrarySlot, candidate: Candidate, commit: str) -> Path:
     return compiler.libs_dir() / STAGING / f"{slot.digest}-{tag}"
 
 
-def fetch_one(slot: LibrarySlot, candidate: Candidate, progress: ProgressCallback | None = None,
-              cancel: threading.Event | None = None, label: str = "") -> CompiledModel:
+def fetch_one(
+    slot: LibrarySlot,
+    candidate: Candidate,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    label: str = "",
+) -> CompiledModel:
     """Download ``candidate`` (manifest first), verify it against ``slot`` and install it.
 
     Raises BundleRejected (the staging folder is removed) or LlmchatError of the download (its
@@ -307,15 +330,31 @@ def fetch_one(slot: LibrarySlot, candidate: Candidate, progress: ProgressCallbac
         return _fetch_locked(slot, candidate, commit, inside, staging, progress, cancel, label)
 
 
-def _fetch_locked(slot: LibrarySlot, candidate: Candidate, commit: str, inside: dict[str, Any],
-                  staging: Path, progress: ProgressCallback | None, cancel: threading.Event | None,
-                  label: str) -> CompiledModel:
+def _fetch_locked(
+    slot: LibrarySlot,
+    candidate: Candidate,
+    commit: str,
+    inside: dict[str, Any],
+    staging: Path,
+    progress: ProgressCallback | None,
+    cancel: threading.Event | None,
+    label: str,
+) -> CompiledModel:
     from app.inference.downloads import fetch_verified
 
     manifest_name = f"{candidate.folder}/{MANIFEST}"
     try:
-        fetch_verified(candidate.repo, commit, [inside[manifest_name]], staging,
-                       {manifest_name: candidate.manifest_sha256}, "the catalog", progress, cancel, label)
+        fetch_verified(
+            candidate.repo,
+            commit,
+            [inside[manifest_name]],
+            staging,
+            {manifest_name: candidate.manifest_sha256},
+            "the catalog",
+            progress,
+            cancel,
+            label,
+        )
         folder = staging / candidate.folder
         pinned, got = candidate.manifest_sha256, compiler.file_digest(folder / MANIFEST)
         if pinned and got != pinned:  # also when an earlier run left the file complete
@@ -330,9 +369,17 @@ def _fetch_locked(slot: LibrarySlot, candidate: Candidate, commit: str, inside: 
             if remote.size is not None and remote.size != size:
                 raise BundleRejected(f"{name} is {remote.size} bytes in the repo, the manifest says {size}")
             remotes.append(remote)
-        fetch_verified(candidate.repo, commit, remotes, staging,
-                       {f"{candidate.folder}/{n}": sha for n, (_, sha) in manifest.files.items()},
-                       "its manifest", progress, cancel, label)
+        fetch_verified(
+            candidate.repo,
+            commit,
+            remotes,
+            staging,
+            {f"{candidate.folder}/{n}": sha for n, (_, sha) in manifest.files.items()},
+            "its manifest",
+            progress,
+            cancel,
+            label,
+        )
         verify_files(manifest, folder)
     except BundleRejected:
         shutil.rmtree(staging, ignore_errors=True)
@@ -341,18 +388,28 @@ def _fetch_locked(slot: LibrarySlot, candidate: Candidate, commit: str, inside: 
         if "checksum" in err.problem:  # a corrupt file is not worth resuming
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    meta = {"params": manifest.params, "target": manifest.target, "compute_dtype": manifest.compute_dtype,
-            "pipeline": manifest.key.pipeline, "model": slot.cfg.code_key(), "origin": "prebuilt",
-            "source": f"HF://{candidate.repo}@{commit}/{candidate.folder}"}
+    meta = {
+        "params": manifest.params,
+        "target": manifest.target,
+        "compute_dtype": manifest.compute_dtype,
+        "pipeline": manifest.key.pipeline,
+        "model": slot.cfg.code_key(),
+        "origin": "prebuilt",
+        "source": f"HF://{candidate.repo}@{commit}/{candidate.folder}",
+    }
     try:
         return compiler.install_library(slot, folder / LIBRARY, meta)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def fetch_bundle(slot: LibrarySlot, found: list[Candidate], progress: ProgressCallback | None = None,
-                 cancel: threading.Event | None = None,
-                 label: str = "") -> tuple[CompiledModel | None, Candidate | None, list[str]]:
+def fetch_bundle(
+    slot: LibrarySlot,
+    found: list[Candidate],
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    label: str = "",
+) -> tuple[CompiledModel | None, Candidate | None, list[str]]:
     """The first candidate that downloads and verifies, installed; else (None, None, reasons)."""
     reasons = []
     for candidate in found:
@@ -374,8 +431,9 @@ def _say(progress: ProgressCallback | None, text: str) -> None:
         progress(ProgressEvent("compile", text, None, None))
 
 
-def fetcher(model_id: str, model_dir: Path, allowed: bool | None = None,
-            progress: ProgressCallback | None = None) -> compiler.Fetcher:
+def fetcher(
+    model_id: str, model_dir: Path, allowed: bool | None = None, progress: ProgressCallback | None = None
+) -> compiler.Fetcher:
     """The hook ``compiler.get_library`` asks on a cache miss: a fitting prebuilt library, verified
     and installed, or None (then it compiles), saying which and why."""
 
@@ -394,15 +452,24 @@ def fetcher(model_id: str, model_dir: Path, allowed: bool | None = None,
         if compiled is None:
             _say(progress, f"no usable prebuilt library ({'; '.join(reasons)}): compiling here ({estimate})")
             return None
-        _say(progress, f"using the prebuilt library for {slot.key.target} from {candidate.describe()} "
-             "(manifest and sha256 verified)")
+        _say(
+            progress,
+            f"using the prebuilt library for {slot.key.target} from {candidate.describe()} "
+            "(manifest and sha256 verified)",
+        )
         return compiled
 
     return fetch
 
 
-def prepare_library(model_id: str, model_dir: Path, device: str = "auto", allowed: bool | None = None,
-                    progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> str:
+def prepare_library(
+    model_id: str,
+    model_dir: Path,
+    device: str = "auto",
+    allowed: bool | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> str:
     """After a download: install the prebuilt library that fits this machine, when there is one.
     Returns one line saying what was done and why (the library compiles on first use otherwise)."""
     from app.inference.config import ModelConfig

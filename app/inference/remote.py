@@ -54,8 +54,10 @@ def normalize_endpoint(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise LlmchatError(f"{url!r} is not an http(s) URL.", "pass --endpoint http://HOST:PORT/v1")
     if parts.username or parts.password:
-        raise LlmchatError("The endpoint URL contains a user name or password.",
-                           "pass the key with --api-key or LLMCHAT_API_KEY, not in the URL")
+        raise LlmchatError(
+            "The endpoint URL contains a user name or password.",
+            "pass the key with --api-key or LLMCHAT_API_KEY, not in the URL",
+        )
     path = parts.path.rstrip("/") or "/v1"
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
@@ -83,12 +85,16 @@ class RemoteReplyStats(ReplyStats):
         usage = self.server_usage
         if not usage:
             return None
-        line = (f"server: {usage.get('prompt_tokens', '?')} prompt tokens, "
-                f"{usage.get('completion_tokens', '?')} completion tokens")
+        line = (
+            f"server: {usage.get('prompt_tokens', '?')} prompt tokens, "
+            f"{usage.get('completion_tokens', '?')} completion tokens"
+        )
         extra = usage.get("extra") or {}
         if isinstance(extra, dict) and "decode_tokens_per_s" in extra:
-            line += (f", prefill {float(extra.get('prefill_tokens_per_s') or 0):.1f} tok/s, "
-                     f"decode {float(extra['decode_tokens_per_s']):.1f} tok/s")
+            line += (
+                f", prefill {float(extra.get('prefill_tokens_per_s') or 0):.1f} tok/s, "
+                f"decode {float(extra['decode_tokens_per_s']):.1f} tok/s"
+            )
         return line
 
 
@@ -103,14 +109,19 @@ def _context_window(card: Any) -> int:
     return 0
 
 
-def make_client(endpoint: str, api_key: str | None,
-                read_timeout_s: float = READ_TIMEOUT_S) -> tuple[Any, dict[str, Any]]:
+def make_client(
+    endpoint: str, api_key: str | None, read_timeout_s: float = READ_TIMEOUT_S
+) -> tuple[Any, dict[str, Any]]:
     """``(openai.OpenAI, headers for every request)`` for ``endpoint`` (normalized) and its key."""
     import openai
 
     client = openai.OpenAI(
-        base_url=endpoint, api_key=api_key or "no-key", organization="", project="",
-        max_retries=0, timeout=openai.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S),
+        base_url=endpoint,
+        api_key=api_key or "no-key",
+        organization="",
+        project="",
+        max_retries=0,
+        timeout=openai.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S),
         # the key goes to this host only: a redirect elsewhere is an error, not a second request
         http_client=openai.DefaultHttpxClient(follow_redirects=False),
     )
@@ -149,8 +160,14 @@ class ErrorHints:
 CLI_HINTS = ErrorHints()
 
 
-def server_error(err: BaseException, endpoint: str, *, has_key: bool, model: str | None = None,
-                 hints: ErrorHints | None = None) -> LlmchatError:
+def server_error(
+    err: BaseException,
+    endpoint: str,
+    *,
+    has_key: bool,
+    model: str | None = None,
+    hints: ErrorHints | None = None,
+) -> LlmchatError:
     """An error of the ``openai`` client talking to ``endpoint`` as a problem and its fix."""
     import openai
 
@@ -166,17 +183,20 @@ def server_error(err: BaseException, endpoint: str, *, has_key: bool, model: str
         return LlmchatError(f"{where} {what} (404): {_message(err)}", hints.path)
     if isinstance(err, openai.RateLimitError):
         retry = err.response.headers.get("retry-after")
-        return LlmchatError(f"{where} is busy (429): {_message(err)}",
-                            f"try again in {retry} s" if retry else "try again shortly")
+        return LlmchatError(
+            f"{where} is busy (429): {_message(err)}",
+            f"try again in {retry} s" if retry else "try again shortly",
+        )
     if isinstance(err, openai.BadRequestError):
         text = _message(err)
         if getattr(err, "code", None) == "context_length_exceeded" or "context" in text.lower():
-            return LlmchatError(f"The conversation no longer fits the model's context window: {text}",
-                                "/reset starts a new conversation")
+            return LlmchatError(
+                f"The conversation no longer fits the model's context window: {text}",
+                "/reset starts a new conversation",
+            )
         return LlmchatError(f"{where} rejected the request (400): {text}", "check the /set values")
     if isinstance(err, openai.APIStatusError):
-        return LlmchatError(f"{where} answered {err.status_code}: {_message(err)}",
-                            "check the server's log")
+        return LlmchatError(f"{where} answered {err.status_code}: {_message(err)}", "check the server's log")
     if isinstance(err, openai.APITimeoutError):
         return LlmchatError(f"{where} did not answer in time.", hints.url)
     if isinstance(err, openai.APIConnectionError):
@@ -188,9 +208,16 @@ def server_error(err: BaseException, endpoint: str, *, has_key: bool, model: str
 class RemoteEngine(ConversationState):
     """A model on an OpenAI-compatible server, with one conversation (implements ``Engine``)."""
 
-    def __init__(self, endpoint: str, *, api_key: str | None = None, model: str | None = None,
-                 read_timeout_s: float = READ_TIMEOUT_S, hints: ErrorHints | None = None,
-                 saved_as: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        hints: ErrorHints | None = None,
+        saved_as: str | None = None,
+    ) -> None:
         self.endpoint = normalize_endpoint(endpoint)
         self._hints = hints or CLI_HINTS
         #: ``server:NAME`` for a server saved in the models screen (how history names the model)
@@ -209,20 +236,29 @@ class RemoteEngine(ConversationState):
             cards = self.models()
             names = [card.id for card in cards]
             if not names:
-                raise LlmchatError(f"The server at {self.endpoint} offers no model.",
-                                   "load a model on the server")
+                raise LlmchatError(
+                    f"The server at {self.endpoint} offers no model.", "load a model on the server"
+                )
             name = model or names[0]
             if name not in names:
-                raise LlmchatError(f"The server at {self.endpoint} has no model {name!r}; it offers: "
-                                   f"{', '.join(names)}.", self._hints.model)
+                raise LlmchatError(
+                    f"The server at {self.endpoint} has no model {name!r}; it offers: {', '.join(names)}.",
+                    self._hints.model,
+                )
         except BaseException:
             self._client.close()
             raise
         card = cards[names.index(name)]
         parts = urlsplit(self.endpoint)
-        self.info = EngineInfo(model_id=name, model_path=self.endpoint, backend="remote",
-                               device=parts.netloc, quantization="server",
-                               context_window=_context_window(card), weight_bytes=0)
+        self.info = EngineInfo(
+            model_id=name,
+            model_path=self.endpoint,
+            backend="remote",
+            device=parts.netloc,
+            quantization="server",
+            context_window=_context_window(card),
+            weight_bytes=0,
+        )
 
     def __repr__(self) -> str:  # never the key
         return f"RemoteEngine({self.endpoint!r}, model={self.info.model_id!r})"
@@ -253,8 +289,11 @@ class RemoteEngine(ConversationState):
     def _request(self, params: SamplingParams) -> dict[str, Any]:
         """The request's sampling fields: only what differs from the servers' defaults beyond the
         standard ones, so that servers which reject unknown fields accept it."""
-        fields: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p,
-                                  "max_tokens": params.max_tokens}
+        fields: dict[str, Any] = {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
         if params.seed is not None:
             fields["seed"] = params.seed
         if params.presence_penalty:
@@ -284,8 +323,13 @@ class RemoteEngine(ConversationState):
         started = time.perf_counter()
         try:
             stream = self._client.chat.completions.create(
-                model=model, messages=messages, stream=True, stream_options={"include_usage": True},
-                extra_headers=self._headers, **self._request(params))
+                model=model,
+                messages=messages,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers=self._headers,
+                **self._request(params),
+            )
         except Exception as err:
             raise self._error(err, model) from None
         self._stream = stream
@@ -330,8 +374,9 @@ class RemoteEngine(ConversationState):
             time_to_first_token_s=(first_at - started) if first_at else 0.0,
             prefill_s=(first_at - started) if first_at else 0.0,
             decode_s=(last_at - first_at) if first_at and last_at else 0.0,
-            finish_reason=("cancelled" if self._cancel.is_set() else
-                           "length" if finish == "length" else "stop"),
+            finish_reason=(
+                "cancelled" if self._cancel.is_set() else "length" if finish == "length" else "stop"
+            ),
             server_usage=usage,
         )
         if stats.generated_tokens and cut is None:
@@ -342,13 +387,23 @@ class RemoteEngine(ConversationState):
             yield stats
             raise LlmchatError(
                 f"The connection to {self.endpoint} broke mid-reply ({type(cut).__name__}): the reply is "
-                f"cut short; what arrived is kept.", "check the server, then send the message again")
+                f"cut short; what arrived is kept.",
+                "check the server, then send the message again",
+            )
         yield stats
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, *, ignore_eos: bool = False,
-                 detokenize: bool = True) -> Iterator[ChatEvent]:
-        raise LlmchatError("Token-level completion is not available through a remote server.",
-                           "run llmchat bench with a local model")
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        ignore_eos: bool = False,
+        detokenize: bool = True,
+    ) -> Iterator[ChatEvent]:
+        raise LlmchatError(
+            "Token-level completion is not available through a remote server.",
+            "run llmchat bench with a local model",
+        )
 
     def memory_in_use_bytes(self) -> int | None:
         return None

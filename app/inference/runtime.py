@@ -101,8 +101,11 @@ class ModelRuntime:
             self._f_decode = self.vm["decode"]
             self._f_argmax = _optional_function(self.vm, "argmax")
             self.kv = self.vm["create_paged_kv_cache"](
-                ShapeTuple([1]), ShapeTuple([self.context_window]), ShapeTuple([self.prefill_chunk]),
-                ShapeTuple([PAGE_SIZE]), ShapeTuple([0]),
+                ShapeTuple([1]),
+                ShapeTuple([self.context_window]),
+                ShapeTuple([self.prefill_chunk]),
+                ShapeTuple([PAGE_SIZE]),
+                ShapeTuple([0]),
             )
         except LlmchatError:
             raise
@@ -176,8 +179,9 @@ class ModelRuntime:
             except StopIteration as done:
                 return done.value
 
-    def prefill_steps(self, ids: Sequence[int],
-                      cancel: threading.Event | None = None) -> Generator[int, None, np.ndarray | None]:
+    def prefill_steps(
+        self, ids: Sequence[int], cancel: threading.Event | None = None
+    ) -> Generator[int, None, np.ndarray | None]:
         """:meth:`prefill` one chunk per step: yields the tokens done after each chunk but the last;
         returns what :meth:`prefill` returns (the logits, or None when cancelled)."""
         if not ids:
@@ -196,7 +200,7 @@ class ModelRuntime:
                 yield start
                 if cancel is not None and cancel.is_set():
                     return None
-            chunk = arr[start: start + self.prefill_chunk]
+            chunk = arr[start : start + self.prefill_chunk]
             n = len(chunk)
             emb = self._f_reshape(self._embed(chunk), self._ShapeTuple([1, n, self.hidden_size]))
             self._step_begins()
@@ -210,8 +214,9 @@ class ModelRuntime:
     def _decode_step(self, token: int) -> Any:
         """Append one token; its logits as a device tensor ``[1, 1, vocab]``."""
         if self._length + 1 > self.context_window:
-            raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
-                               "start a new conversation")
+            raise LlmchatError(
+                f"The context window of {self.context_window} tokens is full.", "start a new conversation"
+            )
         self._ids1[0] = token
         self._ids1_dev.copyfrom(self._ids1)
         return self._decode_device_id(self._ids1_dev)
@@ -294,8 +299,9 @@ class ModelRuntime:
         if steps < 1:
             raise ValueError("decode_greedy_ahead needs at least one step")
         if self._length + steps > self.context_window:
-            raise LlmchatError(f"The context window of {self.context_window} tokens is full.",
-                               "start a new conversation")
+            raise LlmchatError(
+                f"The context window of {self.context_window} tokens is full.", "start a new conversation"
+            )
         if token is None and self._last_pick is None:
             raise ValueError("start_greedy_ahead(None) needs an earlier call to continue from")
         if self._f_argmax is None:  # the host's argmax, one step at a time
@@ -361,8 +367,11 @@ class ModelRuntime:
             except Exception as err:  # no pinned memory: synchronous copies still work
                 from app.debug_log import log
 
-                log.info("no pinned read-back buffers (greedy ids copied synchronously): %s: %s",
-                         type(err).__name__, err)
+                log.info(
+                    "no pinned read-back buffers (greedy ids copied synchronously): %s: %s",
+                    type(err).__name__,
+                    err,
+                )
                 self._readbacks = []
         return self._readbacks or None
 

@@ -266,7 +266,6 @@ class Sampler:
         return ids, weights[ids]
 
 
-
 def not_finite_error() -> LlmchatError:
     """The model's logits hold NaN (or no finite value): its weights or library compute garbage."""
     return LlmchatError(
@@ -275,6 +274,7 @@ def not_finite_error() -> LlmchatError:
         "check the weights: `llmchat download ID` verifies and repairs a downloaded model (re-import a "
         "GGUF); if they are whole, the model file itself is broken: use another model or quantization",
     )
+
 
 _BLOCK = 1024
 

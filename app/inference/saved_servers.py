@@ -60,7 +60,7 @@ def servers_file() -> Path:
 def server_name_of(model: str | None) -> str | None:
     """NAME for ``server:NAME``, else None (a local model id or path)."""
     if model and model.startswith(SERVER_PREFIX):
-        return model[len(SERVER_PREFIX):]
+        return model[len(SERVER_PREFIX) :]
     return None
 
 
@@ -74,8 +74,10 @@ def check_name(name: str) -> str:
     if not name:
         raise LlmchatError("The server needs a name.", "type a name, e.g. the host (gpu-box:8000)")
     if len(name) > MAX_NAME or any(not ch.isprintable() for ch in name):
-        raise LlmchatError(f"{name[:MAX_NAME]!r}… is not a usable name (at most {MAX_NAME} printable "
-                           "characters).", "type a shorter name")
+        raise LlmchatError(
+            f"{name[:MAX_NAME]!r}… is not a usable name (at most {MAX_NAME} printable characters).",
+            "type a shorter name",
+        )
     return name
 
 
@@ -98,8 +100,10 @@ def _read() -> list[dict[str, Any]]:
                 if not isinstance(row.get(field), str) or not row[field]:
                     raise TypeError(f"a server has no {field!r}")
     except (ValueError, KeyError, TypeError) as err:
-        raise LlmchatError(f"The saved servers file {path} is damaged ({err}).",
-                           "fix it, or delete it and add the servers again (F2, then a)") from None
+        raise LlmchatError(
+            f"The saved servers file {path} is damaged ({err}).",
+            "fix it, or delete it and add the servers again (F2, then a)",
+        ) from None
     _tighten(path)
     return rows
 
@@ -127,8 +131,9 @@ def _write(rows: list[dict[str, Any]]) -> None:
     except OSError as err:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise os_error(err, f"Cannot save the servers ({path})",
-                       "set LLMCHAT_CONFIG_DIR to a writable directory") from None
+        raise os_error(
+            err, f"Cannot save the servers ({path})", "set LLMCHAT_CONFIG_DIR to a writable directory"
+        ) from None
 
 
 def _server(row: dict[str, Any]) -> SavedServer:
@@ -147,8 +152,9 @@ def get_server(name: str) -> SavedServer:
     for server in load_servers():
         if server.name == name:
             return server
-    raise LlmchatError(f"There is no saved server {name!r}.",
-                       "add it in the models screen (F2, then a: add a server)")
+    raise LlmchatError(
+        f"There is no saved server {name!r}.", "add it in the models screen (F2, then a: add a server)"
+    )
 
 
 # -- the key -------------------------------------------------------------------------------------
@@ -181,14 +187,17 @@ def api_key_of(server: SavedServer) -> str | None:
     if server.key == "keyring":
         ring = _keyring()
         if ring is None:
-            raise LlmchatError(f"The API key of {server.name} is in the system keyring, which is not "
-                               "usable now.", "unlock the keyring (log in to the desktop session), or "
-                               "add the server again with its key")
+            raise LlmchatError(
+                f"The API key of {server.name} is in the system keyring, which is not usable now.",
+                "unlock the keyring (log in to the desktop session), or add the server again with its key",
+            )
         try:
             return ring.get_password(KEYRING_SERVICE, server.name)
         except Exception as err:
-            raise LlmchatError(f"The system keyring did not give the API key of {server.name}: "
-                               f"{type(err).__name__}.", "unlock the keyring and try again") from None
+            raise LlmchatError(
+                f"The system keyring did not give the API key of {server.name}: {type(err).__name__}.",
+                "unlock the keyring and try again",
+            ) from None
     return None
 
 
@@ -242,20 +251,24 @@ def remove_server(name: str) -> None:
 def screen_hints() -> Any:
     from app.inference.remote import ErrorHints
 
-    return ErrorHints(key="enter the server's API key (F2, then a: add the server again with it)",
-                      url="check the URL and that the server is running",
-                      path="check the URL (usually ending in /v1)",
-                      model="add the server again and pick one of its models (F2, then a)")
+    return ErrorHints(
+        key="enter the server's API key (F2, then a: add the server again with it)",
+        url="check the URL and that the server is running",
+        path="check the URL (usually ending in /v1)",
+        model="add the server again and pick one of its models (F2, then a)",
+    )
 
 
 def form_hints() -> Any:
     """The fixes the add-a-server form names (its own fields)."""
     from app.inference.remote import ErrorHints
 
-    return ErrorHints(key="enter the server's API key in the API key field",
-                      url="check the URL and that the server is running",
-                      path="check the URL (usually ending in /v1)",
-                      model="pick one of the server's models")
+    return ErrorHints(
+        key="enter the server's API key in the API key field",
+        url="check the URL and that the server is running",
+        path="check the URL (usually ending in /v1)",
+        model="pick one of the server's models",
+    )
 
 
 def open_server(name: str) -> Any:
@@ -263,5 +276,10 @@ def open_server(name: str) -> Any:
     from app.inference.remote import RemoteEngine
 
     server = get_server(name)
-    return RemoteEngine(server.endpoint, api_key=api_key_of(server), model=server.model,
-                        hints=screen_hints(), saved_as=server.ref)
+    return RemoteEngine(
+        server.endpoint,
+        api_key=api_key_of(server),
+        model=server.model,
+        hints=screen_hints(),
+        saved_as=server.ref,
+    )

@@ -49,8 +49,12 @@ class SpeedEstimate:
         return f"~{figure} tok/s" + (" slow" if self.slow else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"decode_tok_s": round(self.tok_s, 1), "source": self.source, "slow": self.slow,
-                "basis": self.basis}
+        return {
+            "decode_tok_s": round(self.tok_s, 1),
+            "source": self.source,
+            "slow": self.slow,
+            "basis": self.basis,
+        }
 
 
 def _cores() -> int:
@@ -88,14 +92,20 @@ def estimate(entry: Any, report: Any, measured: Iterable[BenchResult] = ()) -> S
     same = [r for r in here if r.model == entry.id]
     if same:
         latest = same[-1]
-        return SpeedEstimate(latest.decode_tok_s, "measured",
-                             f"llmchat bench on {latest.device}: {latest.decode_tok_s:.1f} tok/s")
+        return SpeedEstimate(
+            latest.decode_tok_s,
+            "measured",
+            f"llmchat bench on {latest.device}: {latest.decode_tok_s:.1f} tok/s",
+        )
     if here:
         latest_per_model = {r.model: r for r in here}  # the newest of each model
         rate = statistics.median(r.bytes_per_s for r in latest_per_model.values())
-        return SpeedEstimate(rate / weights, "bench",
-                             f"{rate / 1e9:.1f} GB/s reached by llmchat bench on {backend} "
-                             f"÷ {weights / 1e9:.2f} GB of weights")
+        return SpeedEstimate(
+            rate / weights,
+            "bench",
+            f"{rate / 1e9:.1f} GB/s reached by llmchat bench on {backend} "
+            f"÷ {weights / 1e9:.2f} GB of weights",
+        )
     rate, how = nominal_bytes_per_s(report)
     if rate is None:
         return None

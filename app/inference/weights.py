@@ -81,17 +81,23 @@ def read_manifest(model_dir: str | Path) -> Manifest:
         shards = []
         for shard in data["records"]:
             data_path = str(shard["dataPath"])
-            shards.append({"dataPath": data_path, "nbytes": int(shard["nbytes"]),
-                           "md5sum": shard.get("md5sum")})
+            shards.append(
+                {"dataPath": data_path, "nbytes": int(shard["nbytes"]), "md5sum": shard.get("md5sum")}
+            )
             for rec in shard["records"]:
                 records[rec["name"]] = TensorRecord(
-                    name=rec["name"], shape=tuple(int(x) for x in rec["shape"]), dtype=str(rec["dtype"]),
-                    encoding=str(rec.get("format", "raw")), nbytes=int(rec["nbytes"]),
-                    offset=int(rec["byteOffset"]), shard=data_path,
+                    name=rec["name"],
+                    shape=tuple(int(x) for x in rec["shape"]),
+                    dtype=str(rec["dtype"]),
+                    encoding=str(rec.get("format", "raw")),
+                    nbytes=int(rec["nbytes"]),
+                    offset=int(rec["byteOffset"]),
+                    shard=data_path,
                 )
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise LlmchatError(f"{path} is damaged ({type(err).__name__}: {err}).",
-                           repair_fix(model_dir)) from err
+        raise LlmchatError(
+            f"{path} is damaged ({type(err).__name__}: {err}).", repair_fix(model_dir)
+        ) from err
     return Manifest(path, records, shards, dict(data.get("metadata") or {}))
 
 
@@ -123,11 +129,14 @@ def verify_shards(model_dir: str | Path, manifest: Manifest, check_md5: bool = T
             if size != shard["nbytes"]:
                 raise LlmchatError(
                     f"Weight shard {path} has {size} bytes, {shard['nbytes']} expected (truncated or "
-                    "damaged).", repair_fix(model_dir))
+                    "damaged).",
+                    repair_fix(model_dir),
+                )
             md5 = shard.get("md5sum")
             if verifier is not None and md5 and not verifier.matches(path, "md5", str(md5)):
-                raise LlmchatError(f"Weight shard {path} is corrupt (md5 sum mismatch).",
-                                   repair_fix(model_dir))
+                raise LlmchatError(
+                    f"Weight shard {path} is corrupt (md5 sum mismatch).", repair_fix(model_dir)
+                )
     finally:
         if verifier is not None:
             verifier.save()
@@ -141,18 +150,26 @@ def check_params(manifest: Manifest, params: Iterable[Mapping[str, Any]]) -> Non
         if rec is None:
             raise LlmchatError(
                 f"{manifest.path} has no tensor {p['name']!r} that this model needs (wrong or incomplete "
-                "weights).", repair_fix(manifest.path.parent))
-        if (tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype) and not _as_words(rec, p) \
-                and not _widened(rec, p):
+                "weights).",
+                repair_fix(manifest.path.parent),
+            )
+        if (
+            (tuple(p["shape"]) != rec.shape or p["dtype"] != rec.dtype)
+            and not _as_words(rec, p)
+            and not _widened(rec, p)
+        ):
             raise LlmchatError(
                 f"{manifest.path}: tensor {rec.name} is {rec.dtype}{list(rec.shape)}, the model expects "
                 f"{p['dtype']}{list(p['shape'])} (weights from a different model or quantization).",
-                repair_fix(manifest.path.parent))
+                repair_fix(manifest.path.parent),
+            )
         stored = _np_dtype("uint16" if rec.encoding == "f32-to-bf16" else rec.dtype).itemsize
         want = stored * int(np.prod(rec.shape, dtype=np.int64))
         if rec.nbytes != want or rec.offset + rec.nbytes > shard_sizes.get(rec.shard, -1):
-            raise LlmchatError(f"{manifest.path}: tensor {rec.name} has an inconsistent size or offset.",
-                               repair_fix(manifest.path.parent))
+            raise LlmchatError(
+                f"{manifest.path}: tensor {rec.name} has an inconsistent size or offset.",
+                repair_fix(manifest.path.parent),
+            )
 
 
 # ------------------------------------------------------------------------------------------
@@ -162,7 +179,7 @@ def read_array(model_dir: Path, rec: TensorRecord, shard_cache: dict[str, np.nda
     """One parameter as a numpy array (memory-mapped shard, decoded when stored as bf16)."""
     if rec.shard not in shard_cache:
         shard_cache[rec.shard] = np.memmap(model_dir / rec.shard, dtype=np.uint8, mode="r")
-    raw = shard_cache[rec.shard][rec.offset: rec.offset + rec.nbytes]
+    raw = shard_cache[rec.shard][rec.offset : rec.offset + rec.nbytes]
     if rec.encoding == "f32-to-bf16" and rec.dtype == "float32":
         u16 = np.frombuffer(raw, dtype=np.uint16)
         return (u16.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(rec.shape)
@@ -226,8 +243,10 @@ def load_weights(
         raise
     except Exception as err:
         uploaded.clear()  # drop what was uploaded: never half-loaded
-        raise LlmchatError(f"Loading the weights from {model_dir} failed: {err}",
-                           "check free device memory, or use a smaller model") from err
+        raise LlmchatError(
+            f"Loading the weights from {model_dir} failed: {err}",
+            "check free device memory, or use a smaller model",
+        ) from err
     finally:
         shard_cache.clear()
     return uploaded, done
@@ -261,12 +280,27 @@ def write_tensor_cache(
                 data = np.ascontiguousarray(arr).tobytes()
                 f.write(data)
                 h.update(data)
-                records.append({"name": pname, "shape": list(arr.shape), "dtype": str(arr.dtype),
-                                "format": "raw", "nbytes": len(data), "byteOffset": offset})
+                records.append(
+                    {
+                        "name": pname,
+                        "shape": list(arr.shape),
+                        "dtype": str(arr.dtype),
+                        "format": "raw",
+                        "nbytes": len(data),
+                        "byteOffset": offset,
+                    }
+                )
                 offset += len(data)
         os.replace(tmp, out_dir / name)
-        shards.append({"dataPath": name, "format": "raw-shard", "nbytes": offset, "records": records,
-                       "md5sum": h.hexdigest()})
+        shards.append(
+            {
+                "dataPath": name,
+                "format": "raw-shard",
+                "nbytes": offset,
+                "records": records,
+                "md5sum": h.hexdigest(),
+            }
+        )
         current, size = [], 0
 
     for pname, arr in params.items():

@@ -1,4 +1,4 @@
-""""Add a server" (from the models screen): an OpenAI-compatible endpoint, its optional API key and
+""" "Add a server" (from the models screen): an OpenAI-compatible endpoint, its optional API key and
 one of the models its ``/v1/models`` lists, saved for the chat (``app.inference.saved_servers``).
 
 The URL and key are checked against the server before anything is saved: unreachable, a missing or
@@ -36,8 +36,13 @@ class AddServerScreen(ModalScreen):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     class Fetched(Message):
-        def __init__(self, query: tuple[str, str], models: list[str] | None,
-                     error: BaseException | None, key_store: str = "") -> None:
+        def __init__(
+            self,
+            query: tuple[str, str],
+            models: list[str] | None,
+            error: BaseException | None,
+            key_store: str = "",
+        ) -> None:
             super().__init__()
             self.query = query
             self.models = models
@@ -59,8 +64,12 @@ class AddServerScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="add-server"):
-            yield Static("Add a server — any OpenAI-compatible API (llmchat serve, vLLM, SGLang, "
-                         "mlc_llm serve, llama.cpp, Ollama …)", id="add-server-title", markup=False)
+            yield Static(
+                "Add a server — any OpenAI-compatible API (llmchat serve, vLLM, SGLang, "
+                "mlc_llm serve, llama.cpp, Ollama …)",
+                id="add-server-title",
+                markup=False,
+            )
             yield Label("URL")
             yield Input(placeholder="http://127.0.0.1:8000/v1", id="server-url")
             yield Label("API key (optional)")
@@ -73,16 +82,21 @@ class AddServerScreen(ModalScreen):
                 yield Button("Fetch models", id="fetch", variant="primary")
                 yield Button("Save", id="save", variant="success", disabled=True)
                 yield Button("Cancel", id="cancel")
-            yield Static("Enter in the URL or key field fetches the server's models.",
-                         id="add-server-status", markup=False)
+            yield Static(
+                "Enter in the URL or key field fetches the server's models.",
+                id="add-server-status",
+                markup=False,
+            )
 
     def on_mount(self) -> None:
         self.query_one("#server-url", Input).focus()
 
     # -- state ---------------------------------------------------------------------------------
     def _query(self) -> tuple[str, str]:
-        return (self.query_one("#server-url", Input).value.strip(),
-                self.query_one("#server-key", Input).value.strip())
+        return (
+            self.query_one("#server-url", Input).value.strip(),
+            self.query_one("#server-key", Input).value.strip(),
+        )
 
     def _status(self, text: str) -> None:
         self.status_text = text
@@ -121,9 +135,10 @@ class AddServerScreen(ModalScreen):
             endpoint = normalize_endpoint(query[0])
             models = list_models(endpoint, query[1] or None, hints=form_hints())
             if not models:
-                raise LlmchatError(f"The server at {endpoint} offers no model.",
-                                   "load a model on the server (e.g. llmchat serve --model ID), then fetch "
-                                   "again")
+                raise LlmchatError(
+                    f"The server at {endpoint} offers no model.",
+                    "load a model on the server (e.g. llmchat serve --model ID), then fetch again",
+                )
             # asking the keyring which backend it has may talk to D-Bus: not on the UI thread
             key_store = key_store_name() if query[1] else ""
         except BaseException as err:

@@ -110,8 +110,11 @@ def final_stats_line(stats: ReplyStats, prompt_total: int | None = None, text: s
     """The stats line kept under a finished reply (``prompt_total``: the prompt's tokens, when a
     prefill was stopped; ``text``: the reply's text, to tell an empty reply)."""
     if stats.generated_tokens == 0:
-        read = f"{stats.prompt_tokens:,} of {plural(prompt_total, 'token')}" if prompt_total else \
-            plural(stats.prompt_tokens, "token")
+        read = (
+            f"{stats.prompt_tokens:,} of {plural(prompt_total, 'token')}"
+            if prompt_total
+            else plural(stats.prompt_tokens, "token")
+        )
         return f"stopped while reading the prompt ({read} read)"
     n = stats.generated_tokens
     ttft = f"TTFT {stats.time_to_first_token_s:.2f} s"
@@ -397,7 +400,8 @@ class ChatScreen(Screen):
         n = trimmed.dropped_messages
         await self.query_one(ChatLog).add_notice(
             f"*The conversation no longer fitted the {trimmed.context_window:,}-token context: "
-            f"the oldest {n} {'message was' if n == 1 else 'messages were'} dropped.*", before=reply,
+            f"the oldest {n} {'message was' if n == 1 else 'messages were'} dropped.*",
+            before=reply,
         )
 
     # -- actions -------------------------------------------------------------------------------
@@ -521,8 +525,10 @@ class ChatScreen(Screen):
             except LlmchatError:
                 await log.add_notice(f"*Set {changed}* (for this session only).")
                 raise
-            await log.add_notice(f"*Set {changed}* (kept for {self.engine.info.model_id}; "
-                                 "`/set reset` goes back to its defaults).")
+            await log.add_notice(
+                f"*Set {changed}* (kept for {self.engine.info.model_id}; "
+                "`/set reset` goes back to its defaults)."
+            )
         else:
             await log.add_notice(self.sampling_markdown())
 
@@ -542,8 +548,8 @@ class ChatScreen(Screen):
             current = self.llm_app.system_prompt
             await log.add_notice(
                 f"**System prompt**\n\n{current}\n\n`/system TEXT` replaces it, `/system clear` clears it."
-                if current else
-                "*No system prompt is set (the model's chat template applies its own default, if any).* "
+                if current
+                else "*No system prompt is set (the model's chat template applies its own default, if any).* "
                 "`/system TEXT` sets one."
             )
             return
@@ -590,8 +596,10 @@ class ChatScreen(Screen):
             size = "a size known once the repository is listed"
         else:
             return None
-        return (f"{model_id} is not installed. Download it ({size}), compile it for this machine and "
-                f"switch to it?")
+        return (
+            f"{model_id} is not installed. Download it ({size}), compile it for this machine and "
+            f"switch to it?"
+        )
 
     async def _command_models(self, arg: str) -> None:
         self.llm_app.action_open_models()
@@ -608,8 +616,9 @@ class ChatScreen(Screen):
             raise LlmchatError("There is nothing to export yet.", "send a message first")
         target = Path(arg.strip()).expanduser() if arg.strip() else Path.cwd()
         path = Path(self.llm_app.history.export_markdown(conversation_id, target)).resolve()
-        where = "" if arg.strip() else \
-            f" — the current directory ({path.parent}); `/export PATH` picks another"
+        where = (
+            "" if arg.strip() else f" — the current directory ({path.parent}); `/export PATH` picks another"
+        )
         await self.query_one(ChatLog).add_notice(f"*Exported to `{path}`*{where}.")
         self.notify(f"Exported to {path}", markup=False)
 

@@ -68,7 +68,10 @@ class FirstRunScreen(LoadsCatalog, Screen):
             summary.update(f"The hardware probe failed: {data.probe_error} — llmchat will use the CPU.")
         default = self.llm_app.services.default_model_id
         self.query_one(CatalogTable).show(
-            data.entries, data.installed, fit_function(self.llm_app, data.report), select=default,
+            data.entries,
+            data.installed,
+            fit_function(self.llm_app, data.report),
+            select=default,
             speeds=data.speeds,
         )
         status.update(f"Enter: download and chat with the selected model (default: {default})")

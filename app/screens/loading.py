@@ -179,8 +179,12 @@ class LoadingScreen(Screen):
     def interrupt(self) -> bool:
         """Ctrl+C (from the app): cancel a download; anything else (a compile cannot be interrupted,
         or a download already cancelled) is False, and the app quits."""
-        if self.failed or self.cancel_event.is_set() or not self.stages or not self.stages[-1].startswith(
-                STAGE_NAMES["download"]):
+        if (
+            self.failed
+            or self.cancel_event.is_set()
+            or not self.stages
+            or not self.stages[-1].startswith(STAGE_NAMES["download"])
+        ):
             return False
         self.action_cancel()
         self.notify("Cancelling the download. Ctrl+C again quits.", timeout=3)

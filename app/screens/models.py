@@ -85,8 +85,14 @@ class ModelsScreen(LoadsCatalog, Screen):
         current = table.selected_id
         engine = self.llm_app.engine
         select = current or (engine.info.model_id if engine else self.llm_app.services.default_model_id)
-        table.show(data.entries, data.installed, fit_function(self.llm_app, data.report), select=select,
-                   speeds=data.speeds, broken=data.broken)
+        table.show(
+            data.entries,
+            data.installed,
+            fit_function(self.llm_app, data.report),
+            select=select,
+            speeds=data.speeds,
+            broken=data.broken,
+        )
         note = f"{len(data.installed)} installed · Enter: chat with · d: download · x: remove"
         for model_id, problem in data.broken.items():
             note += f"\n{model_id} is broken: {problem} · d on it fetches what is missing or damaged"
@@ -126,8 +132,9 @@ class ModelsScreen(LoadsCatalog, Screen):
         if self.downloading:
             self.notify(f"Already downloading {self.downloading} (c cancels it).", severity="warning")
             return
-        if (self.llm_app.services.installed_model_path(model_id) is not None
-                and not self.llm_app.services.install_problem(model_id)):
+        if self.llm_app.services.installed_model_path(
+            model_id
+        ) is not None and not self.llm_app.services.install_problem(model_id):
             self.notify(f"{model_id} is already installed.")
             return
         self.downloading = model_id
@@ -151,8 +158,9 @@ class ModelsScreen(LoadsCatalog, Screen):
             return
         library = None
         try:  # the weights are installed; the library step only adds to them
-            library = self.llm_app.services.prepare_library(model_id, path, self.llm_app.options.device,
-                                                            progress, cancel)
+            library = self.llm_app.services.prepare_library(
+                model_id, path, self.llm_app.options.device, progress, cancel
+            )
         except Exception as err:
             library = f"the model library compiles on first use ({getattr(err, 'problem', None) or err})"
         self.post_message(self.DownloadDone(model_id, None, library))

@@ -14,8 +14,10 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
-        raise LlmchatError(f"Cannot listen on {host}: {err.strerror}.", "pass --host with an address "
-                           "of this machine, e.g. 127.0.0.1") from None
+        raise LlmchatError(
+            f"Cannot listen on {host}: {err.strerror}.",
+            "pass --host with an address of this machine, e.g. 127.0.0.1",
+        ) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -24,8 +26,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(128)
     except OSError as err:
         sock.close()
-        raise os_error(err, f"Cannot listen on {host}:{port}",
-                       "pick another --port (0: any free one)") from None
+        raise os_error(
+            err, f"Cannot listen on {host}:{port}", "pick another --port (0: any free one)"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
@@ -40,7 +43,10 @@ def run_server(app: Any, sock: socket.socket, *, log_level: str = "info", announ
     import uvicorn
 
     if announce:
-        print(f"llmchat serve: listening on {url_of(sock)}/v1 (OpenAI-compatible; Ctrl+C stops)",
-              file=sys.stderr, flush=True)
+        print(
+            f"llmchat serve: listening on {url_of(sock)}/v1 (OpenAI-compatible; Ctrl+C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

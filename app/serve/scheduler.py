@@ -65,8 +65,9 @@ class Job:
 class Scheduler:
     """The engine's single worker thread and its bounded FIFO queue."""
 
-    def __init__(self, engine: Any, max_queue: int = 16,
-                 on_finished: Callable[[Job], None] | None = None) -> None:
+    def __init__(
+        self, engine: Any, max_queue: int = 16, on_finished: Callable[[Job], None] | None = None
+    ) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         self.engine = engine

@@ -40,9 +40,16 @@ MAX_BODY_BYTES = 4 << 20
 class ApiError(Exception):
     """An error answered in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -94,12 +101,16 @@ def _content_text(content: Any, index: int) -> str:
         for part in content:
             text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
             if not isinstance(text, str):
-                raise ApiError(400, "Only text content parts are supported.",
-                               param=f"messages[{index}].content")
+                raise ApiError(
+                    400, "Only text content parts are supported.", param=f"messages[{index}].content"
+                )
             parts.append(part["text"])
         return "".join(parts)
-    raise ApiError(400, "A message's content must be a string or a list of text parts.",
-                   param=f"messages[{index}].content")
+    raise ApiError(
+        400,
+        "A message's content must be a string or a list of text parts.",
+        param=f"messages[{index}].content",
+    )
 
 
 def parse_messages(raw: Any) -> list[Message]:
@@ -113,8 +124,11 @@ def parse_messages(raw: Any) -> list[Message]:
             raise ApiError(400, "Each message must be an object.", param=f"messages[{i}]")
         role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
         if role is None:
-            raise ApiError(400, f"Unsupported role {item.get('role')!r}: use system, user or assistant.",
-                           param=f"messages[{i}].role")
+            raise ApiError(
+                400,
+                f"Unsupported role {item.get('role')!r}: use system, user or assistant.",
+                param=f"messages[{i}].role",
+            )
         text = _content_text(item.get("content"), i)
         if role == "system":
             system.append(text)
@@ -181,8 +195,12 @@ def usage(prompt_tokens: int | None, stats: ReplyStats | None, job: Job) -> dict
             "end_to_end_latency_s": stats.prefill_s + stats.decode_s,
             "queue_s": queued,
         }
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion, "extra": extra}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "extra": extra,
+    }
 
 
 def finish_reason(stats: ReplyStats | None) -> str:
@@ -204,12 +222,21 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
-               model_id: str | None = None) -> Starlette:
+def create_app(
+    engine: Any,
+    *,
+    api_key: str | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    model_id: str | None = None,
+) -> Starlette:
     """The ASGI app serving ``engine`` (an ``Engine`` with ``complete`` and ``count_prompt_tokens``)."""
-    state = ServerState(engine=engine, model_id=model_id or engine.info.model_id,
-                        scheduler=Scheduler(engine, max_queue=max_queue), api_key=api_key or None,
-                        created=int(time.time()))
+    state = ServerState(
+        engine=engine,
+        model_id=model_id or engine.info.model_id,
+        scheduler=Scheduler(engine, max_queue=max_queue),
+        api_key=api_key or None,
+        created=int(time.time()),
+    )
 
     def authorize(request: Request) -> None:
         if state.api_key is None:
@@ -218,20 +245,33 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
         scheme, _, token = header.partition(" ")
         given = token.strip().encode()
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, state.api_key.encode()):
-            raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
-                           code="invalid_api_key")
+            raise ApiError(
+                401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key"
+            )
 
     def model_card() -> dict[str, Any]:
         info = engine.info
-        return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "llmchat",
-                "max_model_len": info.context_window}
+        return {
+            "id": state.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "llmchat",
+            "max_model_len": info.context_window,
+        }
 
     async def health(request: Request) -> Response:
         scheduler = state.scheduler
-        return JSONResponse({"status": "ok", "model": state.model_id,
-                             "running": scheduler.running is not None, "waiting": scheduler.waiting,
-                             "max_queue": scheduler.max_queue,
-                             "completed": scheduler.completed, "cancelled": scheduler.cancelled})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": state.model_id,
+                "running": scheduler.running is not None,
+                "waiting": scheduler.waiting,
+                "max_queue": scheduler.max_queue,
+                "completed": scheduler.completed,
+                "cancelled": scheduler.cancelled,
+            }
+        )
 
     async def list_models(request: Request) -> Response:
         authorize(request)
@@ -241,8 +281,12 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
         authorize(request)
         name = request.path_params["model"]
         if name != state.model_id:
-            raise ApiError(404, f"The model {name!r} does not exist: this server has {state.model_id!r}.",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model {name!r} does not exist: this server has {state.model_id!r}.",
+                param="model",
+                code="model_not_found",
+            )
         return JSONResponse(model_card())
 
     async def chat_completions(request: Request) -> Response:
@@ -260,8 +304,12 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
         if not isinstance(model, str) or not model:
             raise ApiError(400, "'model' is required.", param="model")
         if model != state.model_id:
-            raise ApiError(404, f"The model {model!r} does not exist: this server has {state.model_id!r}.",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model {model!r} does not exist: this server has {state.model_id!r}.",
+                param="model",
+                code="model_not_found",
+            )
         for key in _UNSUPPORTED:
             if body.get(key):
                 raise ApiError(400, f"'{key}' is not supported by llmchat serve.", param=key)
@@ -279,16 +327,25 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
         prompt_tokens = await asyncio.to_thread(engine.count_prompt_tokens, messages)
         ctx = engine.info.context_window
         if prompt_tokens is not None and prompt_tokens >= ctx:
-            raise ApiError(400, f"This model's context window is {ctx} tokens; the messages are "
-                           f"{prompt_tokens} tokens.", param="messages", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"This model's context window is {ctx} tokens; the messages are {prompt_tokens} tokens.",
+                param="messages",
+                code="context_length_exceeded",
+            )
         params = parse_sampling(body, ctx - (prompt_tokens or 0))
         job = Job(messages, params, asyncio.get_running_loop())
         try:
             state.scheduler.submit(job)
         except QueueFull as full:
-            raise ApiError(429, f"The server is busy: {state.scheduler.max_queue} requests are waiting. "
-                           f"Retry in {full.retry_after_s} s.", type="server_busy", code="queue_full",
-                           headers={"Retry-After": str(full.retry_after_s)}) from None
+            raise ApiError(
+                429,
+                f"The server is busy: {state.scheduler.max_queue} requests are waiting. "
+                f"Retry in {full.retry_after_s} s.",
+                type="server_busy",
+                code="queue_full",
+                headers={"Retry-After": str(full.retry_after_s)},
+            ) from None
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if stream:
@@ -300,9 +357,11 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
                 if isinstance(first, JobDone) and first.error is not None:
                     return _error_from(first.error).response()
             return JobStream(
-                job, _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage, first),
+                job,
+                _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage, first),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         return await _complete(request, job, request_id, created, state.model_id, prompt_tokens)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
@@ -358,12 +417,25 @@ def _error_from(err: BaseException) -> ApiError:
     return ApiError(500, f"The engine failed: {type(err).__name__}: {err}", type="server_error")
 
 
-async def _stream(job: Job, request_id: str, created: int, model: str, prompt_tokens: int | None,
-                  include_usage: bool, first_event: Any = None) -> AsyncIterator[str]:
+async def _stream(
+    job: Job,
+    request_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int | None,
+    include_usage: bool,
+    first_event: Any = None,
+) -> AsyncIterator[str]:
     """The reply as OpenAI's chat.completion.chunk events; leaving early (the client went) cancels it."""
+
     def chunk(delta: dict, reason: str | None = None) -> dict:
-        return {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+        return {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+        }
 
     try:
         first = True
@@ -413,8 +485,9 @@ async def _first_event(request: Request, job: Job) -> Any:
         gone.cancel()
 
 
-async def _complete(request: Request, job: Job, request_id: str, created: int, model: str,
-                    prompt_tokens: int | None) -> Response:
+async def _complete(
+    request: Request, job: Job, request_id: str, created: int, model: str, prompt_tokens: int | None
+) -> Response:
     """A non-streamed reply; a client that disconnects while it waits cancels it."""
     gone = asyncio.ensure_future(_wait_disconnect(request))
     pieces: list[str] = []
@@ -432,12 +505,23 @@ async def _complete(request: Request, job: Job, request_id: str, created: int, m
             elif isinstance(event, JobDone):
                 if event.error is not None:
                     return _error_from(event.error).response()
-                return JSONResponse({
-                    "id": request_id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(pieces)},
-                                 "finish_reason": finish_reason(event.stats), "logprobs": None}],
-                    "usage": usage(prompt_tokens, event.stats, job),
-                })
+                return JSONResponse(
+                    {
+                        "id": request_id,
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": "".join(pieces)},
+                                "finish_reason": finish_reason(event.stats),
+                                "logprobs": None,
+                            }
+                        ],
+                        "usage": usage(prompt_tokens, event.stats, job),
+                    }
+                )
     finally:
         gone.cancel()
         job.cancel.set()

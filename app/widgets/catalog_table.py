@@ -72,8 +72,14 @@ class CatalogTable(DataTable):
         model_width = min(MODEL_WIDTH, max([len("Model"), *(max(len(e.id), len(e.name)) for e in entries)]))
         self.clear(columns=True)
         self.add_column("Model", width=model_width)
-        columns = (("Params", 6), ("Download", 9), ("Context", 7), ("Fit", 12), ("Speed", 12),
-                   ("Installed", 9))
+        columns = (
+            ("Params", 6),
+            ("Download", 9),
+            ("Context", 7),
+            ("Fit", 12),
+            ("Speed", 12),
+            ("Installed", 9),
+        )
         for label, width in columns:
             self.add_column(label, width=width)
         for entry in entries:
@@ -82,8 +88,11 @@ class CatalogTable(DataTable):
             except Exception:
                 verdict = "?"
             self.add_row(
-                Text(f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id, no_wrap=True,
-                     overflow="ellipsis"),
+                Text(
+                    f"{entry.id}\n{entry.name}" if entry.name != entry.id else entry.id,
+                    no_wrap=True,
+                    overflow="ellipsis",
+                ),
                 human_count(entry.parameters),
                 human_bytes(entry.download_bytes),
                 human_context(entry.context_window),

@@ -39,9 +39,13 @@ class ServerTable(DataTable):
     def show(self, servers: list[SavedServer], select: str | None = None) -> None:
         self.clear()
         for server in servers:
-            self.add_row(server.name, server.endpoint, server.model,
-                         Text(KEY_WORDS[server.key], style="dim" if server.key == "none" else ""),
-                         key=server.name)
+            self.add_row(
+                server.name,
+                server.endpoint,
+                server.model,
+                Text(KEY_WORDS[server.key], style="dim" if server.key == "none" else ""),
+                key=server.name,
+            )
         if select is not None:
             with contextlib.suppress(Exception):
                 self.move_cursor(row=self.get_row_index(select))
@@ -68,8 +72,9 @@ class ServersPanel(Vertical):
     """
 
     class Loaded(Message):
-        def __init__(self, servers: list[SavedServer] | None, error: BaseException | None,
-                     select: str | None) -> None:
+        def __init__(
+            self, servers: list[SavedServer] | None, error: BaseException | None, select: str | None
+        ) -> None:
             super().__init__()
             self.servers = servers
             self.error = error
@@ -85,8 +90,11 @@ class ServersPanel(Vertical):
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
-        yield Static("Servers — a: add a server (OpenAI-compatible: llmchat serve, vLLM, llama.cpp, "
-                     "Ollama …)", id="servers-heading", markup=False)
+        yield Static(
+            "Servers — a: add a server (OpenAI-compatible: llmchat serve, vLLM, llama.cpp, Ollama …)",
+            id="servers-heading",
+            markup=False,
+        )
         yield ServerTable(id="servers")
 
     def on_mount(self) -> None:
@@ -116,9 +124,11 @@ class ServersPanel(Vertical):
         table.show(self.servers, select=message.select)
         table.display = bool(self.servers)
         count = len(self.servers)
-        heading.update(f"Servers ({count}) — Enter: chat with · a: add a server · x: remove" if count else
-                       "Servers — a: add a server (OpenAI-compatible: llmchat serve, vLLM, llama.cpp, "
-                       "Ollama …)")
+        heading.update(
+            f"Servers ({count}) — Enter: chat with · a: add a server · x: remove"
+            if count
+            else "Servers — a: add a server (OpenAI-compatible: llmchat serve, vLLM, llama.cpp, Ollama …)"
+        )
         if message.select is not None:
             table.focus()
 

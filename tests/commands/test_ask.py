@@ -13,16 +13,30 @@ from app.inference.model_defaults import model_sampling
 
 def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):
     model = tiny_model_dir("llama", "q4f32_1")
-    code = main(["ask", "--model", str(model), "--device", "cpu", "--temperature", "0", "--max-tokens", "10",
-                 "--stats", "Hello! How are you?"])
+    code = main(
+        [
+            "ask",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "10",
+            "--stats",
+            "Hello! How are you?",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0
     tiny_engine.set_system_prompt(None)
     # the flags given override the model's defaults (here: its config's, plus the repetition guard)
     params = replace(model_sampling(model).params, temperature=0, max_tokens=10)
     assert params.repetition_penalty == 1.1
-    expected = "".join(e.text for e in tiny_engine.chat("Hello! How are you?", params)
-                       if isinstance(e, TextDelta))
+    expected = "".join(
+        e.text for e in tiny_engine.chat("Hello! How are you?", params) if isinstance(e, TextDelta)
+    )
     tiny_engine.reset()
     assert out == expected + "\n"
     assert "[load]" in err and "prefill:" in err and "decode:" in err
@@ -30,17 +44,41 @@ def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):
 
 def test_ask_penalty_flags_reach_the_sampler(tiny_model_dir, tiny_engine, capsys):
     model = tiny_model_dir("llama", "q4f32_1")
-    code = main(["ask", "--model", str(model), "--device", "cpu", "--temperature", "0", "--max-tokens", "12",
-                 "--repetition-penalty", "1", "--repeat-last-n", "8", "--presence-penalty", "0.5",
-                 "Hello! How are you?"])
+    code = main(
+        [
+            "ask",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--repetition-penalty",
+            "1",
+            "--repeat-last-n",
+            "8",
+            "--presence-penalty",
+            "0.5",
+            "Hello! How are you?",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
-    params = replace(model_sampling(model).params, temperature=0, max_tokens=12, repetition_penalty=1.0,
-                     repeat_last_n=8, presence_penalty=0.5)
+    params = replace(
+        model_sampling(model).params,
+        temperature=0,
+        max_tokens=12,
+        repetition_penalty=1.0,
+        repeat_last_n=8,
+        presence_penalty=0.5,
+    )
     tiny_engine.set_system_prompt(None)
     tiny_engine.reset()
-    expected = "".join(e.text for e in tiny_engine.chat("Hello! How are you?", params)
-                       if isinstance(e, TextDelta))
+    expected = "".join(
+        e.text for e in tiny_engine.chat("Hello! How are you?", params) if isinstance(e, TextDelta)
+    )
     tiny_engine.reset()
     assert out == expected + "\n"
 
@@ -74,8 +112,9 @@ def test_ask_on_rocm_where_it_cannot_run(tiny_model_dir, capsys):
 
 
 def test_ask_bad_sampling_value(tiny_model_dir, capsys):
-    code = main(["ask", "--model", str(tiny_model_dir("llama", "q4f32_1")), "--device", "cpu",
-                 "--top-p", "0", "hi"])
+    code = main(
+        ["ask", "--model", str(tiny_model_dir("llama", "q4f32_1")), "--device", "cpu", "--top-p", "0", "hi"]
+    )
     assert code == 1
     assert "top_p" in capsys.readouterr().err
 
@@ -83,8 +122,20 @@ def test_ask_bad_sampling_value(tiny_model_dir, capsys):
 def test_ask_with_mlc_engine_stand_in(tiny_model_dir, capsys, mlc_stand_in):
     """--engine mlc drives MLC-LLM's MLCEngine; here the STAND-IN module of tests/stand_ins (the real
     package is only on MLC's own wheel index and cannot be installed where the tests run)."""
-    code = main(["ask", "--engine", "mlc", "--model", str(tiny_model_dir("llama", "q4f32_1")),
-                 "--device", "cpu", "--max-tokens", "3", "hello there"])
+    code = main(
+        [
+            "ask",
+            "--engine",
+            "mlc",
+            "--model",
+            str(tiny_model_dir("llama", "q4f32_1")),
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "3",
+            "hello there",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("You said: hello")
 
@@ -164,9 +215,24 @@ def test_ask_prefill_progress_on_a_terminal_is_one_line_erased_before_the_reply(
     model = str(tiny_model_dir("llama", "q4f32_1"))
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "ask", "--model", model, "--device", "cpu", "--temperature", "0",
-         "--max-tokens", "6", LONG_PROMPT],
-        stdout=subprocess.PIPE, stderr=follower, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "ask",
+            "--model",
+            model,
+            "--device",
+            "cpu",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "6",
+            LONG_PROMPT,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
     )
     os.close(follower)
     err = b""

@@ -11,8 +11,26 @@ from app.cli import main
 
 def test_bench_model_dir_json(tiny_model_dir, tiny_engine, capsys):
     model = tiny_model_dir("llama", "q4f32_1")
-    code = main(["bench", "--model", str(model), "--device", "cpu", "--gen", "24", "--warmup", "4",
-                 "--prompt-tokens", "40", "--depth", "20", "--runs", "2", "--json"])
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--gen",
+            "24",
+            "--warmup",
+            "4",
+            "--prompt-tokens",
+            "40",
+            "--depth",
+            "20",
+            "--runs",
+            "2",
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
@@ -31,8 +49,25 @@ def test_bench_result_is_kept_for_the_speed_estimates(tiny_model_dir, capsys):
     from app.inference import bench_store
 
     model = tiny_model_dir("llama", "q4f32_1")
-    assert main(["bench", "--model", str(model), "--device", "cpu", "--gen", "16", "--warmup", "2",
-                 "--prompt-tokens", "0", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(model),
+                "--device",
+                "cpu",
+                "--gen",
+                "16",
+                "--warmup",
+                "2",
+                "--prompt-tokens",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     kept = bench_store.results()
     assert len(kept) == 1
@@ -41,8 +76,26 @@ def test_bench_result_is_kept_for_the_speed_estimates(tiny_model_dir, capsys):
 
 
 def test_bench_random_weights_with_bandwidth_roofline(capsys):
-    code = main(["bench", "--random-weights", "tiny-llama", "--quantization", "q4f32_1", "--device", "cpu",
-                 "--gen", "16", "--warmup", "2", "--prompt-tokens", "8", "--bandwidth", "50", "--json"])
+    code = main(
+        [
+            "bench",
+            "--random-weights",
+            "tiny-llama",
+            "--quantization",
+            "q4f32_1",
+            "--device",
+            "cpu",
+            "--gen",
+            "16",
+            "--warmup",
+            "2",
+            "--prompt-tokens",
+            "8",
+            "--bandwidth",
+            "50",
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
@@ -61,8 +114,22 @@ def test_bench_rejects_both_model_and_random(capsys):
 
 def test_bench_without_prefill_pass(tiny_model_dir, capsys):
     model = tiny_model_dir("llama", "q4f32_1")
-    code = main(["bench", "--model", str(model), "--device", "cpu", "--gen", "8", "--warmup", "2",
-                 "--prompt-tokens", "0", "--json"])
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--gen",
+            "8",
+            "--warmup",
+            "2",
+            "--prompt-tokens",
+            "0",
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
@@ -70,11 +137,14 @@ def test_bench_without_prefill_pass(tiny_model_dir, capsys):
     assert "prefill:" not in out
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--prompt-tokens", "1"], "--prompt-tokens 1"),
-    (["--depth", "-3"], "--depth"),
-    (["--prompt-tokens", "600", "--context-window", "512"], "--context-window 512"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--prompt-tokens", "1"], "--prompt-tokens 1"),
+        (["--depth", "-3"], "--depth"),
+        (["--prompt-tokens", "600", "--context-window", "512"], "--context-window 512"),
+    ],
+)
 def test_bench_refuses_sizes_it_cannot_run(flags, named, capsys):
     assert main(["bench", "--random-weights", "tiny-llama", "--device", "cpu", *flags]) == 1
     err = capsys.readouterr().err

@@ -121,8 +121,10 @@ def test_doctor_ignores_negative_and_absurd_vram_sizes(tmp_path):
         data = json.loads(out.stdout)
         assert 8e9 <= data["memory_budget_bytes"] <= 24e9  # the table's VRAM of an RX 6900 XT
         assert data["devices"][0]["vram_source"] == "table"
-        assert any("mem_info_vram_total" in p and "impossible memory size" in p and value in p
-                   for p in data["problems"]), data["problems"]
+        assert any(
+            "mem_info_vram_total" in p and "impossible memory size" in p and value in p
+            for p in data["problems"]
+        ), data["problems"]
 
 
 def test_doctor_with_a_non_ascii_kfd_node_directory(tmp_path):

@@ -86,8 +86,9 @@ def test_installed_models_outside_the_catalog_are_listed(capsys):
 def test_probe_budget_is_used_and_failures_mean_unknown(capsys, monkeypatch):
     from app.inference import hardware
 
-    monkeypatch.setattr(hardware, "shared_probe", lambda: SimpleNamespace(memory_budget_bytes=2 * GB),
-                        raising=False)
+    monkeypatch.setattr(
+        hardware, "shared_probe", lambda: SimpleNamespace(memory_budget_bytes=2 * GB), raising=False
+    )
     assert run_json(capsys)["memory_budget_bytes"] == 2 * GB
 
     def broken():
@@ -172,10 +173,25 @@ def test_speed_estimates_mark_slow_models_and_use_bench_results(capsys, monkeypa
     assert "SLOW" not in next(line for line in table.splitlines() if line.startswith("smollm2-135m"))
 
     # llmchat bench measured the default model here (and a GPU elsewhere, which must not count)
-    assert bench_store.record({"model": "smollm2-135m-instruct", "device": "cpu:0", "decode_tok_s": 64.0,
-                               "weight_bytes": 100_000_000}) is not None
-    bench_store.record({"model": "qwen2.5-0.5b-instruct", "device": "cuda:0", "decode_tok_s": 1600.0,
-                        "weight_bytes": 300_000_000})
+    assert (
+        bench_store.record(
+            {
+                "model": "smollm2-135m-instruct",
+                "device": "cpu:0",
+                "decode_tok_s": 64.0,
+                "weight_bytes": 100_000_000,
+            }
+        )
+        is not None
+    )
+    bench_store.record(
+        {
+            "model": "qwen2.5-0.5b-instruct",
+            "device": "cuda:0",
+            "decode_tok_s": 1600.0,
+            "weight_bytes": 300_000_000,
+        }
+    )
     rows = {r["id"]: r for r in run_json(capsys)["models"]}
     assert rows["smollm2-135m-instruct"]["speed"]["source"] == "measured"
     assert rows["smollm2-135m-instruct"]["speed"]["decode_tok_s"] == 64.0
@@ -189,8 +205,12 @@ def test_a_damaged_bench_file_is_ignored(capsys, monkeypatch):
 
     monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
     bench_store.path().parent.mkdir(parents=True, exist_ok=True)
-    for damage in ("{not json", '{"results": [1, {"model": "x", "device": "cpu:0", "decode_tok_s": -1}]}',
-                   '{"results": {"a": 1}}', "[]"):
+    for damage in (
+        "{not json",
+        '{"results": [1, {"model": "x", "device": "cpu:0", "decode_tok_s": -1}]}',
+        '{"results": {"a": 1}}',
+        "[]",
+    ):
         bench_store.path().write_text(damage)
         assert bench_store.results() == []
         rows = {r["id"]: r for r in run_json(capsys)["models"]}
@@ -198,5 +218,7 @@ def test_a_damaged_bench_file_is_ignored(capsys, monkeypatch):
     # recording over a damaged file starts it again
     assert bench_store.record({"model": "m", "device": "cpu:0", "decode_tok_s": 5, "weight_bytes": 9})
     assert [r.model for r in bench_store.results()] == ["m"]
-    assert bench_store.record({"model": "m", "device": "cpu:0", "decode_tok_s": float("nan"),
-                               "weight_bytes": 9}) is None
+    assert (
+        bench_store.record({"model": "m", "device": "cpu:0", "decode_tok_s": float("nan"), "weight_bytes": 9})
+        is None
+    )

@@ -25,8 +25,23 @@ def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tiny_model_dir, tin
     model = tiny_model_dir("llama", "q4f32_1")  # tiny_engine: its library is compiled and cached
     script = Path(sys.executable).parent / "llmchat"
     env = {**os.environ, "LLMCHAT_SERVE_API_KEY": "key-from-env"}
-    proc = subprocess.Popen([str(script), "serve", "--model", str(model), "--device", "cpu", "--port", "0",
-                             "--log-level", "warning"], stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            str(script),
+            "serve",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines = []
         for line in proc.stderr:
@@ -38,8 +53,9 @@ def test_serve_answers_the_openai_client_and_stops_on_ctrl_c(tiny_model_dir, tin
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         api = openai.OpenAI(base_url=url, api_key="key-from-env", max_retries=0, timeout=60)
         assert [m.id for m in api.models.list().data] == [model.name]
-        reply = api.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "Hi"}],
-                                            temperature=0, max_tokens=6)
+        reply = api.chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=6
+        )
         assert reply.usage.completion_tokens == 6
         with openai.OpenAI(base_url=url, api_key="wrong", max_retries=0) as wrong:
             try:
@@ -65,9 +81,25 @@ def test_serve_with_the_mlc_engine(tiny_model_dir):
     model = tiny_model_dir("llama", "q4f32_1")
     script = Path(sys.executable).parent / "llmchat"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STAND_INS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([str(script), "serve", "--engine", "mlc", "--model", str(model),
-                             "--device", "cpu", "--port", "0", "--log-level", "warning"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            str(script),
+            "serve",
+            "--engine",
+            "mlc",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines = []
         for line in proc.stderr:

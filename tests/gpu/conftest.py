@@ -65,8 +65,10 @@ def cuda() -> Gpu:
         except prebuilt.CacheError as err:
             pytest.fail(str(err))
     elif cuda_support.find_nvcc() is None:
-        pytest.skip("nvcc (the CUDA toolkit) is needed to build the kernels "
-                    f"(or a prebuilt cache: {prebuilt.CACHE_ENV}, tests/gpu/prebuilt.py)")
+        pytest.skip(
+            "nvcc (the CUDA toolkit) is needed to build the kernels "
+            f"(or a prebuilt cache: {prebuilt.CACHE_ENV}, tests/gpu/prebuilt.py)"
+        )
     try:
         cuda_support.prepare_cuda_runtime()
     except LlmchatError as err:

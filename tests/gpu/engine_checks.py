@@ -24,7 +24,7 @@ PROMPT, SECOND_TURN, STEPS = 150, 70, 8
 def token_script(vocab: int, seed: int = 7) -> tuple[list[int], list[int], list[int]]:
     """(prompt, decoded tokens, second turn): fixed ids, the same for every engine."""
     ids = np.random.default_rng(seed).integers(0, vocab, size=PROMPT + SECOND_TURN + 2 * STEPS).tolist()
-    return ids[:PROMPT], ids[PROMPT:PROMPT + 2 * STEPS], ids[PROMPT + 2 * STEPS:]
+    return ids[:PROMPT], ids[PROMPT : PROMPT + 2 * STEPS], ids[PROMPT + 2 * STEPS :]
 
 
 def scripted_logits(engine: Any, vocab: int) -> tuple[np.ndarray, list[int]]:
@@ -119,8 +119,14 @@ def check_device_greedy(engine: Any, steps: int = 24) -> list[int]:
         token = ahead[-1]
     rt.clear()
     result = GenerationResult()
-    for _ in generate(rt, start, SamplingParams(temperature=0.0, max_tokens=steps + 1), kv_ids=[],
-                      cancel=threading.Event(), result=result):
+    for _ in generate(
+        rt,
+        start,
+        SamplingParams(temperature=0.0, max_tokens=steps + 1),
+        kv_ids=[],
+        cancel=threading.Event(),
+        result=result,
+    ):
         pass
     rt.clear()
     assert device == host, "decode_greedy differs from numpy's argmax"
@@ -141,7 +147,7 @@ def check_long_context(engine: Any, model_dir: Path, prompt_len: int, steps: int
         ids.append(int(np.argmax(outs[-1])))
         outs.append(rt.decode(ids[-1]))
     rt.clear()
-    ref = forward(config, load_numpy(model_dir), ids)[prompt_len - 1:]
+    ref = forward(config, load_numpy(model_dir), ids)[prompt_len - 1 :]
     rel = relative_errors(np.stack(outs), ref)
     assert rel.max() <= tol, f"long context: logits off by {rel.max():.2e} at step {int(rel.argmax())}"
     return float(rel.max())

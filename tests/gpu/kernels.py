@@ -102,7 +102,7 @@ def q4_matmul64(x: np.ndarray, w: np.ndarray, s: np.ndarray) -> np.ndarray:
     out = np.empty((x.shape[0], w.shape[0]))
     x64 = x.astype(np.float64)
     for r in range(0, w.shape[0], 4096):
-        out[:, r:r + 4096] = x64 @ dequant_q4(w[r:r + 4096], s[r:r + 4096]).T
+        out[:, r : r + 4096] = x64 @ dequant_q4(w[r : r + 4096], s[r : r + 4096]).T
     return out
 
 
@@ -165,8 +165,9 @@ def gemm_case(k: int, n: int, epilogue: str, rows: tuple[int, ...], seed: int = 
         func = q4_matmul_func(k, n, epilogue, rows=tvm.te.var("seq_len", "int64"))
         return _replaced(CudaQ4Gemm(), func, target) if is_cuda(target) else func
 
-    return Case(f"gemm_{k}x{n}_{epilogue}", build,
-                [partial(_matmul_run, k, n, epilogue, m, seed + m) for m in rows])
+    return Case(
+        f"gemm_{k}x{n}_{epilogue}", build, [partial(_matmul_run, k, n, epilogue, m, seed + m) for m in rows]
+    )
 
 
 def _silu_gate_te(k: int, n: int) -> Any:
@@ -178,8 +179,11 @@ def _silu_gate_te(k: int, n: int) -> Any:
     x = te.placeholder((1, 1, k), "float16", name="x")
     weights = [te.placeholder(shape, dtype, name=name) for name, (shape, dtype) in specs.items()]
     h = dequant_matmul_te(fmt, list(specs), k, 2 * n, "float16")(x, *weights)
-    out = te.compute((1, 1, n), lambda a, b, c: h[a, b, c] * tvm.tirx.sigmoid(h[a, b, c]) * h[a, b, c + n],
-                     name="silu_gate")
+    out = te.compute(
+        (1, 1, n),
+        lambda a, b, c: h[a, b, c] * tvm.tirx.sigmoid(h[a, b, c]) * h[a, b, c + n],
+        name="silu_gate",
+    )
     return te.create_prim_func([x, *weights, out])
 
 
@@ -306,18 +310,20 @@ def decode_reference(q, pages, indptr, values, lengths, sm_scale):
     h_kv = pages.shape[2]
     out, lse = np.zeros(q.shape), np.zeros((batch, h_q))
     for b, n in enumerate(lengths):
-        seq = values[indptr[b]: indptr[b + 1]]
+        seq = values[indptr[b] : indptr[b + 1]]
         k = pages[seq, 0].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :n].astype(np.float64)
         v = pages[seq, 1].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :n].astype(np.float64)
         for h in range(h_q):
             g = h // (h_q // h_kv)
-            out[b, h], lse[b, h] = _softmax_attention(q[b, h].astype(np.float64), k[g], v[g],
-                                                      np.ones(n, bool), sm_scale)
+            out[b, h], lse[b, h] = _softmax_attention(
+                q[b, h].astype(np.float64), k[g], v[g], np.ones(n, bool), sm_scale
+            )
     return out, lse
 
 
-def decode_attention_case(h_q: int, h_kv: int, d: int, batches: list[list[int]], max_cluster: int = 0,
-                          seed: int = 0) -> Case:
+def decode_attention_case(
+    h_q: int, h_kv: int, d: int, batches: list[list[int]], max_cluster: int = 0, seed: int = 0
+) -> Case:
     """``llmchat::decode_attention`` in place of TVM's ``batch_decode_paged_kv``: chunks merged
     through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90); one build, a
     run per batch of sequence lengths. The CPU runs llmchat's CPU kernel of the same signature."""
@@ -328,12 +334,13 @@ def decode_attention_case(h_q: int, h_kv: int, d: int, batches: list[list[int]],
         if not is_cuda(target):
             return cpu_attention.decode_attention_kernel(h_kv, h_q, d, "float16", False, PAGE)
         func = cuda_attention.split_decode_attention(
-            _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster)
+            _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster
+        )
         assert func is not None, "split_decode_attention did not take TVM's decode attention"
         return func
 
     rng = np.random.default_rng(seed)
-    sm_scale = d ** -0.5
+    sm_scale = d**-0.5
 
     def run(lengths: list[int]) -> Run:
         pages, indptr, values, last = paged_kv(lengths, h_kv, d, rng)
@@ -346,8 +353,21 @@ def decode_attention_case(h_q: int, h_kv: int, d: int, batches: list[list[int]],
             _close(outs[0], expected, 2e-3, f"decode attention ({h_q}, {h_kv}, {d}) {label}: output")
             _close(outs[1], expected_lse, 1e-3, f"decode attention ({h_q}, {h_kv}, {d}) {label}: lse")
 
-        args = [q, pages, indptr, values, last, zeros, zeros, np.zeros(q.shape, np.float16),
-                np.zeros(q.shape[:2], np.float32), 0, 1.0, 10000.0, sm_scale]
+        args = [
+            q,
+            pages,
+            indptr,
+            values,
+            last,
+            zeros,
+            zeros,
+            np.zeros(q.shape, np.float16),
+            np.zeros(q.shape[:2], np.float32),
+            0,
+            1.0,
+            10000.0,
+            sm_scale,
+        ]
         return Run(label, args, (7, 8), check)
 
     kind = f"cluster{max_cluster}" if max_cluster else "global"
@@ -361,20 +381,22 @@ def prefill_reference(q, k, v, q_lens, kv_lens, causal, sm_scale):
     out, lse = np.zeros(q.shape), np.zeros(q.shape[:2])
     q0 = k0 = 0
     for q_len, kv_len in zip(q_lens, kv_lens, strict=True):
-        keys = k[k0:k0 + kv_len].astype(np.float64)
-        vals = v[k0:k0 + kv_len].astype(np.float64)
+        keys = k[k0 : k0 + kv_len].astype(np.float64)
+        vals = v[k0 : k0 + kv_len].astype(np.float64)
         for r in range(q_len):
             visible = np.arange(kv_len) < (kv_len - q_len + r + 1 if causal else kv_len)
             for h in range(h_q):
                 g = h // (h_q // h_kv)
                 out[q0 + r, h], lse[q0 + r, h] = _softmax_attention(
-                    q[q0 + r, h].astype(np.float64), keys[:, g], vals[:, g], visible, sm_scale)
+                    q[q0 + r, h].astype(np.float64), keys[:, g], vals[:, g], visible, sm_scale
+                )
         q0, k0 = q0 + q_len, k0 + kv_len
     return out, lse
 
 
-def prefill_attention_case(h_q: int, h_kv: int, d: int, batches: list[tuple[list[int], list[int], bool]],
-                           seed: int = 0) -> Case:
+def prefill_attention_case(
+    h_q: int, h_kv: int, d: int, batches: list[tuple[list[int], list[int], bool]], seed: int = 0
+) -> Case:
     """``llmchat::prefill_attention`` in place of TVM's ``batch_prefill_ragged_kv`` (sm_80): one
     build, a run per (query lengths, key lengths, causal). The CPU runs TVM's CPU kernel."""
 
@@ -390,7 +412,7 @@ def prefill_attention_case(h_q: int, h_kv: int, d: int, batches: list[tuple[list
         return func
 
     rng = np.random.default_rng(seed)
-    sm_scale = d ** -0.5
+    sm_scale = d**-0.5
 
     def run(q_lens: list[int], kv_lens: list[int], causal: bool) -> Run:
         rows, keys = sum(q_lens), sum(kv_lens)
@@ -406,9 +428,22 @@ def prefill_attention_case(h_q: int, h_kv: int, d: int, batches: list[tuple[list
             _close(outs[0], expected, 4e-3, f"prefill attention ({h_q}, {h_kv}, {d}) {label}: output")
             _close(outs[1], expected_lse, 2e-3, f"prefill attention ({h_q}, {h_kv}, {d}) {label}: lse")
 
-        args = [q, q_indptr, k, v, kv_indptr, np.zeros(rows, np.int32), np.zeros(len(q_lens), np.int32),
-                np.zeros(q.shape, np.float16), np.zeros((rows, h_q), np.float32), int(causal), 0, 1.0,
-                10000.0, sm_scale]
+        args = [
+            q,
+            q_indptr,
+            k,
+            v,
+            kv_indptr,
+            np.zeros(rows, np.int32),
+            np.zeros(len(q_lens), np.int32),
+            np.zeros(q.shape, np.float16),
+            np.zeros((rows, h_q), np.float32),
+            int(causal),
+            0,
+            1.0,
+            10000.0,
+            sm_scale,
+        ]
         return Run(label, args, (7, 8), check)
 
     return Case(f"prefill_attention_{h_q}_{h_kv}_{d}", build, [partial(run, *b) for b in batches])
@@ -452,8 +487,9 @@ def run_all(lib: Any, cases: list[Case], device: Any) -> list[str]:
     for case in cases:
         func = lib[case.name]
         for run in case.runs:
-            args = [tvm.runtime.tensor(a, device=device) if isinstance(a, np.ndarray) else a
-                    for a in run.args]
+            args = [
+                tvm.runtime.tensor(a, device=device) if isinstance(a, np.ndarray) else a for a in run.args
+            ]
             try:
                 func(*args)
                 run.check([args[i].numpy() for i in run.outputs])

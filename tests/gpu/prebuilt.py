@@ -40,8 +40,10 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 #: the engine's cache directory (LLMCHAT_CACHE_DIR) inside the prebuilt cache
 ENGINE_CACHE = "llmchat-cache"
-REBUILD = ("fix: on a machine with TVM's compiler and nvcc, `make gpu-cache GPU_ARCH={arch}` "
-           "(python -m tests.gpu.prebuilt build --arch {arch} --out DIR), then carry DIR here")
+REBUILD = (
+    "fix: on a machine with TVM's compiler and nvcc, `make gpu-cache GPU_ARCH={arch}` "
+    "(python -m tests.gpu.prebuilt build --arch {arch} --out DIR), then carry DIR here"
+)
 
 
 class CacheError(Exception):
@@ -76,10 +78,12 @@ def target_facts(target: Any) -> dict[str, Any]:
     time: a runtime-only TVM cannot make a ``Target``."""
     from app.inference.pipelines import gpu
 
-    return {"arch": str(target.attrs["arch"]),
-            "matmul_kernels": bool(gpu.use_cuda_kernel_gemv(target) and gpu.use_cuda_gemm(target)),
-            "max_cluster": int(gpu.max_cluster_size(target)),
-            "prompt_attention": bool(gpu.attention_passes(target)[1:])}
+    return {
+        "arch": str(target.attrs["arch"]),
+        "matmul_kernels": bool(gpu.use_cuda_kernel_gemv(target) and gpu.use_cuda_gemm(target)),
+        "max_cluster": int(gpu.max_cluster_size(target)),
+        "prompt_attention": bool(gpu.attention_passes(target)[1:]),
+    }
 
 
 def cuda_target(arch: str) -> Any:
@@ -107,11 +111,14 @@ class Prebuilt:
         try:
             self.manifest = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
-            raise CacheError(f"no readable GPU test cache at {path} ({err}); "
-                             + REBUILD.format(arch="sm_90")) from err
+            raise CacheError(
+                f"no readable GPU test cache at {path} ({err}); " + REBUILD.format(arch="sm_90")
+            ) from err
         if self.manifest.get("format") != FORMAT:
-            raise CacheError(f"{path} is of format {self.manifest.get('format')}, this suite reads "
-                             f"{FORMAT}; " + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"{path} is of format {self.manifest.get('format')}, this suite reads "
+                f"{FORMAT}; " + REBUILD.format(arch=self.arch)
+            )
 
     @property
     def arch(self) -> str:
@@ -124,47 +131,60 @@ class Prebuilt:
     def check(self, device_arch: str) -> None:
         """The cache fits this checkout's sources and this GPU."""
         if device_arch != self.arch:
-            raise CacheError(f"the GPU test cache {self.root} was built for {self.arch}, this GPU is "
-                             f"{device_arch}; " + REBUILD.format(arch=device_arch))
+            raise CacheError(
+                f"the GPU test cache {self.root} was built for {self.arch}, this GPU is "
+                f"{device_arch}; " + REBUILD.format(arch=device_arch)
+            )
         here = sources_digest()
         if self.manifest.get("sources") != here:
-            raise CacheError(f"the GPU test cache {self.root} was built from other sources (commit "
-                             f"{self.manifest.get('commit')}, digest {self.manifest.get('sources')}; "
-                             f"this checkout: {here}); " + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"the GPU test cache {self.root} was built from other sources (commit "
+                f"{self.manifest.get('commit')}, digest {self.manifest.get('sources')}; "
+                f"this checkout: {here}); " + REBUILD.format(arch=self.arch)
+            )
 
     def file(self, section: str, name: str) -> Path:
         """The verified file of entry ``name`` in ``section`` (size and sha256 as recorded)."""
         entry = self.manifest.get(section, {}).get(name)
         if entry is None:
-            raise CacheError(f"{section} '{name}' is not in the GPU test cache {self.root}; "
-                             + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"{section} '{name}' is not in the GPU test cache {self.root}; "
+                + REBUILD.format(arch=self.arch)
+            )
         path = self.root / entry["file"]
         if not path.is_file() or path.stat().st_size != entry["size"] or _digest(path) != entry["sha256"]:
-            raise CacheError(f"{path} is missing or damaged (size/sha256 differ from the manifest); "
-                             + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"{path} is missing or damaged (size/sha256 differ from the manifest); "
+                + REBUILD.format(arch=self.arch)
+            )
         return path
 
     def kernel_library(self, group: str, case_names: list[str]) -> Path:
         entry = self.manifest.get("kernels", {}).get(group)
         if entry is not None and entry["cases"] != case_names:
-            raise CacheError(f"the GPU test cache's '{group}' kernels are other cases than the suite's "
-                             f"({len(entry['cases'])} vs {len(case_names)}); "
-                             + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"the GPU test cache's '{group}' kernels are other cases than the suite's "
+                f"({len(entry['cases'])} vs {len(case_names)}); " + REBUILD.format(arch=self.arch)
+            )
         return self.file("kernels", group)
 
     def engine_cache(self) -> Path:
         path = self.root / ENGINE_CACHE
         if not (path / "libs").is_dir():
-            raise CacheError(f"no engine libraries in the GPU test cache ({path / 'libs'}); "
-                             + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"no engine libraries in the GPU test cache ({path / 'libs'}); "
+                + REBUILD.format(arch=self.arch)
+            )
         return path
 
     def parameter_specs(self, cfg: Any) -> list[dict[str, Any]]:
         key = model_key(cfg)
         specs = self.manifest.get("models", {}).get(key)
         if specs is None:
-            raise CacheError(f"the GPU test cache has no parameter list for the model {key}; "
-                             + REBUILD.format(arch=self.arch))
+            raise CacheError(
+                f"the GPU test cache has no parameter list for the model {key}; "
+                + REBUILD.format(arch=self.arch)
+            )
         return specs
 
 
@@ -190,9 +210,11 @@ def forbid_compiling(root: Path) -> None:
     from app.inference import compiler
 
     def refuse(cfg: Any, target: Any, out_path: Path, *_a: Any, **_k: Any) -> Any:
-        raise LlmchatError(f"the engine library {out_path.name} ({cfg.model_type}, {cfg.quantization}) "
-                           f"is not in the GPU test cache {root} (built from other sources, or never built)",
-                           REBUILD.format(arch="sm_90").removeprefix("fix: "))
+        raise LlmchatError(
+            f"the engine library {out_path.name} ({cfg.model_type}, {cfg.quantization}) "
+            f"is not in the GPU test cache {root} (built from other sources, or never built)",
+            REBUILD.format(arch="sm_90").removeprefix("fix: "),
+        )
 
     compiler.compile_library = refuse
     compiler.make_target = lambda device, arch=None: None  # never asks the compiler for a Target
@@ -202,8 +224,12 @@ def forbid_compiling(root: Path) -> None:
 # building the cache (a machine with TVM's compiler and nvcc; no GPU)
 # ------------------------------------------------------------------------------------------------
 def _entry(root: Path, path: Path, **extra: Any) -> dict[str, Any]:
-    return {"file": str(path.relative_to(root)), "size": path.stat().st_size, "sha256": _digest(path),
-            **extra}
+    return {
+        "file": str(path.relative_to(root)),
+        "size": path.stat().st_size,
+        "sha256": _digest(path),
+        **extra,
+    }
 
 
 def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
@@ -212,8 +238,10 @@ def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
     from benchmarks import twin_check
     from tests.gpu.test_engine_cuda import MODELS
 
-    models = {name: (family, quant, overrides, False) for name, (family, quant, overrides)
-              in twin_check.TINY.items()}
+    models = {
+        name: (family, quant, overrides, False)
+        for name, (family, quant, overrides) in twin_check.TINY.items()
+    }
     for name, (family, overrides) in MODELS.items():
         models[f"engine-{name}"] = (family, "q4f16_1", overrides, True)
     return models
@@ -234,10 +262,16 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
     out.mkdir(parents=True)
     target = cuda_target(arch)
     facts = target_facts(target)
-    manifest: dict[str, Any] = {"format": FORMAT, "facts": facts, "sources": sources_digest(),
-                                "commit": _commit(),
-                                "built": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
-                                "kernels": {}, "files": {}, "models": {}}
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "facts": facts,
+        "sources": sources_digest(),
+        "commit": _commit(),
+        "built": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "kernels": {},
+        "files": {},
+        "models": {},
+    }
     for group, make_cases in kernel_groups(facts).items():
         t0 = time.time()
         cases = make_cases()
@@ -260,8 +294,10 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
                     t0 = time.time()
                     lib = compiler.get_library(cfg, DeviceSpec("cuda", 0), arch=arch)
                     os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
-                    log(f"engine {name}{' (plain pipeline)' if use_plain else ''}: {lib.lib_path.name}, "
-                        f"{lib.lib_path.stat().st_size:,} bytes, {time.time() - t0:.0f} s")
+                    log(
+                        f"engine {name}{' (plain pipeline)' if use_plain else ''}: {lib.lib_path.name}, "
+                        f"{lib.lib_path.stat().st_size:,} bytes, {time.time() - t0:.0f} s"
+                    )
     finally:
         os.environ.pop("LLMCHAT_CACHE_DIR", None)
         if old_cache is not None:
@@ -277,8 +313,12 @@ def _commit() -> str | None:
     import subprocess
 
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -288,8 +328,11 @@ def _size(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.gpu.prebuilt", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.gpu.prebuilt",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile what the GPU suite needs (TVM's compiler, nvcc; no GPU)")
     b.add_argument("--arch", default="sm_90", help="the GPU's architecture (default sm_90: an H100/H200)")
@@ -301,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         t0 = time.time()
         build(args.arch, args.out.resolve())
-        print(f"GPU test cache: {args.out} ({_size(args.out):,} bytes, {time.time() - t0:.0f} s); "
-              f"run the suite from it with {CACHE_ENV}={args.out}")
+        print(
+            f"GPU test cache: {args.out} ({_size(args.out):,} bytes, {time.time() - t0:.0f} s); "
+            f"run the suite from it with {CACHE_ENV}={args.out}"
+        )
         return 0
     try:
         cache = Prebuilt(args.cache.resolve())

@@ -49,22 +49,44 @@ def matmul_cases() -> list[kernels.Case]:
 def small_op_cases() -> list[kernels.Case]:
     return [
         *(kernels.argmax_case(v) for v in (1, 7, 300, 1024, 1025, 32000, 128256, 151936)),
-        *(kernels.rms_norm_case(k, eps) for k, eps in ((8, 1e-5), (64, 1e-5), (576, 1e-5), (896, 1e-6),
-                                                       (2048, 1e-6), (4096, 1e-5), (8192, 1e-5))),
+        *(
+            kernels.rms_norm_case(k, eps)
+            for k, eps in (
+                (8, 1e-5),
+                (64, 1e-5),
+                (576, 1e-5),
+                (896, 1e-6),
+                (2048, 1e-6),
+                (4096, 1e-5),
+                (8192, 1e-5),
+            )
+        ),
     ]
 
 
 def decode_attention_cases(max_cluster: int) -> list[kernels.Case]:
-    return [kernels.decode_attention_case(h_q, h_kv, d, KEY_BATCHES, max_cluster)
-            for h_q, h_kv, d in ATTENTION_SHAPES]
+    return [
+        kernels.decode_attention_case(h_q, h_kv, d, KEY_BATCHES, max_cluster)
+        for h_q, h_kv, d in ATTENTION_SHAPES
+    ]
 
 
 def prefill_cases() -> list[kernels.Case]:
-    batches = [([1], [1], True), ([63], [63], True), ([64], [64], True), ([65], [65], True),
-               ([130], [130], True), ([5, 64, 100], [5, 64, 100], True), ([70], [220], True),
-               ([33], [33], False), ([512], [512], True)]
-    return [kernels.prefill_attention_case(h_q, h_kv, d, batches)
-            for h_q, h_kv, d in [(32, 32, 128), (14, 2, 64), (4, 2, 16)]]
+    batches = [
+        ([1], [1], True),
+        ([63], [63], True),
+        ([64], [64], True),
+        ([65], [65], True),
+        ([130], [130], True),
+        ([5, 64, 100], [5, 64, 100], True),
+        ([70], [220], True),
+        ([33], [33], False),
+        ([512], [512], True),
+    ]
+    return [
+        kernels.prefill_attention_case(h_q, h_kv, d, batches)
+        for h_q, h_kv, d in [(32, 32, 128), (14, 2, 64), (4, 2, 16)]
+    ]
 
 
 def unsplit_batch_cases() -> list[kernels.Case]:
@@ -76,8 +98,11 @@ def unsplit_batch_cases() -> list[kernels.Case]:
 def kernel_groups(facts: dict) -> dict[str, Callable[[], list[kernels.Case]]]:
     """The suite's kernel libraries (one module each) that run on a GPU of these ``facts``
     (tests/gpu/prebuilt.target_facts): what ``make gpu-cache`` compiles."""
-    groups = {"small_ops": small_op_cases, "decode_global": partial(decode_attention_cases, 0),
-              "decode_unsplit": unsplit_batch_cases}
+    groups = {
+        "small_ops": small_op_cases,
+        "decode_global": partial(decode_attention_cases, 0),
+        "decode_unsplit": unsplit_batch_cases,
+    }
     if facts["matmul_kernels"]:
         groups["matmul"] = matmul_cases
     if facts["max_cluster"]:

@@ -28,8 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _twin(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LLMCHAT_GPU_RUNTIME": "twin", "LLMCHAT_CACHE_DIR": str(cache)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=900, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +84,8 @@ def scale_lib(cuda, tmp_path_factory) -> Path:
 
 def test_kernels_memory_and_attributes_through_the_twin(cuda, scale_lib, twin_cache):
     device = cuda.device
-    out = _twin(f"""
+    out = _twin(
+        f"""
         import json
         import numpy as np
         from app.inference.cuda_support import prepare_cuda_runtime
@@ -119,7 +126,9 @@ def test_kernels_memory_and_attributes_through_the_twin(cuda, scale_lib, twin_ca
         again = tvm.runtime.tensor(np.ones(8, "float32"), dev)
         report["after_oom"] = float(again.numpy().sum())
         print("REPORT " + json.dumps(report))
-    """, twin_cache)
+    """,
+        twin_cache,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("REPORT "))[7:])
     assert got["exist"] and got["kind"] == "cuda"
@@ -139,12 +148,15 @@ def test_tiny_models_match_tvms_cuda_runtime(cuda, twin_cache, tmp_path, name):
 
     family, quant, overrides = twin_check.TINY[name]
     model_dir = write_tiny_model(tmp_path / name, family, quant, **overrides)
-    res = twin_check.check_model(twin_check.options(twin_cache), name, f"dir:{model_dir}", tmp_path,
-                                 bench=False)
+    res = twin_check.check_model(
+        twin_check.options(twin_cache), name, f"dir:{model_dir}", tmp_path, bench=False
+    )
     assert "error" not in res["native"], res["native"]["error"]
     assert "error" not in res["twin"], res["twin"]["error"]
-    print(f"{name}: max relative error {res['max_rel_err']:.2e}, bitwise equal {res['bitwise_equal']}, "
-          f"graphs {res['twin']['twin']['graphs']}")
+    print(
+        f"{name}: max relative error {res['max_rel_err']:.2e}, bitwise equal {res['bitwise_equal']}, "
+        f"graphs {res['twin']['twin']['graphs']}"
+    )
     assert res["same_library"], (res["native"]["library"], res["twin"]["library"])
     assert res["twin"]["twin"]["status"] == "cuda-twin" and not res["native"]["llmchat_runtime_loaded"]
     assert res["finite"] and res["max_rel_err"] <= twin_check.REL_TOL, res["rel_err_per_step"]
@@ -160,12 +172,22 @@ def test_the_compare_helper_sees_a_difference(tmp_path):
     """twin_check.compare is what the assertions above rely on: it must notice a changed logit
     and a changed token (runs anywhere; marked gpu with its file)."""
     logits = np.random.default_rng(0).standard_normal((4, 50)).astype("float32")
-    np.savez(tmp_path / "a.npz", logits=logits, fed=np.arange(3), host=np.arange(5),
-             device=np.arange(5, dtype=np.int64))
+    np.savez(
+        tmp_path / "a.npz",
+        logits=logits,
+        fed=np.arange(3),
+        host=np.arange(5),
+        device=np.arange(5, dtype=np.int64),
+    )
     other = logits.copy()
     other[2, 7] += 1e-3 * np.abs(logits[2]).max()
-    np.savez(tmp_path / "b.npz", logits=other, fed=np.arange(3), host=np.array([0, 1, 2, 3, 9]),
-             device=np.arange(5, dtype=np.int64))
+    np.savez(
+        tmp_path / "b.npz",
+        logits=other,
+        fed=np.arange(3),
+        host=np.array([0, 1, 2, 3, 9]),
+        device=np.arange(5, dtype=np.int64),
+    )
     res = twin_check.compare(tmp_path / "a.npz", tmp_path / "b.npz")
     assert 0.9e-3 < res["max_rel_err"] < 1.1e-3 and not res["bitwise_equal"]
     assert not res["greedy_equal"] and res["device_greedy_equal"]

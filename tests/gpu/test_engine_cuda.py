@@ -18,10 +18,28 @@ pytestmark = pytest.mark.gpu
 #: of the big models' head size), and a Qwen2-style model (q/k/v bias, tied embeddings, head dim 64,
 #: four query heads per kv head); prompts in chunks of 256, up to 1,024 tokens
 MODELS = {
-    "llama-d128": ("llama", {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 4,
-                             "num_key_value_heads": 2, "context_window": 1024, "prefill_chunk": 256}),
-    "qwen2-d64": ("qwen2", {"hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 4,
-                            "num_key_value_heads": 1, "context_window": 1024, "prefill_chunk": 256}),
+    "llama-d128": (
+        "llama",
+        {
+            "hidden_size": 512,
+            "intermediate_size": 1024,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "context_window": 1024,
+            "prefill_chunk": 256,
+        },
+    ),
+    "qwen2-d64": (
+        "qwen2",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 640,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "context_window": 1024,
+            "prefill_chunk": 256,
+        },
+    ),
 }
 #: float16 compute with half-precision partial sums: the tolerance of the CPU's float16 path
 #: (tests/inference/test_engine_correctness.py), doubled

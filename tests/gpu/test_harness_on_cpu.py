@@ -15,8 +15,14 @@ from tests.gpu import kernels
 
 #: targets (made in the tests: collecting this file under a runtime-only TVM, which cannot make
 #: one, must work: tests/gpu/prebuilt.py)
-SM90 = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
-        "thread_warp_size": 32, "host": {"kind": "llvm"}}
+SM90 = {
+    "kind": "cuda",
+    "arch": "sm_90",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "host": {"kind": "llvm"},
+}
 
 
 def _cpu():
@@ -39,8 +45,12 @@ def small_cases() -> list[kernels.Case]:
         kernels.rms_norm_case(8, 1e-5),
         kernels.rms_norm_case(896, 1e-6),
         kernels.decode_attention_case(4, 2, 64, [[1], [15, 16, 17], [300]]),
-        kernels.prefill_attention_case(4, 2, 32, [([1], [1], True), ([5, 64, 65], [5, 64, 65], True),
-                                                   ([3], [20], True), ([7], [9], False)]),
+        kernels.prefill_attention_case(
+            4,
+            2,
+            32,
+            [([1], [1], True), ([5, 64, 65], [5, 64, 65], True), ([3], [20], True), ([7], [9], False)],
+        ),
     ]
 
 
@@ -53,9 +63,13 @@ def test_the_cases_pass_on_tvms_own_cpu_functions(tmp_path):
 def test_a_wrong_result_is_caught(tmp_path):
     """The checks fail on wrong outputs: each case's runs with one input changed after the
     reference was computed."""
-    cases = [kernels.gemv_case(96, 12, "f16"), kernels.argmax_case(1000), kernels.rms_norm_case(64, 1e-5),
-             kernels.decode_attention_case(4, 2, 64, [[40]]),
-             kernels.prefill_attention_case(4, 2, 32, [([9], [9], True)])]
+    cases = [
+        kernels.gemv_case(96, 12, "f16"),
+        kernels.argmax_case(1000),
+        kernels.rms_norm_case(64, 1e-5),
+        kernels.decode_attention_case(4, 2, 64, [[40]]),
+        kernels.prefill_attention_case(4, 2, 32, [([9], [9], True)]),
+    ]
     for case in cases:
         for run in case.runs:
             first = run.args[0]
@@ -96,7 +110,7 @@ def test_paged_layout_and_reference_agree_with_dense_attention():
     out, lse = kernels.decode_reference(q, pages, indptr, values, lengths, 0.5)
     for b, n in enumerate(lengths):
         rows = [(values[indptr[b] + t // kernels.PAGE], t % kernels.PAGE) for t in range(n)]
-        assert last[b] == n - (len(values[indptr[b]:indptr[b + 1]]) - 1) * kernels.PAGE
+        assert last[b] == n - (len(values[indptr[b] : indptr[b + 1]]) - 1) * kernels.PAGE
         for h in range(h_q):
             k = np.array([pages[p, 0, h // 2, s] for p, s in rows], np.float64)
             v = np.array([pages[p, 1, h // 2, s] for p, s in rows], np.float64)

@@ -26,11 +26,15 @@ def _cache(root: Path, **changes) -> Path:
     (root / prebuilt.ENGINE_CACHE / "libs").mkdir(parents=True)
     lib = root / "kernels" / "small_ops.so"
     lib.write_bytes(b"\x7fELF kernels")
-    manifest = {"format": prebuilt.FORMAT, "sources": prebuilt.sources_digest(), "commit": "abc1234",
-                "facts": {"arch": "sm_90", "matmul_kernels": True, "max_cluster": 16,
-                          "prompt_attention": True},
-                "kernels": {"small_ops": prebuilt._entry(root, lib, cases=["argmax_7", "rms_norm_8"])},
-                "files": {}, "models": {}}
+    manifest = {
+        "format": prebuilt.FORMAT,
+        "sources": prebuilt.sources_digest(),
+        "commit": "abc1234",
+        "facts": {"arch": "sm_90", "matmul_kernels": True, "max_cluster": 16, "prompt_attention": True},
+        "kernels": {"small_ops": prebuilt._entry(root, lib, cases=["argmax_7", "rms_norm_8"])},
+        "files": {},
+        "models": {},
+    }
     manifest.update(changes)
     (root / prebuilt.MANIFEST).write_text(json.dumps(manifest))
     return root
@@ -45,15 +49,18 @@ def test_a_complete_current_cache_is_read(tmp_path):
     assert cache.facts["max_cluster"] == 16
 
 
-@pytest.mark.parametrize(("breakage", "message"), [
-    ("no manifest", "no readable GPU test cache"),
-    ("other GPU", "built for sm_90, this GPU is sm_80"),
-    ("other sources", "built from other sources"),
-    ("group missing", "kernels 'matmul' is not in the GPU test cache"),
-    ("other cases", "other cases than the suite's"),
-    ("damaged library", "missing or damaged"),
-    ("no engine libraries", "no engine libraries"),
-])
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        ("no manifest", "no readable GPU test cache"),
+        ("other GPU", "built for sm_90, this GPU is sm_80"),
+        ("other sources", "built from other sources"),
+        ("group missing", "kernels 'matmul' is not in the GPU test cache"),
+        ("other cases", "other cases than the suite's"),
+        ("damaged library", "missing or damaged"),
+        ("no engine libraries", "no engine libraries"),
+    ],
+)
 def test_what_is_missing_or_stale_fails_with_the_rebuild_command(tmp_path, breakage, message):
     root = _cache(tmp_path / "c", **({"sources": "0" * 24} if breakage == "other sources" else {}))
     arch, group, cases = "sm_90", "small_ops", ["argmax_7", "rms_norm_8"]
@@ -107,9 +114,25 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
     cfg = ModelConfig.load(tiny_model_dir("qwen2", "q4f16_1", hidden_size=256, intermediate_size=640))
     root = _cache(tmp_path / "c", models={prebuilt.model_key(cfg): compiler.parameter_specs(cfg)})
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", prebuilt.CACHE_ENV: str(root), "PYTHONPATH": str(ROOT)}
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
-                              "-p", "no:cacheprovider", "tests/gpu"], capture_output=True, text=True,
-                             cwd=ROOT, env=env, timeout=600)
+    collect = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            "tests/gpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-3000:]
     collected = [line for line in collect.stdout.splitlines() if "::" in line]
     assert any("test_cuda_kernels.py::test_matmul_kernels" in x for x in collected)
@@ -127,7 +150,7 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
         from tests.conftest import write_tiny_model
         from tests.gpu import kernels
         from tests.gpu.test_cuda_kernels import kernel_groups, small_op_cases
-        path = write_tiny_model(Path({str(tmp_path / 'model')!r}), "qwen2", "q4f16_1", hidden_size=256,
+        path = write_tiny_model(Path({str(tmp_path / "model")!r}), "qwen2", "q4f16_1", hidden_size=256,
                                 intermediate_size=640)
         cfg = ModelConfig.load(path)
         facts = {{"matmul_kernels": True, "max_cluster": 16, "prompt_attention": True}}
@@ -138,17 +161,26 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
         shards = len(list(path.glob("params_shard_*.bin")))
         print("RESULT " + json.dumps({{"groups": groups, "runs": runs, "shards": shards}}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "COMPILER PRESENT" not in out.stdout
     got = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
-    assert got["groups"] == ["decode_cluster", "decode_global", "decode_unsplit", "matmul", "prefill",
-                             "small_ops"]
+    assert got["groups"] == [
+        "decode_cluster",
+        "decode_global",
+        "decode_unsplit",
+        "matmul",
+        "prefill",
+        "small_ops",
+    ]
     assert got["runs"] == 5 + 6 + 6 + 1 + 1 and got["shards"] >= 1  # argmax: 5 rows, 6 from 3 words
     # without the parameter list in the cache: a clear error, not TVM's exporter
-    (root / prebuilt.MANIFEST).write_text(json.dumps({**json.loads((root / prebuilt.MANIFEST).read_text()),
-                                                      "models": {}}))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=600)
+    (root / prebuilt.MANIFEST).write_text(
+        json.dumps({**json.loads((root / prebuilt.MANIFEST).read_text()), "models": {}})
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
+    )
     assert out.returncode != 0 and "has no parameter list for the model" in out.stderr

@@ -86,7 +86,7 @@ def forward(config: dict[str, Any], params: dict[str, np.ndarray], ids: list[int
         if p + f"self_attn.{qkv_name}.bias" in params:
             qkv = qkv + params[p + f"self_attn.{qkv_name}.bias"].astype(np.float64)
         qkv = qkv.reshape(s, hq + 2 * hkv, d)
-        q, k, v = qkv[:, :hq], qkv[:, hq: hq + hkv], qkv[:, hq + hkv:]
+        q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
         q, k = rope(q, pos, inv), rope(k, pos, inv)
         group = hq // hkv
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
@@ -104,8 +104,9 @@ def forward(config: dict[str, Any], params: dict[str, np.ndarray], ids: list[int
     return h @ head.T
 
 
-def check_engine_against_reference(model_dir: Any, device: str, tol: float, prompt_len: int = 45,
-                                   decode_steps: int = 16) -> None:
+def check_engine_against_reference(
+    model_dir: Any, device: str, tol: float, prompt_len: int = 45, decode_steps: int = 16
+) -> None:
     """Load the model at ``model_dir`` on ``device``; its logits for a prompt of ``prompt_len``
     random tokens (several prefill chunks of the tiny models) and ``decode_steps`` greedy decode
     steps must be within ``tol`` (relative to the largest logit) of :func:`forward`'s, with the
@@ -131,7 +132,7 @@ def check_engine_against_reference(model_dir: Any, device: str, tol: float, prom
         assert rt.kv_sequence_length() == prompt_len + decode_steps
     finally:
         engine.close()
-    ref = forward(config, params, tokens)[prompt_len - 1:]
+    ref = forward(config, params, tokens)[prompt_len - 1 :]
     got = np.stack(logits)
     scale = np.abs(ref).max()
     rel = np.abs(got - ref).max(axis=1) / scale

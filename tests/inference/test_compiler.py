@@ -211,8 +211,18 @@ def test_library_sources_are_derived_from_the_imports():
     """Everything a library's code comes from is in the key (device_ops.py, cuda_support.py, the .cu);
     what only runs the model (tokenizer, generation, the UI) is not."""
     names = {p.name for p in compiler.library_sources()}
-    assert {"compiler.py", "config.py", "device_ops.py", "cuda_support.py", "cuda_kernels.cu",
-            "llama.py", "qwen2.py", "gpu.py", "cpu.py", "ggml.py"} <= names
+    assert {
+        "compiler.py",
+        "config.py",
+        "device_ops.py",
+        "cuda_support.py",
+        "cuda_kernels.cu",
+        "llama.py",
+        "qwen2.py",
+        "gpu.py",
+        "cpu.py",
+        "ggml.py",
+    } <= names
     assert not names & {"tokenizer.py", "generation.py", "chat_template.py", "engine.py", "chat_app.py"}
 
 
@@ -221,12 +231,22 @@ def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, mo
     import shutil
 
     app_copy = tmp_path / "app"
-    shutil.copytree(Path(compiler.__file__).resolve().parent.parent, app_copy,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import sys; sys.path.insert(0, {root!r}); from app.inference import compiler; "
-            "assert compiler.__file__.startswith({root!r}); print(compiler._source_digest())")
-    run = lambda: subprocess.run([sys.executable, "-c", code.format(root=str(tmp_path))],  # noqa: E731
-                                 capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    shutil.copytree(
+        Path(compiler.__file__).resolve().parent.parent,
+        app_copy,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    code = (
+        "import sys; sys.path.insert(0, {root!r}); from app.inference import compiler; "
+        "assert compiler.__file__.startswith({root!r}); print(compiler._source_digest())"
+    )
+    run = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code.format(root=str(tmp_path))],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.strip()
     first = run()
     assert first == run()
     with open(app_copy / "inference" / "device_ops.py", "a") as f:
@@ -257,8 +277,13 @@ def test_truncated_library_is_rebuilt_not_loaded(tiny_model_dir, fresh_cache, mo
         stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3), ignore_eos=True))[-1]
         print("RESULT", compiler.COMPILE_COUNT, stats.generated_tokens)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, LLMCHAT_CACHE_DIR=str(cache)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, LLMCHAT_CACHE_DIR=str(cache)),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["1", "3"]
     again = json.loads(lib.lib_path.with_suffix(".json").read_text())
@@ -312,8 +337,11 @@ def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fre
     monkeypatch.setattr(pipelines, "pipeline_for", broken)
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     lib = compiler.get_library(cfg, DeviceSpec("cpu"))
-    normal = compiler.cache_key(dataclasses.replace(cfg, compute_dtype=lib.compute_dtype), "cpu",
-                                compiler.device_fingerprint(DeviceSpec("cpu")))
+    normal = compiler.cache_key(
+        dataclasses.replace(cfg, compute_dtype=lib.compute_dtype),
+        "cpu",
+        compiler.device_fingerprint(DeviceSpec("cpu")),
+    )
     assert normal not in lib.lib_path.name
     assert json.loads(lib.lib_path.with_suffix(".json").read_text())["pipeline"] == "tvm-default"
     assert not list(lib.lib_path.parent.glob(f"*{normal}*"))

@@ -10,13 +10,29 @@ from app.errors import LlmchatError
 from app.inference.config import SUPPORTED_MODEL_TYPES, ModelConfig
 
 LLAMA3_8B = {
-    "model_type": "llama", "quantization": "q4f16_1", "context_window_size": 8192, "prefill_chunk_size": 2048,
+    "model_type": "llama",
+    "quantization": "q4f16_1",
+    "context_window_size": 8192,
+    "prefill_chunk_size": 2048,
     "vocab_size": 128256,
-    "model_config": {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-                     "num_hidden_layers": 32, "rms_norm_eps": 1e-5, "vocab_size": 128256,
-                     "position_embedding_base": 500000.0, "num_key_value_heads": 8, "head_dim": 128,
-                     "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+    "model_config": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 128256,
+        "position_embedding_base": 500000.0,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+    },
 }
 
 
@@ -100,7 +116,8 @@ def test_tensor_formats_longest_prefix_wins():
     assert cfg.format_name_for("model.layers.1.mlp.down_proj") == "q4f16_1"
     assert cfg.format_name_for("lm_head") == "q4f16_1"
     one = ModelConfig.from_dict(
-        dict(LLAMA3_8B, quantization="q0f16", tensor_formats={"model.layers.1": "q4f16_1"}))
+        dict(LLAMA3_8B, quantization="q0f16", tensor_formats={"model.layers.1": "q4f16_1"})
+    )
     assert one.format_name_for("model.layers.1.mlp.down_proj") == "q4f16_1"
     assert one.format_name_for("model.layers.10.mlp.down_proj") == "q0f16"  # whole name parts only
     with pytest.raises(LlmchatError, match=r"Unsupported quantization"):
@@ -109,8 +126,11 @@ def test_tensor_formats_longest_prefix_wins():
 
 def test_quantization_label_names_imported_formats():
     assert ModelConfig.from_dict(dict(LLAMA3_8B)).quantization_label == LLAMA3_8B["quantization"]
-    formats = {"model.embed_tokens": "ggml_q8_0", "model.layers.0.mlp.down_proj": "ggml_q4_1",
-               "model.layers.0.self_attn.o_proj": "ggml_q4_1"}
+    formats = {
+        "model.embed_tokens": "ggml_q8_0",
+        "model.layers.0.mlp.down_proj": "ggml_q4_1",
+        "model.layers.0.self_attn.o_proj": "ggml_q4_1",
+    }
     cfg = ModelConfig.from_dict(dict(LLAMA3_8B, quantization="q0f32", tensor_formats=formats))
     assert cfg.quantization_label == "ggml_q4_1+ggml_q8_0"
 

@@ -82,8 +82,22 @@ def test_ragged_prefill_matches_numpy(target, dtype, h_q, h_kv):
     for causal in (1, 0):
         out = _t(np.full(q.shape, np.nan, dtype))
         lse = _t(np.full(q.shape[:2], np.nan, "float32"))
-        kernel(_t(q), _t(indptr), _t(k), _t(v), _t(indptr), _t(np.zeros(total, "int32")),
-               _t(np.zeros(len(lengths), "int32")), out, lse, causal, 0, 1.0, 10000.0, HEAD_DIM ** -0.5)
+        kernel(
+            _t(q),
+            _t(indptr),
+            _t(k),
+            _t(v),
+            _t(indptr),
+            _t(np.zeros(total, "int32")),
+            _t(np.zeros(len(lengths), "int32")),
+            out,
+            lse,
+            causal,
+            0,
+            1.0,
+            10000.0,
+            HEAD_DIM**-0.5,
+        )
         for b, (lo, hi) in enumerate(itertools.pairwise(indptr)):
             ref, ref_lse = _reference(q[lo:hi], k[lo:hi], v[lo:hi], causal)
             _close(out.numpy()[lo:hi], ref, dtype)
@@ -102,7 +116,7 @@ def _paged_cache(rng, dtype, h_kv, kv_lengths):
     for n, count in zip(kv_lengths, n_pages, strict=True):
         k = rng.standard_normal((n, h_kv, HEAD_DIM)).astype(dtype)
         v = rng.standard_normal((n, h_kv, HEAD_DIM)).astype(dtype)
-        mine = order[used: used + count]
+        mine = order[used : used + count]
         used += count
         for pos in range(n):
             pages[mine[pos // PAGE], 0, :, pos % PAGE] = k[pos]
@@ -111,8 +125,9 @@ def _paged_cache(rng, dtype, h_kv, kv_lengths):
         keys.append(k)
         vals.append(v)
     indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype("int32")
-    last = np.array([n - (c - 1) * PAGE if c else 0
-                     for n, c in zip(kv_lengths, n_pages, strict=True)], "int32")
+    last = np.array(
+        [n - (c - 1) * PAGE if c else 0 for n, c in zip(kv_lengths, n_pages, strict=True)], "int32"
+    )
     return pages, indptr, np.concatenate(values).astype("int32"), last, keys, vals
 
 
@@ -135,8 +150,23 @@ def test_paged_prefill_matches_numpy(target, dtype, wide, h_q, h_kv):
         out = _t(np.full(q.shape, np.nan, dtype))
         lse = _t(np.full(q.shape[:2], np.nan, "float32"))
         zeros = np.zeros(len(kv_lengths), "int32")
-        kernel(_t(q), _t(q_indptr), _t(pages), _t(page_indptr), _t(page_values), _t(last), _t(zeros),
-               _t(np.zeros(len(q), "int32")), out, lse, causal, 0, 1.0, 10000.0, HEAD_DIM ** -0.5)
+        kernel(
+            _t(q),
+            _t(q_indptr),
+            _t(pages),
+            _t(page_indptr),
+            _t(page_values),
+            _t(last),
+            _t(zeros),
+            _t(np.zeros(len(q), "int32")),
+            out,
+            lse,
+            causal,
+            0,
+            1.0,
+            10000.0,
+            HEAD_DIM**-0.5,
+        )
         for b, (lo, hi) in enumerate(itertools.pairwise(q_indptr)):
             if causal and hi - lo > kv_lengths[b]:
                 continue  # more queries than keys: a shape the cache never asks for causally
@@ -152,9 +182,23 @@ def test_paged_prefill_of_an_empty_cache_is_neutral(target):
     pages = np.full((2, 2, 2, PAGE, HEAD_DIM), np.nan, "float32")
     kernel = _build(prefill_attention_kernel(2, 4, HEAD_DIM, "float32", paged=True, page_size=PAGE), target)
     out, lse = _t(np.full(q.shape, np.nan, "float32")), _t(np.full((3, 4), np.nan, "float32"))
-    kernel(_t(q), _t(np.array([0, 3], "int32")), _t(pages), _t(np.array([0, 0], "int32")),
-           _t(np.zeros(1, "int32")), _t(np.zeros(1, "int32")), _t(np.zeros(1, "int32")),
-           _t(np.zeros(3, "int32")), out, lse, 0, 0, 1.0, 10000.0, 1.0)
+    kernel(
+        _t(q),
+        _t(np.array([0, 3], "int32")),
+        _t(pages),
+        _t(np.array([0, 0], "int32")),
+        _t(np.zeros(1, "int32")),
+        _t(np.zeros(1, "int32")),
+        _t(np.zeros(1, "int32")),
+        _t(np.zeros(3, "int32")),
+        out,
+        lse,
+        0,
+        0,
+        1.0,
+        10000.0,
+        1.0,
+    )
     assert np.all(out.numpy() == 0) and np.all(lse.numpy() == -5e4)
 
 
@@ -211,9 +255,22 @@ def test_decode_matches_numpy_short_and_long(target, h_q, h_kv):
     out = _t(np.full(q.shape, np.nan, "float32"))
     lse = _t(np.full(q.shape[:2], np.nan, "float32"))
     zeros = np.zeros(len(lengths), "int32")
-    kernel(_t(q), _t(pages), _t(indptr), _t(values), _t(last), _t(zeros), _t(zeros), out, lse,
-           0, 1.0, 10000.0, HEAD_DIM ** -0.5)
+    kernel(
+        _t(q),
+        _t(pages),
+        _t(indptr),
+        _t(values),
+        _t(last),
+        _t(zeros),
+        _t(zeros),
+        out,
+        lse,
+        0,
+        1.0,
+        10000.0,
+        HEAD_DIM**-0.5,
+    )
     for b in range(len(lengths)):
-        ref, ref_lse = _reference(q[b: b + 1], keys[b], vals[b], causal=False)
-        _close(out.numpy()[b: b + 1], ref, "float32")
+        ref, ref_lse = _reference(q[b : b + 1], keys[b], vals[b], causal=False)
+        _close(out.numpy()[b : b + 1], ref, "float32")
         assert np.abs(lse.numpy()[b] - ref_lse[0]).max() <= 1e-3, b

@@ -22,8 +22,9 @@ def _native():
     return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 
 
-def _module(fmt_name: str, in_f: int, out_f: int, epilogue: str, dtype: str | None = None,
-            tied: bool = False):
+def _module(
+    fmt_name: str, in_f: int, out_f: int, epilogue: str, dtype: str | None = None, tied: bool = False
+):
     """A layer exported as ``prefill(x[, r])`` over ``[1, n, in_f]`` activations."""
     from tvm.relax.frontend import nn
 
@@ -42,16 +43,24 @@ def _module(fmt_name: str, in_f: int, out_f: int, epilogue: str, dtype: str | No
             return y + r if epilogue == "residual" else y
 
     out_dtype = "float32" if tied else dtype
-    spec = {"prefill": {"x": nn.spec.Tensor([1, "n", in_f], dtype),
-                        "r": nn.spec.Tensor([1, "n", out_f], out_dtype), "$": SPEC_MODE}}
+    spec = {
+        "prefill": {
+            "x": nn.spec.Tensor([1, "n", in_f], dtype),
+            "r": nn.spec.Tensor([1, "n", out_f], out_dtype),
+            "$": SPEC_MODE,
+        }
+    }
     mod, named = Layer().export_tvm(spec=spec)
     return fmt, dtype, out_dtype, mod, named
 
 
 def _prefill_kernel(mod, target, config=None):
     scheduled = scheduled_module(mod, target, config)
-    kinds = [str(f.attrs[KERNEL_KIND_ATTR]) for _gv, f in scheduled.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and KERNEL_KIND_ATTR in f.attrs]
+    kinds = [
+        str(f.attrs[KERNEL_KIND_ATTR])
+        for _gv, f in scheduled.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and KERNEL_KIND_ATTR in f.attrs
+    ]
     return kinds
 
 
@@ -64,8 +73,10 @@ def _check(fmt_name, in_f, out_f, epilogue, target, dtype=None, tied=False, rows
     encoded = fmt.quantize(rng.standard_normal((out_f, in_f)) / np.sqrt(in_f))
     bias = rng.standard_normal(out_f).astype(dtype)
     arrays = {**encoded, "bias": bias}
-    params = [tvm.runtime.tensor(np.ascontiguousarray(arrays[n.rpartition(".")[2]]).astype(str(p.dtype)))
-              for n, p in named]
+    params = [
+        tvm.runtime.tensor(np.ascontiguousarray(arrays[n.rpartition(".")[2]]).astype(str(p.dtype)))
+        for n, p in named
+    ]
     weight = fmt.dequantize(encoded)
     tol = 1e-5 if dtype == "float32" and out_dtype == "float32" else 5e-3
     for m in rows:
@@ -82,15 +93,18 @@ def _check(fmt_name, in_f, out_f, epilogue, target, dtype=None, tied=False, rows
         assert err <= tol, (fmt_name, epilogue, m, err)
 
 
-@pytest.mark.parametrize(("fmt_name", "epilogue"), [
-    ("ggml_q4_1", "none"),  # the default model's layers
-    ("ggml_q4_1", "residual"),  # o_proj / down_proj with the residual add fused
-    ("ggml_q4_0", "none"),
-    ("ggml_q8_0", "residual"),
-    ("q4f32_1", "none"),
-    ("q4f16_1", "bias"),  # float16 activations, a float16 bias, a float16 output
-    ("q4f16_1", "residual"),
-])
+@pytest.mark.parametrize(
+    ("fmt_name", "epilogue"),
+    [
+        ("ggml_q4_1", "none"),  # the default model's layers
+        ("ggml_q4_1", "residual"),  # o_proj / down_proj with the residual add fused
+        ("ggml_q4_0", "none"),
+        ("ggml_q8_0", "residual"),
+        ("q4f32_1", "none"),
+        ("q4f16_1", "bias"),  # float16 activations, a float16 bias, a float16 output
+        ("q4f16_1", "residual"),
+    ],
+)
 def test_prefill_gemm_matches_numpy(fmt_name, epilogue):
     _check(fmt_name, 256, 96, epilogue, _native())
 

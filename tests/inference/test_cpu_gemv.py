@@ -14,8 +14,15 @@ from app.inference.quantization.base import dequant_matmul_te
 K, N = 96, 40  # three q4 groups; 40 rows = ten tasks of four
 
 
-def _te_gemv(k: int, n: int, epilogue: str, out_dtype: str = "float16", rows: int = 1,
-             fmt_name: str = "q4f16_1", x_dtype: str = "float16"):
+def _te_gemv(
+    k: int,
+    n: int,
+    epilogue: str,
+    out_dtype: str = "float16",
+    rows: int = 1,
+    fmt_name: str = "q4f16_1",
+    x_dtype: str = "float16",
+):
     """The PrimFunc the model builds for one linear layer (the rule's input); ``x_dtype`` float32
     is what llmchat's CPU models compute in."""
     from tvm import te
@@ -44,15 +51,24 @@ def _run(func, arrays: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: 
     return out.numpy()
 
 
-@pytest.mark.parametrize(("fmt_name", "x_dtype", "epilogue", "out_dtype"), [
-    ("q4f16_1", "float16", "none", "float16"), ("q4f16_1", "float16", "none", "float32"),
-    ("q4f16_1", "float16", "bias", "float16"), ("q4f16_1", "float16", "residual", "float16"),
-    ("q4f16_1", "float32", "none", "float32"), ("q4f16_1", "float32", "bias", "float32"),
-    ("q4f16_1", "float32", "residual", "float32"),
-    ("ggml_q4_1", "float32", "none", "float32"), ("ggml_q4_1", "float32", "residual", "float32"),
-    ("ggml_q4_1", "float32", "bias", "float32"), ("ggml_q4_0", "float32", "residual", "float32"),
-    ("ggml_q8_0", "float32", "none", "float32"), ("ggml_q8_0", "float32", "residual", "float32"),
-])
+@pytest.mark.parametrize(
+    ("fmt_name", "x_dtype", "epilogue", "out_dtype"),
+    [
+        ("q4f16_1", "float16", "none", "float16"),
+        ("q4f16_1", "float16", "none", "float32"),
+        ("q4f16_1", "float16", "bias", "float16"),
+        ("q4f16_1", "float16", "residual", "float16"),
+        ("q4f16_1", "float32", "none", "float32"),
+        ("q4f16_1", "float32", "bias", "float32"),
+        ("q4f16_1", "float32", "residual", "float32"),
+        ("ggml_q4_1", "float32", "none", "float32"),
+        ("ggml_q4_1", "float32", "residual", "float32"),
+        ("ggml_q4_1", "float32", "bias", "float32"),
+        ("ggml_q4_0", "float32", "residual", "float32"),
+        ("ggml_q8_0", "float32", "none", "float32"),
+        ("ggml_q8_0", "float32", "residual", "float32"),
+    ],
+)
 def test_factored_gemv_computes_the_layer(fmt_name, x_dtype, epilogue, out_dtype):
     fmt = get_format(fmt_name)
     rng = np.random.default_rng(3)
@@ -68,8 +84,9 @@ def test_factored_gemv_computes_the_layer(fmt_name, x_dtype, epilogue, out_dtype
         residual = rng.standard_normal((1, 1, N)).astype(out_dtype)
         arrays.append(residual)
         ref = ref + residual
-    kernel = cpu_gemv.replace_block_gemv(_te_gemv(K, N, epilogue, out_dtype, fmt_name=fmt_name,
-                                               x_dtype=x_dtype))
+    kernel = cpu_gemv.replace_block_gemv(
+        _te_gemv(K, N, epilogue, out_dtype, fmt_name=fmt_name, x_dtype=x_dtype)
+    )
     assert kernel is not None
     got = _run(kernel, arrays, (1, 1, N), out_dtype).astype(np.float64)
     tol = 1e-5 if out_dtype == "float32" else 2e-3
@@ -81,10 +98,18 @@ def test_factored_gemv_takes_only_single_row_q4f16_1_layers():
     assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "residual", "float32", x_dtype="float32")) is not None
     assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none", rows=3)) is None  # prefill: the generic one
     assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none", fmt_name="q4f32_1")) is None
-    assert cpu_gemv.replace_block_gemv(_te_gemv(K, N, "none", fmt_name="ggml_q8_0", x_dtype="float32",
-                                             out_dtype="float32")) is not None  # int8 values
-    assert cpu_gemv.replace_block_gemv(_te_gemv(256, N, "none", fmt_name="ggml_q4_k", x_dtype="float32",
-                                             out_dtype="float32")) is None  # K-quants: the generic one
+    assert (
+        cpu_gemv.replace_block_gemv(
+            _te_gemv(K, N, "none", fmt_name="ggml_q8_0", x_dtype="float32", out_dtype="float32")
+        )
+        is not None
+    )  # int8 values
+    assert (
+        cpu_gemv.replace_block_gemv(
+            _te_gemv(256, N, "none", fmt_name="ggml_q4_k", x_dtype="float32", out_dtype="float32")
+        )
+        is None
+    )  # K-quants: the generic one
     assert cpu_gemv.replace_block_gemv(_te_gemv(K, 42, "none")) is None  # rows not in fours
     kernel = cpu_gemv.replace_block_gemv(_te_gemv(K, N, "residual"))
     assert str(kernel.attrs["llmchat.cpu_kernel"]) == cpu_gemv.KERNEL_KIND

@@ -51,8 +51,12 @@ def _linear_module(fmt_name: str):
         def forward(self, x):
             return self.proj(x)
 
-    spec = {"forward": {"x": nn.spec.Tensor([1, "n", IN_F], dtype),
-                        "$": {"param_mode": "packed", "effect_mode": "none"}}}
+    spec = {
+        "forward": {
+            "x": nn.spec.Tensor([1, "n", IN_F], dtype),
+            "$": {"param_mode": "packed", "effect_mode": "none"},
+        }
+    }
     mod, named = Proj().export_tvm(spec=spec)
     return fmt, dtype, mod, named
 
@@ -95,8 +99,7 @@ def test_linear_matches_numpy(compiled_linear, rows):
 def test_gemv_schedule_is_parallel_and_vectorized(target, fmt_name):
     # the generic schedule (prompt matmuls of block formats go to cpu_gemm unless LLMCHAT_CPU_GEMM=tvm)
     mod = scheduled_module(_linear_module(fmt_name)[2], target, CPUScheduleConfig(prefill_gemm=False))
-    gemvs = [f for _gv, f in mod.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"]
+    gemvs = [f for _gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"]
     assert gemvs, "no matmul kernel was scheduled as a GEMV"
     for func in gemvs:
         text = func.script()
@@ -127,15 +130,21 @@ def _dequantize_then_matmul_module(fmt_name: str):
                 params = dict(zip(names, tensors, strict=True))
                 w = te.compute((OUT_F, IN_F), lambda n, k: fmt.dequant(params, n, k), name="dequantize")
                 k = te.reduce_axis((0, IN_F), name="k")
-                acc = te.compute([*x.shape[:-1], OUT_F],
-                                 lambda *i: te.sum(x(*i[:-1], k).astype("float32") * w[i[-1], k], axis=k),
-                                 name="matmul")
+                acc = te.compute(
+                    [*x.shape[:-1], OUT_F],
+                    lambda *i: te.sum(x(*i[:-1], k).astype("float32") * w[i[-1], k], axis=k),
+                    name="matmul",
+                )
                 return te.compute(acc.shape, lambda *i: acc(*i).astype(dtype), name="out")
 
             return op.tensor_expr_op(compute, "dequantize_matmul", [x, *[getattr(self, n) for n in names]])
 
-    spec = {"forward": {"x": nn.spec.Tensor([1, "n", IN_F], dtype),
-                        "$": {"param_mode": "packed", "effect_mode": "none"}}}
+    spec = {
+        "forward": {
+            "x": nn.spec.Tensor([1, "n", IN_F], dtype),
+            "$": {"param_mode": "packed", "effect_mode": "none"},
+        }
+    }
     mod, named = Proj().export_tvm(spec=spec)
     return fmt, dtype, mod, named
 
@@ -144,16 +153,23 @@ def _dequantize_then_matmul_module(fmt_name: str):
 def test_dequantize_tile_gemm(target, fmt_name):
     fmt, dtype, mod, named = _dequantize_then_matmul_module(fmt_name)
     scheduled = scheduled_module(mod, target)
-    texts = [f.script() for _gv, f in scheduled.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"]
+    texts = [
+        f.script()
+        for _gv, f in scheduled.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and _kind(f) == "gemv"
+    ]
     assert texts and all("llmchat.dequantize_tile" in t and "T.parallel" in t for t in texts)
     ex = tvm.compile(mod, target, relax_pipeline=cpu_pipeline(target))
     rng = np.random.default_rng(1)
     encoded = fmt.quantize(rng.standard_normal((OUT_F, IN_F)) / np.sqrt(IN_F))
     dev = tvm.cpu()
     vm = tvm.runtime.vm.VirtualMachine(ex, dev)
-    packed = [tvm.runtime.tensor(np.ascontiguousarray(encoded[n.rpartition(".")[2]]).astype(str(p.dtype)),
-                                 device=dev) for n, p in named]
+    packed = [
+        tvm.runtime.tensor(
+            np.ascontiguousarray(encoded[n.rpartition(".")[2]]).astype(str(p.dtype)), device=dev
+        )
+        for n, p in named
+    ]
     weight = fmt.dequantize(encoded)
     for rows in (1, 7, 33):
         x = rng.standard_normal((1, rows, IN_F)).astype(dtype)
@@ -186,7 +202,7 @@ def _reference(q, pages, indptr, values, lengths):
     out = np.zeros(q.shape)
     lse = np.zeros(q.shape[:2])
     for b, n in enumerate(lengths):
-        seq_pages = values[indptr[b]: indptr[b + 1]]
+        seq_pages = values[indptr[b] : indptr[b + 1]]
         k = pages[seq_pages, 0].transpose(1, 0, 2, 3).reshape(H_KV, -1, HEAD_DIM)[:, :n].astype(np.float64)
         v = pages[seq_pages, 1].transpose(1, 0, 2, 3).reshape(H_KV, -1, HEAD_DIM)[:, :n].astype(np.float64)
         for h in range(H_Q):
@@ -208,7 +224,7 @@ def test_decode_attention_matches_numpy(target, dtype):
     lse = tvm.runtime.tensor(np.zeros(q.shape[:2], "float32"), device=dev)
     zeros = np.zeros(len(lengths), "int32")
     args = [tvm.runtime.tensor(a, device=dev) for a in (q, pages, indptr, values, last_len, zeros, zeros)]
-    lib["main"](*args, out, lse, 0, 1.0, 10000.0, HEAD_DIM ** -0.5)
+    lib["main"](*args, out, lse, 0, 1.0, 10000.0, HEAD_DIM**-0.5)
     ref, ref_lse = _reference(q, pages, indptr, values, lengths)
     tol = 1e-5 if dtype == "float32" else 2e-3
     assert np.abs(out.numpy() - ref).max() <= tol * max(1.0, np.abs(ref).max())
@@ -222,10 +238,15 @@ def test_model_gets_our_kernels(target):
 
     cfg = preset_config("smollm2-135m", "q4f16_1", context_window=256)
     mod = scheduled_module(export_model(cfg, target)[0], target)
-    kinds: dict[str, str | None] = {gv.name_hint: _kind(f) for gv, f in mod.functions_items()
-                                    if isinstance(f, tvm.tirx.PrimFunc)}
-    for symbol in ("batch_decode_paged_kv_cpu", "batch_prefill_paged_kv_cpu", "batch_prefill_ragged_kv",
-                   "merge_state_inplace_cpu"):
+    kinds: dict[str, str | None] = {
+        gv.name_hint: _kind(f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+    }
+    for symbol in (
+        "batch_decode_paged_kv_cpu",
+        "batch_prefill_paged_kv_cpu",
+        "batch_prefill_ragged_kv",
+        "merge_state_inplace_cpu",
+    ):
         assert kinds[symbol] == "attention", symbol
     matmuls = {name: kind for name, kind in kinds.items() if "matmul" in name}
     allowed = ("gemv", "block_gemv", "prefill_gemm")

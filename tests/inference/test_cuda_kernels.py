@@ -16,8 +16,14 @@ from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm
 from app.inference.quantization import get_format
 from app.inference.quantization.base import dequant_matmul_te
 
-CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
+CUDA_TARGET = {
+    "kind": "cuda",
+    "arch": "sm_90",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "host": {"kind": "llvm"},
+}
 
 
 def _gemv(in_f: int, out_f: int, epilogue: str = "f16", fmt_name: str = "q4f16_1", rows: object = 1):
@@ -95,8 +101,9 @@ def test_gemv_rule_leaves_other_formats_and_prefill_alone():
     assert rule.apply(_gemv(4096, 4096, "f32", fmt_name="q4f32_1"), target, False) is None
     assert rule.apply(_gemv(4096, 4096, "f16", rows=8), target, False) is None  # prefill: no annotation
     assert rule.apply(_gemv(4096, 4096, "f16", fmt_name="q0f16"), target, False) is None
-    rocm = tvm.target.Target({"kind": "rocm", "mcpu": "gfx1100", "mtriple": "amdgcn-amd-amdhsa-hcc",
-                              "host": {"kind": "llvm"}})
+    rocm = tvm.target.Target(
+        {"kind": "rocm", "mcpu": "gfx1100", "mtriple": "amdgcn-amd-amdhsa-hcc", "host": {"kind": "llvm"}}
+    )
     assert rule.apply(_gemv(4096, 4096), rocm, False) is None
 
 
@@ -130,8 +137,10 @@ def _decode_attention(num_heads: int, num_kv_heads: int, head_dim: int):
     return _attention_decode(num_kv_heads, num_heads, head_dim, "float16", False, {}, target)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim", "per_block", "chunks"),
-                         [(32, 32, 128, 1, 8), (16, 2, 128, 2, 32), (14, 2, 64, 1, 32)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "per_block", "chunks"),
+    [(32, 32, 128, 1, 8), (16, 2, 128, 2, 32), (14, 2, 64, 1, 32)],
+)
 def test_decode_attention_is_split_along_the_sequence(heads, kv_heads, dim, per_block, chunks):
     func = cuda_attention.split_decode_attention(_decode_attention(heads, kv_heads, dim))
     script = func.script()
@@ -239,25 +248,43 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     from app.inference.compiler import export_model
     from app.inference.config import ModelConfig
 
-    cfg = ModelConfig.from_dict({
-        "model_type": "llama", "quantization": "q4f16_1", "context_window_size": 256,
-        "prefill_chunk_size": 64, "model_config": {
-            "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
-            "rms_norm_eps": 1e-5, "tie_word_embeddings": False}})
+    cfg = ModelConfig.from_dict(
+        {
+            "model_type": "llama",
+            "quantization": "q4f16_1",
+            "context_window_size": 256,
+            "prefill_chunk_size": 64,
+            "model_config": {
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 320,
+                "rms_norm_eps": 1e-5,
+                "tie_word_embeddings": False,
+            },
+        }
+    )
     target = _cuda(arch)
     mod, _ = export_model(cfg, target)
     with cuda_support.cuda_build_hooks(target) as info, tvm.transform.PassContext(opt_level=3):
         tvm.compile(mod, target, relax_pipeline=gpu.gpu_pipeline(target))
     assert info["compiled"] == 1  # one fatbin
     source = info["sources"][0]
-    calls = [line for line in source.splitlines() if "llmchat::q4f16_gemv<" in line and "(" in line
-             and "template" not in line]
+    calls = [
+        line
+        for line in source.splitlines()
+        if "llmchat::q4f16_gemv<" in line and "(" in line and "template" not in line
+    ]
     assert len(calls) == 5  # qkv, o (+residual), gate_up (+SiLU·mul), down (+residual), lm_head
     assert any("llmchat::q4f16_gemv<256, 1024, 4, 1, 3, false, half>(" in c for c in calls)
     assert "fused_split_silu_multiply_kernel" not in source  # the SiLU·mul runs inside the GEMV
-    prompt_calls = [line for line in source.splitlines() if "llmchat::q4f16_gemm<" in line
-                    and "template" not in line and "(" in line]
+    prompt_calls = [
+        line
+        for line in source.splitlines()
+        if "llmchat::q4f16_gemm<" in line and "template" not in line and "(" in line
+    ]
     assert len(prompt_calls) == 4  # the same layers for a prompt (lm_head sees only the last row)
     if arch == "sm_75":  # chunks merged through global memory
         assert "llmchat::decode_attention<4, 2, 64, 16, 32, 2, 4, false>(" in source

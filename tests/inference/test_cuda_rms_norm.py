@@ -10,8 +10,14 @@ import tvm
 
 from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm, match_rms_norm, reference_rms_norm
 
-CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
+CUDA_TARGET = {
+    "kind": "cuda",
+    "arch": "sm_90",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "host": {"kind": "llvm"},
+}
 
 
 def _fused(build):
@@ -25,8 +31,12 @@ def _fused(build):
         with bb.dataflow():
             out = bb.emit_output(build(bb, x, w))
         bb.emit_func_output(out)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     mod = tvm.transform.Sequential(passes)(bb.get())
     return [f for gv, f in mod.functions.items() if gv.name_hint != "main"]
 
@@ -44,8 +54,13 @@ def _model_norms(preset: str, **overrides):
     target = tvm.target.Target(CUDA_TARGET)
     cfg = dataclasses.replace(preset_config(preset, "q4f16_1"), **overrides)
     mod, _ = export_model(cfg, target)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-              relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     with target, tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential(passes)(mod)
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
@@ -81,8 +96,13 @@ def test_takes_the_models_decode_norm_with_its_epsilon(k, eps):
         expected = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w64
         for name in taken:
             got = _run_on_cpu(funcs[name], x, w, np.zeros((1, 1, k), np.float16)).astype(np.float64)
-            np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3 * np.abs(expected).max(),
-                                       err_msg=f"{name}, rows of scale {scale:.1e}")
+            np.testing.assert_allclose(
+                got,
+                expected,
+                rtol=2e-3,
+                atol=2e-3 * np.abs(expected).max(),
+                err_msg=f"{name}, rows of scale {scale:.1e}",
+            )
     for name in taken:
         new = CudaRmsNorm().replace(funcs[name])
         script = new.script()

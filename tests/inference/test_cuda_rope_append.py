@@ -15,10 +15,21 @@ from app.inference.pipelines import gpu
 from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR
 from app.inference.random_model import preset_config
 
-CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 8192}
+CUDA_TARGET = {
+    "kind": "cuda",
+    "arch": "sm_90",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "host": {"kind": "llvm"},
+}
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def _fused_tir(preset: str = "tiny-llama", arch: str = "sm_90", **overrides):
@@ -28,15 +39,23 @@ def _fused_tir(preset: str = "tiny-llama", arch: str = "sm_90", **overrides):
     target = tvm.target.Target({**CUDA_TARGET, "arch": arch})
     cfg = dataclasses.replace(preset_config(preset, "q4f16_1"), **overrides)
     mod, _ = export_model(cfg, target)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-              relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     with target, tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(passes)(mod), target
 
 
 def _marked(mod, attr):
-    return {gv.name_hint: f.attrs[attr] for gv, f in mod.functions.items()
-            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and attr in f.attrs}
+    return {
+        gv.name_hint: f.attrs[attr]
+        for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and attr in f.attrs
+    }
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "qwen2.5-0.5b"])  # qwen2: q/k/v with a bias
@@ -51,7 +70,9 @@ def test_marks_the_qkv_matmuls_the_kv_kernels_and_the_attention(preset):
     assert kinds == ["gemm", "gemv"]
     # split-rotary (tokens: its qkv, parameter 0) and append (its k, parameter 1) skip one token
     assert {k: int(v) for k, v in _marked(marked, cra.SKIP_SINGLE_ATTR).items()} == {
-        cra.SPLIT_ROTARY: 0, cra.TRANSPOSE_APPEND: 1}
+        cra.SPLIT_ROTARY: 0,
+        cra.TRANSPOSE_APPEND: 1,
+    }
     assert list(_marked(marked, cra.FUSED_ATTR)) == [cra.DECODE_ATTENTION]
     # nothing else changed: the same functions, the same calls
     assert {gv.name_hint for gv in marked.functions} == {gv.name_hint for gv in mod.functions}

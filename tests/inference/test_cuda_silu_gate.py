@@ -47,8 +47,12 @@ def _module(act: str = "silu", extra_use: bool = False, fmt_name: str = "q4f16_1
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     mod = bb.get()
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     return tvm.transform.Sequential(passes)(mod)
 
 

@@ -32,8 +32,9 @@ def _fake_wheel(folder: Path, gguf_path: Path, package: str, version: str, membe
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.write(gguf_path, member)
         zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
-        zf.writestr(f"{info}/WHEEL",
-                    "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         zf.writestr(f"{info}/RECORD", "")
     return wheel
 
@@ -71,8 +72,9 @@ def local_index(tmp_path, monkeypatch):
     """pip sees only a local folder (no index, no user config): a fake wheel of the default package."""
     src = default_source()
     links = tmp_path / "links"
-    gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_1", tied=True,
-                                types={"token_embd.weight": "Q8_0"})
+    gguf_path = write_tiny_gguf(
+        tmp_path / "tiny.gguf", "Q4_1", tied=True, types={"token_embd.weight": "Q8_0"}
+    )
     wheel = _fake_wheel(links, gguf_path, src.package, src.version, src.file)
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))  # an empty wheel cache
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
@@ -163,8 +165,11 @@ def old_pip_python() -> str:
     python = venv / "bin" / "python"
     local_only = ("PIP_NO_INDEX", "PIP_FIND_LINKS", "PIP_CONFIG_FILE")
     env = {k: v for k, v in os.environ.items() if k not in local_only}
-    if not python.exists() or "pip 23.2 " not in subprocess.run(
-            [str(python), "-m", "pip", "--version"], capture_output=True, text=True).stdout:
+    if (
+        not python.exists()
+        or "pip 23.2 "
+        not in subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True, text=True).stdout
+    ):
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "pip==23.2"], check=True, env=env)
@@ -178,9 +183,22 @@ def test_an_old_pip_without_raw_progress_downloads_the_wheel(old_pip_python, loc
     src = default_source()
     assert pip_version(old_pip_python) == (23, 2)
     # the fault: pip 23.2 refuses the option llmchat used to pass
-    refused = subprocess.run([old_pip_python, "-m", "pip", "download", "--no-deps",
-                              f"{src.package}=={src.version}", "-d", str(tmp_path / "refused"),
-                              "--progress-bar", "raw"], capture_output=True, text=True)
+    refused = subprocess.run(
+        [
+            old_pip_python,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            f"{src.package}=={src.version}",
+            "-d",
+            str(tmp_path / "refused"),
+            "--progress-bar",
+            "raw",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode != 0 and "invalid choice: 'raw'" in refused.stderr
     events = []
     got = pip_download(src.package, src.version, tmp_path / "dest", events.append, python=old_pip_python)
@@ -216,8 +234,11 @@ def smollm2_wheel() -> Path:
 def smollm2_env(smollm2_wheel, tmp_path_factory, _session_dirs) -> dict[str, str]:
     """llmchat directories (session-wide) with the default model imported from the cached wheel."""
     root = tmp_path_factory.mktemp("smollm2")
-    env = {"LLMCHAT_DATA_DIR": str(root / "data"), "LLMCHAT_CACHE_DIR": str(_session_dirs / "cache"),
-           "LLMCHAT_CONFIG_DIR": str(root / "config")}
+    env = {
+        "LLMCHAT_DATA_DIR": str(root / "data"),
+        "LLMCHAT_CACHE_DIR": str(_session_dirs / "cache"),
+        "LLMCHAT_CONFIG_DIR": str(root / "config"),
+    }
     return env
 
 
@@ -241,15 +262,20 @@ def test_real_default_model_answers_like_llama_cpp(smollm2_wheel, smollm2_env, m
 
     cases = json.loads((FIXTURES / "smollm2" / "chat_greedy_llamacpp.json").read_text())["cases"]
     # key words of llama.cpp's greedy answers that an answer of the same meaning contains
-    keywords = {"What is the capital of Japan?": [["tokyo"]], "What is 2 plus 2?": [["4", "four"]],
-                "Write a haiku about the sea.": [["sea", "ocean", "wave", "shore", "tide"]]}
+    keywords = {
+        "What is the capital of Japan?": [["tokyo"]],
+        "What is 2 plus 2?": [["4", "four"]],
+        "Write a haiku about the sea.": [["sea", "ocean", "wave", "shore", "tide"]],
+    }
     engine = load_engine(model_dir, device="cpu")
     try:
         for case in cases:
             engine.reset()
-            reply = "".join(e.text for e in engine.chat(case["question"], SamplingParams(temperature=0,
-                                                                                        max_tokens=64))
-                            if isinstance(e, TextDelta))
+            reply = "".join(
+                e.text
+                for e in engine.chat(case["question"], SamplingParams(temperature=0, max_tokens=64))
+                if isinstance(e, TextDelta)
+            )
             stats = engine.last_stats
             assert stats.prompt_tokens == case["usage"]["prompt_tokens"]  # same template and tokens
             for alternatives in keywords[case["question"]]:
@@ -268,7 +294,11 @@ def test_real_default_model_llmchat_ask(smollm2_wheel, smollm2_env, monkeypatch)
     env = {**os.environ, **smollm2_env}
     proc = subprocess.run(
         [sys.executable, "-m", "app", "ask", "--temperature", "0", "What is the capital of Japan?"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Tokyo" in proc.stdout
@@ -288,15 +318,21 @@ def test_model_or_default(local_index):
 #: everyday first questions; with the old fixed defaults (temperature 0.7, top_p 0.95, no penalty) the
 #: default model looped until max_tokens on two of the first three ("no, no, no, …", a repeated verse)
 EVERYDAY_PROMPTS = [
-    "Hello! Who are you?", "What is the capital of France?", "Write a short poem about autumn.",
-    "Give me three tips for sleeping better.", "Explain what a CPU does in simple words.",
-    "Tell me a joke.", "How do I make a cup of tea?", "Summarize the plot of Romeo and Juliet.",
+    "Hello! Who are you?",
+    "What is the capital of France?",
+    "Write a short poem about autumn.",
+    "Give me three tips for sleeping better.",
+    "Explain what a CPU does in simple words.",
+    "Tell me a joke.",
+    "How do I make a cup of tea?",
+    "Summarize the plot of Romeo and Juliet.",
 ]
 
 
 @pytest.mark.slow
-async def test_default_model_with_default_settings_does_not_loop_in_the_app(smollm2_wheel, smollm2_env,
-                                                                             monkeypatch):
+async def test_default_model_with_default_settings_does_not_loop_in_the_app(
+    smollm2_wheel, smollm2_env, monkeypatch
+):
     """The app, the default model, the default settings (only the seed fixed, for a repeatable run):
     every everyday reply ends by itself, none runs on to max_tokens."""
     from app.chat_app import LlmchatApp, StartOptions
@@ -314,7 +350,11 @@ async def test_default_model_with_default_settings_does_not_loop_in_the_app(smol
         chat: ChatScreen = await open_chat(pilot)
         params = app.params
         assert (params.temperature, params.top_p, params.repetition_penalty, params.repeat_last_n) == (
-            0.2, 0.9, 1.1, 64)
+            0.2,
+            0.9,
+            1.1,
+            64,
+        )
         assert params.max_tokens == 512
         finished = []
         for seed in (0, 1):

@@ -19,8 +19,14 @@ from app.inference.quantization.base import DEQUANTIZE_STAGE
 IN_F, OUT_F = 256, 64
 FORMATS = ["q4f16_1", "q4f32_1", "ggml_q4_0"]
 SPEC_MODE = {"param_mode": "packed", "effect_mode": "none"}
-CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
+CUDA_TARGET = {
+    "kind": "cuda",
+    "arch": "sm_90",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "host": {"kind": "llvm"},
+}
 
 
 def _module(fmt_name: str, bias: bool = False, in_f: int = IN_F, out_f: int = OUT_F):
@@ -40,8 +46,10 @@ def _module(fmt_name: str, bias: bool = False, in_f: int = IN_F, out_f: int = OU
         def decode(self, x):
             return self.proj(x)
 
-    spec = {"prefill": {"x": nn.spec.Tensor([1, "n", in_f], dtype), "$": SPEC_MODE},
-            "decode": {"x": nn.spec.Tensor([1, 1, in_f], dtype), "$": SPEC_MODE}}
+    spec = {
+        "prefill": {"x": nn.spec.Tensor([1, "n", in_f], dtype), "$": SPEC_MODE},
+        "decode": {"x": nn.spec.Tensor([1, 1, in_f], dtype), "$": SPEC_MODE},
+    }
     mod, named = Proj().export_tvm(spec=spec)
     return fmt, dtype, mod, named
 
@@ -49,8 +57,9 @@ def _module(fmt_name: str, bias: bool = False, in_f: int = IN_F, out_f: int = OU
 def _kernel_of(mod, relax_name: str):
     """The PrimFunc that relax function ``relax_name`` calls (the layer's kernel)."""
     called = {str(gv.name_hint) for gv in _called_globals(mod[relax_name])}
-    funcs = [f for gv, f in mod.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint in called]
+    funcs = [
+        f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint in called
+    ]
     assert len(funcs) == 1, called
     return funcs[0]
 
@@ -61,8 +70,11 @@ def _called_globals(func):
     found = []
 
     def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                and expr.op.name == "relax.call_tir"):
+        if (
+            isinstance(expr, relax.Call)
+            and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name == "relax.call_tir"
+        ):
             found.append(expr.args[0])
 
     relax.analysis.post_order_visit(func, visit)
@@ -110,8 +122,10 @@ def test_cpu_schedule_decodes_weight_tiles_for_prefill_only(cpu_target, prefill_
     assert "llmchat.dequantize_tile" not in texts["decode"]
 
 
-@pytest.mark.parametrize(("fmt_name", "bias"), [("q4f16_1", False), ("q4f16_1", True), ("q4f32_1", False),
-                                              ("q4f32_1", True), ("ggml_q4_0", False)])
+@pytest.mark.parametrize(
+    ("fmt_name", "bias"),
+    [("q4f16_1", False), ("q4f16_1", True), ("q4f32_1", False), ("q4f32_1", True), ("ggml_q4_0", False)],
+)
 def test_prefill_and_decode_match_numpy(cpu_target, fmt_name, bias):
     fmt, dtype, mod, named = _module(fmt_name, bias)
     ex = tvm.compile(mod, cpu_target, relax_pipeline=cpu_pipeline(cpu_target))
@@ -120,8 +134,10 @@ def test_prefill_and_decode_match_numpy(cpu_target, fmt_name, bias):
     encoded = fmt.quantize(rng.standard_normal((OUT_F, IN_F)) / np.sqrt(IN_F))
     bias_values = rng.standard_normal(OUT_F).astype(dtype)
     arrays = {**encoded, "bias": bias_values}
-    packed = [tvm.runtime.tensor(np.ascontiguousarray(arrays[n.rpartition(".")[2]]).astype(str(p.dtype)))
-              for n, p in named]
+    packed = [
+        tvm.runtime.tensor(np.ascontiguousarray(arrays[n.rpartition(".")[2]]).astype(str(p.dtype)))
+        for n, p in named
+    ]
     weight = fmt.dequantize(encoded)
     tol = 1e-5 if dtype == "float32" else 5e-3
     for fn, rows in (("decode", 1), ("prefill", 1), ("prefill", 9), ("prefill", 33)):
@@ -142,11 +158,16 @@ def _gpu_kernels(monkeypatch, cuda_gemm: str) -> tuple[str, str]:
     target = tvm.target.Target(CUDA_TARGET)
     _fmt, _dtype, mod, _named = _module("q4f16_1")
     with gpu._simt_matmul_only(), target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(), relax.transform.FuseTIR(), gpu.fast_decode_pass(),
-            dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
-        ])(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                gpu.fast_decode_pass(),
+                dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
+            ]
+        )(mod)
     return _kernel_of(mod, "prefill").script(), _kernel_of(mod, "decode").script()
 
 
@@ -195,7 +216,8 @@ def test_stock_dlight_matmul_schedules_prefill_without_crashing():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", _STOCK_MATMUL_SCRIPT], cwd=root, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _STOCK_MATMUL_SCRIPT], cwd=root, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "True"

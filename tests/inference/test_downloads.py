@@ -104,7 +104,8 @@ class _Writes:
         """Wait until at least ``amounts`` bytes of each file were written."""
         with self.changed:
             return self.changed.wait_for(
-                lambda: all(self.bytes.get(k, 0) >= v for k, v in amounts.items()), HANG_S)
+                lambda: all(self.bytes.get(k, 0) >= v for k, v in amounts.items()), HANG_S
+            )
 
 
 def _count_writes(monkeypatch) -> _Writes:

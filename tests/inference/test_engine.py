@@ -117,8 +117,9 @@ def test_cancel_from_another_thread_stops_within_one_step(engine):
     thread = threading.Thread(target=canceller)
     thread.start()
     try:
-        _, stats, _ = _run(engine.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=200),
-                                           ignore_eos=True))
+        _, stats, _ = _run(
+            engine.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=200), ignore_eos=True)
+        )
     finally:
         thread.join()
         del runtime.decode
@@ -128,8 +129,9 @@ def test_cancel_from_another_thread_stops_within_one_step(engine):
 
 
 def test_generate_raw_tokens_exact_count(engine):
-    _, stats, _ = _run(engine.generate([1], SamplingParams(temperature=0, max_tokens=20), ignore_eos=True,
-                                       detokenize=False))
+    _, stats, _ = _run(
+        engine.generate([1], SamplingParams(temperature=0, max_tokens=20), ignore_eos=True, detokenize=False)
+    )
     assert stats.generated_tokens == 20 and stats.finish_reason == "length"
     assert stats.prompt_tokens == 1 and stats.decode_tok_s > 0
     assert engine.runtime.kv_sequence_length() == 0  # generate() leaves no state behind
@@ -186,8 +188,11 @@ def test_prompt_longer_than_context_window_is_an_error(tiny_model_dir):
         assert stats.generated_tokens >= 1
         # a reply that runs into the end of the window stops there
         engine.reset()
-        _, stats, _ = _run(engine.generate(list(range(1, 40)), SamplingParams(temperature=0, max_tokens=100),
-                                           ignore_eos=True))
+        _, stats, _ = _run(
+            engine.generate(
+                list(range(1, 40)), SamplingParams(temperature=0, max_tokens=100), ignore_eos=True
+            )
+        )
         assert stats.finish_reason == "context"
         assert engine.runtime.context_window == 48 and stats.generated_tokens == 48 - 39 + 1
     finally:
@@ -294,9 +299,16 @@ def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, 
             runtime.clear()
             kv_ids: list[int] = []
             result = GenerationResult()
-            for _ in generate(runtime, prompt, SamplingParams(temperature=0.0, max_tokens=12), kv_ids=kv_ids,
-                              cancel=cancel or threading.Event(), stop_token_ids=stop_ids, result=result,
-                              greedy_ahead=steps):
+            for _ in generate(
+                runtime,
+                prompt,
+                SamplingParams(temperature=0.0, max_tokens=12),
+                kv_ids=kv_ids,
+                cancel=cancel or threading.Event(),
+                stop_token_ids=stop_ids,
+                result=result,
+                greedy_ahead=steps,
+            ):
                 pass
             assert runtime.sequence_length == len(kv_ids) == runtime.kv_sequence_length()
             # the KV cache holds exactly kv_ids: the next logits are those of a fresh prefill
@@ -339,8 +351,9 @@ def test_a_long_prompt_reports_its_prefill_per_chunk_before_the_first_token(engi
     later = progress[1:]
     assert all(p.tok_s > 0 and p.eta_s is not None and p.eta_s >= 0 for p in later)
     assert all(a.elapsed_s <= b.elapsed_s for a, b in itertools.pairwise(later))
-    assert re.fullmatch(rf"reading the prompt: {chunk:,} / {total:,} tokens · [\d,]+ tok/s · ~\d+ s left",
-                        later[0].format())
+    assert re.fullmatch(
+        rf"reading the prompt: {chunk:,} / {total:,} tokens · [\d,]+ tok/s · ~\d+ s left", later[0].format()
+    )
     # every progress event comes before the first text
     first_text = kinds.index("TextDelta")
     assert max(i for i, k in enumerate(kinds) if k == "PrefillProgress") < first_text

@@ -25,8 +25,11 @@ PROMPT_LEN = 45  # longer than the tiny models' prefill chunk (32): two prefill 
 DECODE_STEPS = 16
 
 
-@pytest.mark.parametrize(("family", "quantization", "compute", "tol"), CASES,
-                         ids=[f"{f}-{q}-{c or 'auto'}" for f, q, c, _ in CASES])
+@pytest.mark.parametrize(
+    ("family", "quantization", "compute", "tol"),
+    CASES,
+    ids=[f"{f}-{q}-{c or 'auto'}" for f, q, c, _ in CASES],
+)
 def test_logits_match_reference(tiny_model_dir, monkeypatch, family, quantization, compute, tol):
     if compute:
         monkeypatch.setenv("LLMCHAT_COMPUTE_DTYPE", compute)

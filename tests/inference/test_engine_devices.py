@@ -13,10 +13,18 @@ from app.inference import devices
 from app.inference.devices import DeviceSpec, parse_device, resolve_device
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("auto", ("auto", None)), ("cpu", ("cpu", None)), ("cuda:1", ("cuda", 1)), ("ROCm", ("rocm", None)),
-    ("vulkan:0", ("vulkan", 0)), ("metal", ("metal", None)), ("llvm", ("cpu", None)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("auto", ("auto", None)),
+        ("cpu", ("cpu", None)),
+        ("cuda:1", ("cuda", 1)),
+        ("ROCm", ("rocm", None)),
+        ("vulkan:0", ("vulkan", 0)),
+        ("metal", ("metal", None)),
+        ("llvm", ("cpu", None)),
+    ],
+)
 def test_parse_device(text, expected):
     assert parse_device(text) == expected
 
@@ -36,9 +44,11 @@ def test_rocm_without_hip_is_a_clear_error():
     """PyPI's apache-tvm has no ROCm runtime; llmchat's own (its HIP add-on) needs HIP, which is
     missing here: say so and how to get it, never crash (a child process: a crash in native
     code would show as a signal).  More in tests/inference/backends/test_hip_addon.py."""
-    code = ("from app.inference.devices import resolve_device\n"
-            "from app.errors import LlmchatError\n"
-            "try:\n    resolve_device('rocm')\nexcept LlmchatError as e:\n    print('ERR', e)\n")
+    code = (
+        "from app.inference.devices import resolve_device\n"
+        "from app.errors import LlmchatError\n"
+        "try:\n    resolve_device('rocm')\nexcept LlmchatError as e:\n    print('ERR', e)\n"
+    )
     env = {**os.environ, "LLMCHAT_HIP_LIBRARY": "/nonexistent/libamdhip64.so.6"}
     env.pop("LLMCHAT_GPU_RUNTIME", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)

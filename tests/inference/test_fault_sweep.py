@@ -63,9 +63,17 @@ def test_mutated_model_configs_end_in_a_clean_error_or_a_sound_config(tiny_model
             assert str(err).startswith("mutated: "), label
             continue
         outcomes["ok"] += 1
-        counts = [cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                  cfg.head_dim, cfg.num_hidden_layers, cfg.vocab_size, cfg.context_window_size,
-                  cfg.prefill_chunk_size]
+        counts = [
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.num_hidden_layers,
+            cfg.vocab_size,
+            cfg.context_window_size,
+            cfg.prefill_chunk_size,
+        ]
         assert all(isinstance(n, int) and n > 0 for n in counts), label
         assert cfg.num_attention_heads % cfg.num_key_value_heads == 0, label
         assert math.isfinite(cfg.rms_norm_eps) and 0 < cfg.rms_norm_eps < 1, label
@@ -77,14 +85,17 @@ def test_mutated_model_configs_end_in_a_clean_error_or_a_sound_config(tiny_model
     assert outcomes["error"] > 150 and outcomes["ok"] > 20, outcomes
 
 
-@pytest.mark.parametrize(("field", "value", "named"), [
-    ("num_hidden_layers", 0, "model_config.num_hidden_layers"),
-    ("num_hidden_layers", -2, "model_config.num_hidden_layers"),
-    ("num_attention_heads", 0, "model_config.num_attention_heads"),
-    ("hidden_size", -64, "model_config.hidden_size"),
-    ("num_key_value_heads", 3, "num_key_value_heads"),
-    ("rms_norm_eps", "abc", "model_config.rms_norm_eps"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("num_hidden_layers", 0, "model_config.num_hidden_layers"),
+        ("num_hidden_layers", -2, "model_config.num_hidden_layers"),
+        ("num_attention_heads", 0, "model_config.num_attention_heads"),
+        ("hidden_size", -64, "model_config.hidden_size"),
+        ("num_key_value_heads", 3, "num_key_value_heads"),
+        ("rms_norm_eps", "abc", "model_config.rms_norm_eps"),
+    ],
+)
 def test_invalid_field_is_named(tiny_model_dir, tmp_path, field, value, named):
     model = tmp_path / "m"
     src = tiny_model_dir("llama", "q4f32_1")
@@ -133,9 +144,13 @@ def _gguf_mutants(base: Path, out: Path) -> int:
 
     reader = gguf.GGUFReader(str(base), "r")
     header_end = int(reader.tensors[0].data_offset)
-    scalars = [(name, f) for name, f in reader.fields.items()
-               if not name.startswith("GGUF.") and f.types and f.types[0] in (
-                   gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32)]
+    scalars = [
+        (name, f)
+        for name, f in reader.fields.items()
+        if not name.startswith("GGUF.")
+        and f.types
+        and f.types[0] in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32)
+    ]
     raw = base.read_bytes()
     n = 0
 
@@ -153,8 +168,8 @@ def _gguf_mutants(base: Path, out: Path) -> int:
         for new_type, value in variants:
             data = bytearray(raw)
             if new_type is not None:
-                data[type_at:type_at + 4] = np.uint32(int(new_type)).tobytes()
-            data[value_at:value_at + 4] = value.tobytes()
+                data[type_at : type_at + 4] = np.uint32(int(new_type)).tobytes()
+            data[value_at : value_at + 4] = value.tobytes()
             emit(bytes(data))
     rng = random.Random(0)
     for _ in range(60):
@@ -174,8 +189,13 @@ def test_mutated_gguf_headers_end_in_a_clean_error_or_a_model(tmp_path):
     mutants.mkdir()
     count = _gguf_mutants(base, mutants)
     assert count >= 150
-    proc = subprocess.run([sys.executable, "-c", _SWEEP, str(mutants)], capture_output=True, text=True,
-                          timeout=900, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", _SWEEP, str(mutants)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.returncode == 0, f"the import sweep died (rc {proc.returncode}): {proc.stderr[-3000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == count

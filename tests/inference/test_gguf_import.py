@@ -35,8 +35,11 @@ CASES = {
     "Q4_1-tied-Q8_0-embd": {"tensor_type": "Q4_1", "tied": True, "types": {"token_embd.weight": "Q8_0"}},
     "qwen2-Q8_0": {"tensor_type": "Q8_0", "arch": "qwen2", "tied": True},
     # a Q4_K_M-like file: Q4_K, a Q6_K output and attn_v (q, k, v fused as ggml_wide), a Q5_K ffn_down
-    "K-quants": {"tensor_type": "Q4_K", "dims": TINY_K, "types": {
-        "output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q5_K"}},
+    "K-quants": {
+        "tensor_type": "Q4_K",
+        "dims": TINY_K,
+        "types": {"output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q5_K"},
+    },
 }
 
 
@@ -64,7 +67,7 @@ def test_imported_logits_match_gguf_dequantized_reference(tmp_path, case):
     rng = np.random.default_rng(7)
     prompt = rng.integers(0, config["vocab_size"], size=PROMPT_LEN).tolist()
     got, tokens = _run(model_dir, prompt)
-    ref = forward(config, reference_params(gguf_path), tokens)[PROMPT_LEN - 1:]
+    ref = forward(config, reference_params(gguf_path), tokens)[PROMPT_LEN - 1 :]
     scale = np.abs(ref).max()
     rel = np.abs(got - ref).max(axis=1) / scale
     assert rel.max() <= TOL, f"logits off by {rel.max():.2e} (relative) at step {int(rel.argmax())}"
@@ -203,12 +206,17 @@ def test_unsupported_tensor_type_is_refused(tmp_path, qtype):
     path = tmp_path / "t.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
-    w.add_tensor("blk.0.ffn_down.weight", gguf.quants.quantize(np.ones((4, 256), np.float32),
-                                                                gguf.GGMLQuantizationType.Q8_0),
-                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor(
+        "blk.0.ffn_down.weight",
+        gguf.quants.quantize(np.ones((4, 256), np.float32), gguf.GGMLQuantizationType.Q8_0),
+        raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+    )
     block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, nbytes * 256 // block), np.uint8),
-                 raw_dtype=gguf.GGMLQuantizationType[qtype])
+    w.add_tensor(
+        "blk.0.ffn_up.weight",
+        np.zeros((4, nbytes * 256 // block), np.uint8),
+        raw_dtype=gguf.GGMLQuantizationType[qtype],
+    )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -277,9 +285,11 @@ def test_sentencepiece_gguf_imports_with_a_working_tokenizer(tmp_path):
     vocab_file = tmp_path / "spm.gguf"
     vocab_file.write_bytes(gzip.decompress((fixtures / "ggml-vocab-llama-spm.gguf.gz").read_bytes()))
     fields = gguf.GGUFReader(str(vocab_file)).fields
-    spm = {"tokens": fields["tokenizer.ggml.tokens"].contents(),
-           "scores": fields["tokenizer.ggml.scores"].contents(),
-           "types": fields["tokenizer.ggml.token_type"].contents()}
+    spm = {
+        "tokens": fields["tokenizer.ggml.tokens"].contents(),
+        "scores": fields["tokenizer.ggml.scores"].contents(),
+        "types": fields["tokenizer.ggml.token_type"].contents(),
+    }
     path = write_tiny_gguf(tmp_path / "spm-model.gguf", "Q8_0", spm_vocab=spm, tied=True)
     model_dir = import_gguf(path, name="spm")
     tok = Tokenizer.from_model_dir(model_dir)
@@ -303,13 +313,22 @@ def test_llama31_rope_freqs_become_rope_scaling(tmp_path):
     for freq in 1.0 / theta ** (np.arange(0, d, 2) / d):
         wavelen = 2 * math.pi / freq
         smooth = (original / wavelen - low) / (high - low)
-        factors.append(1.0 if wavelen < original / high else factor if wavelen > original / low
-                       else 1 / ((1 - smooth) / factor + smooth))
+        factors.append(
+            1.0
+            if wavelen < original / high
+            else factor
+            if wavelen > original / low
+            else 1 / ((1 - smooth) / factor + smooth)
+        )
     path = write_tiny_gguf(tmp_path / "l31.gguf", "F16", rope_freqs=np.array(factors))
     config = json.loads((import_gguf(path, name="l31") / "mlc-chat-config.json").read_text())
     assert config["model_config"]["rope_scaling"] == {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192}
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     odd = write_tiny_gguf(tmp_path / "odd.gguf", "F16", rope_freqs=np.linspace(1, 3, d // 2))
     with pytest.raises(LlmchatError, match="rope_freqs"):
         import_gguf(odd, name="odd")

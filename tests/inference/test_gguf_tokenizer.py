@@ -84,8 +84,11 @@ def _spm_cases():
 def test_llama_spm_ids_equal_llama_cpp(llama_spm):
     cases = _spm_cases()
     assert len(cases) > 40
-    wrong = [(t, llama_spm.tokenizer.encode(t, add_special_tokens=False).ids, ids) for t, ids in cases
-             if llama_spm.tokenizer.encode(t, add_special_tokens=False).ids != ids]
+    wrong = [
+        (t, llama_spm.tokenizer.encode(t, add_special_tokens=False).ids, ids)
+        for t, ids in cases
+        if llama_spm.tokenizer.encode(t, add_special_tokens=False).ids != ids
+    ]
     assert wrong == []
 
 

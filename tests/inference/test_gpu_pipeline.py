@@ -18,8 +18,14 @@ from app.errors import LlmchatError
 from app.inference import cuda_support
 from app.inference.pipelines import gpu
 
-CUDA_TARGET = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-               "max_threads_per_block": 1024, "thread_warp_size": 32, "host": {"kind": "llvm"}}
+CUDA_TARGET = {
+    "kind": "cuda",
+    "arch": "sm_90",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "host": {"kind": "llvm"},
+}
 
 
 def _tiny_module(target):
@@ -37,12 +43,17 @@ def _scheduled_functions(mod, target):
     from tvm.s_tir import dlight as dl
 
     with target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
-            gpu.fast_decode_pass(),
-            dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
-        ])(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                gpu.fast_decode_pass(),
+                dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
+            ]
+        )(mod)
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
@@ -78,8 +89,9 @@ def test_fast_uint_to_float_rewrite_is_exact():
         for i in range(512):
             with T.sblock("d"):
                 v = T.axis.spatial(512, i)
-                out[v] = T.Cast("float32", (w[v // 8] >> T.Cast("uint32", v % 8) * T.uint32(4))
-                                & T.uint32(15)) - T.float32(7.0)
+                out[v] = T.Cast(
+                    "float32", (w[v // 8] >> T.Cast("uint32", v % 8) * T.uint32(4)) & T.uint32(15)
+                ) - T.float32(7.0)
 
     rewritten = gpu.fast_small_uint_to_float(decode)
     assert "reinterpret" in rewritten.script() and "reinterpret" not in decode.script()
@@ -87,8 +99,7 @@ def test_fast_uint_to_float_rewrite_is_exact():
     words = rng.integers(0, 2**32, size=64, dtype=np.uint32)
     results = []
     for func in (decode, rewritten):
-        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                          target="llvm")
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
         out = tvm.runtime.tensor(np.zeros(512, np.float32))
         lib["main"](tvm.runtime.tensor(words), out)
         results.append(out.numpy())
@@ -108,9 +119,13 @@ def _q4_gemv(in_f: int, out_f: int):
     qw = te.placeholder((out_f, in_f // 8), "uint32", name="q_weight")
     qs = te.placeholder((out_f, in_f // 32), "float16", name="q_scale")
     k = te.reduce_axis((0, in_f), name="k")
-    acc = te.compute((1, 1, out_f), lambda b, s, n: te.sum(
-        x[b, s, k].astype("float32") * fmt.dequant({"q_weight": qw, "q_scale": qs}, n, k), axis=k),
-        name="dequant_matmul")
+    acc = te.compute(
+        (1, 1, out_f),
+        lambda b, s, n: te.sum(
+            x[b, s, k].astype("float32") * fmt.dequant({"q_weight": qw, "q_scale": qs}, n, k), axis=k
+        ),
+        name="dequant_matmul",
+    )
     out = te.compute((1, 1, out_f), lambda b, s, n: acc[b, s, n].astype("float16"), name="out")
     return te.create_prim_func([x, qw, qs, out])
 
@@ -152,8 +167,15 @@ def test_cuda_build_decodes_without_i2f_and_uses_cuda_graphs(cuda_build):
 
 def test_llmchat_gemv_rules_on_cuda_only_unless_overridden(monkeypatch):
     cuda = tvm.target.Target(CUDA_TARGET)
-    rocm = tvm.target.Target({"kind": "rocm", "mcpu": "gfx1100", "mtriple": "amdgcn-amd-amdhsa-hcc",
-                              "thread_warp_size": 32, "host": {"kind": "llvm"}})
+    rocm = tvm.target.Target(
+        {
+            "kind": "rocm",
+            "mcpu": "gfx1100",
+            "mtriple": "amdgcn-amd-amdhsa-hcc",
+            "thread_warp_size": 32,
+            "host": {"kind": "llvm"},
+        }
+    )
     monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
     assert any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(cuda))  # after CUDA's own
     assert not any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(rocm))
@@ -171,7 +193,7 @@ def test_kernels_are_prebuilt_fatbins(cuda_build):
     assert cuda_support.FATBIN_MARKER.encode() in data  # the .so carries binary kernels
     start = data.index(cuda_support.FATBIN_MARKER.encode())
     end = data.index(b"\n", data.index(b"\n", start) + 1)
-    fatbin = cuda_support.decode_fatbin(data[start:end + 1].decode())
+    fatbin = cuda_support.decode_fatbin(data[start : end + 1].decode())
     assert fatbin[:4] == bytes.fromhex("50ed55ba")  # fatbin magic 0xBA55ED50 (little endian)
 
 
@@ -180,7 +202,7 @@ def test_runtime_callback_decodes_payload_without_a_compiler(monkeypatch):
     payload = cuda_support.encode_fatbin(b"\x50\xed\x55\xbaBINARY", "__global__ void k() {}")
     assert cuda_support._runtime_compile(payload) == b"\x50\xed\x55\xbaBINARY"
     with pytest.raises(RuntimeError, match="no CUDA compiler"):
-        cuda_support._runtime_compile("extern \"C\" __global__ void k() {}")
+        cuda_support._runtime_compile('extern "C" __global__ void k() {}')
     assert isinstance(cuda_support._runtime_state["error"], LlmchatError)
 
 
@@ -209,8 +231,10 @@ def _find_bitcode() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_find_lld() is None or _find_bitcode() is None,
-                    reason="ld.lld (Debian: lld-19) or ROCm device bitcode (rocm-device-libs) missing")
+@pytest.mark.skipif(
+    _find_lld() is None or _find_bitcode() is None,
+    reason="ld.lld (Debian: lld-19) or ROCm device bitcode (rocm-device-libs) missing",
+)
 def test_rocm_rdna_build(tmp_path, monkeypatch):
     # TVM looks for `ld.lld` on PATH and for $ROCM_PATH/amdgcn/bitcode: point both at what exists
     (tmp_path / "bin").mkdir()
@@ -219,9 +243,17 @@ def test_rocm_rdna_build(tmp_path, monkeypatch):
     (tmp_path / "rocm" / "amdgcn" / "bitcode").symlink_to(_find_bitcode())
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
-    target = tvm.target.Target({"kind": "rocm", "mcpu": "gfx1100", "mtriple": "amdgcn-amd-amdhsa-hcc",
-                                "max_shared_memory_per_block": 65536, "max_threads_per_block": 1024,
-                                "thread_warp_size": 32, "host": {"kind": "llvm"}})
+    target = tvm.target.Target(
+        {
+            "kind": "rocm",
+            "mcpu": "gfx1100",
+            "mtriple": "amdgcn-amd-amdhsa-hcc",
+            "max_shared_memory_per_block": 65536,
+            "max_threads_per_block": 1024,
+            "thread_warp_size": 32,
+            "host": {"kind": "llvm"},
+        }
+    )
     mod = _tiny_module(target)
     funcs = _scheduled_functions(mod, target)
     assert any("dequant" in n and f.attrs and f.attrs.get("tirx.is_scheduled") for n, f in funcs.items())

@@ -139,8 +139,11 @@ def test_probe_in_a_fresh_process_is_fast_and_never_imports_tvm():
 def test_probe_needs_no_root():
     """The probe of this machine runs as an unprivileged user (``nobody`` when the tests run as
     root, as in CI), from a copy of the package that user can read."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("LLMCHAT_") and k not in
-           ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("LLMCHAT_") and k not in ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES")
+    }
     with unprivileged.shared_dir() as shared:
         env["LLMCHAT_CACHE_DIR"] = env["LLMCHAT_DATA_DIR"] = env["LLMCHAT_CONFIG_DIR"] = str(shared / "dirs")
         out = unprivileged.run_python(FRESH_PROBE, shared, env=env)

@@ -152,9 +152,11 @@ def test_kfd_permission_denied_suggests_usermod():
     """/dev/kfd without read-write permission for the user. Root opens a mode-000 file anyway, so
     the probe runs in a child process as an unprivileged user (``nobody`` when the tests run as
     root, as in CI) on a sysroot that user can read."""
-    code = ("import json\nfrom app.inference.hardware import probe\n"
-            "r = probe('root', tvm_runtimes={'rocm'})\n"
-            "print(json.dumps({'kfd_error': r.runtimes['rocm']['kfd_error'], 'fixes': r.fixes}))\n")
+    code = (
+        "import json\nfrom app.inference.hardware import probe\n"
+        "r = probe('root', tvm_runtimes={'rocm'})\n"
+        "print(json.dumps({'kfd_error': r.runtimes['rocm']['kfd_error'], 'fixes': r.fixes}))\n"
+    )
     with unprivileged.shared_dir() as shared:
         root = make_root(shared, "amd-rx6900xt")
         add_rocm(root)

@@ -52,8 +52,9 @@ def test_deleted_shard_shows_broken_and_download_by_id_fetches_only_it(hub, caps
 
     row = models_json(capsys)[TINY_ID]
     assert row["installed"] and "params_shard_1.bin is missing" in row["broken"]
-    assert row["fix"] == (f"`llmchat download {TINY_ID}` checks every file and fetches what is missing or "
-                          "damaged")
+    assert row["fix"] == (
+        f"`llmchat download {TINY_ID}` checks every file and fetches what is missing or damaged"
+    )
     assert main(["models", "--memory", "8"]) == 0
     table = capsys.readouterr().out
     assert f"{TINY_ID} is broken: params_shard_1.bin is missing" in table
@@ -122,11 +123,14 @@ def test_a_tokenizer_corrupted_in_transit_is_fetched_again(hub):
     assert verify(path) is None
 
 
-@pytest.mark.parametrize("name, text, expected", [
-    ("mlc-chat-config.json", b'{"model_type": "llama", ', "not valid JSON"),
-    ("tokenizer.json", b"{not json", "cannot load"),
-    ("tokenizer_config.json", b'{"chat_template": "{% if %}"}', "chat template"),
-])
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        ("mlc-chat-config.json", b'{"model_type": "llama", ', "not valid JSON"),
+        ("tokenizer.json", b"{not json", "cannot load"),
+        ("tokenizer_config.json", b'{"chat_template": "{% if %}"}', "chat template"),
+    ],
+)
 def test_a_repo_whose_files_do_not_parse_is_not_installed(hub, name, text, expected):
     files = make_tiny_mlc_model(seed=5)
     files[name] = text

@@ -132,7 +132,10 @@ def test_history_and_system_prompt_are_sent_each_turn(mlc_stand_in, model_dir: P
     engine.set_system_prompt(None)  # keeps the conversation, like the TVM engine
     _run(engine.chat("fourth"))
     assert [m["role"] for m in engine._engine.requests[-1].kwargs["messages"]] == [
-        "user", "assistant", "user"]
+        "user",
+        "assistant",
+        "user",
+    ]
 
 
 def test_load_history(mlc_stand_in, model_dir: Path) -> None:  # type: ignore[no-untyped-def]

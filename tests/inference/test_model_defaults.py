@@ -35,8 +35,11 @@ def test_default_model_takes_its_catalog_settings_and_the_repetition_guard():
 
 
 def test_generation_config_comes_before_mlc_config_and_an_mlc_penalty_of_1_is_unset(tmp_path):
-    folder = _model(tmp_path, mlc={"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
-                    generation={"temperature": 0.6, "top_p": 0.9, "bos_token_id": 1})
+    folder = _model(
+        tmp_path,
+        mlc={"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
+        generation={"temperature": 0.6, "top_p": 0.9, "bos_token_id": 1},
+    )
     defaults = model_sampling(folder, "not-in-the-catalog")
     assert (defaults.params.temperature, defaults.params.top_p) == (0.6, 0.9)
     assert defaults.describe("top_p") == "generation_config.json"
@@ -117,8 +120,12 @@ def test_set_rejects_a_word_as_not_a_number():
         assert "out of range" not in err.value.problem
     from app.inference.sampling import validate_value
 
-    for key, value, kind in (("temperature", "0.5", "number"), ("seed", 1.5, "whole number"),
-                             ("max_tokens", True, "whole number"), ("top_p", None, "number")):
+    for key, value, kind in (
+        ("temperature", "0.5", "number"),
+        ("seed", 1.5, "whole number"),
+        ("max_tokens", True, "whole number"),
+        ("top_p", None, "number"),
+    ):
         with pytest.raises(LlmchatError, match=f"is not a {kind}:"):
             validate_value(key, value)
     with pytest.raises(LlmchatError, match="out of range"):  # a number, but outside its range

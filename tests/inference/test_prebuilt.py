@@ -112,7 +112,8 @@ def nothing_broken_cached() -> None:
     for meta in compiler.libs_dir().glob("*.json"):
         assert compiler._cached_entry(meta.with_suffix(".so"), meta) is not None
     assert not list(compiler.libs_dir().glob("*.so")) or all(
-        p.with_suffix(".json").exists() for p in compiler.libs_dir().glob("*.so"))
+        p.with_suffix(".json").exists() for p in compiler.libs_dir().glob("*.so")
+    )
     staging = compiler.libs_dir() / prebuilt.STAGING
     assert not staging.exists() or not any(staging.iterdir())
 
@@ -177,8 +178,10 @@ def test_catalog_pinned_bundle_is_fetched_on_first_load(built, hub):
     hub.add_repo(LIBS_REPO, bundle_files(folder, "llmchat/tiny"))
     pin = hashlib.sha256((folder / prebuilt.MANIFEST).read_bytes()).hexdigest()
     target = f"cpu-{compiler.cpu_level()}"
-    lib = (f'prebuilt_libs = [{{ target = "{target}", repo = "{LIBS_REPO}", '
-           f'path = "llmchat/tiny/{folder.name}", sha256 = "{pin}" }}]')
+    lib = (
+        f'prebuilt_libs = [{{ target = "{target}", repo = "{LIBS_REPO}", '
+        f'path = "llmchat/tiny/{folder.name}", sha256 = "{pin}" }}]'
+    )
     (hub.root / "config" / "models_registry.toml").write_text(registry(lib))
     downloads.download_model(MODEL_ID)
     before = compiler.COMPILE_COUNT
@@ -205,8 +208,10 @@ def test_wrong_catalog_pin_and_flipped_byte_fall_back_to_compiling(built, hub):
     hub.add_repo(MODEL_REPO, model_files(model))
     hub.add_repo(LIBS_REPO, bundle_files(folder))
     target = f"cpu-{compiler.cpu_level()}"
-    lib = (f'prebuilt_libs = [{{ target = "{target}", repo = "{LIBS_REPO}", '
-           f'path = "libs/{folder.name}", sha256 = "{"0" * 64}" }}]')
+    lib = (
+        f'prebuilt_libs = [{{ target = "{target}", repo = "{LIBS_REPO}", '
+        f'path = "libs/{folder.name}", sha256 = "{"0" * 64}" }}]'
+    )
     (hub.root / "config" / "models_registry.toml").write_text(registry(lib))
     model_dir = downloads.download_model(MODEL_ID)
     line = prebuilt.prepare_library(MODEL_ID, model_dir, "cpu")
@@ -235,12 +240,16 @@ def test_wrong_catalog_pin_and_flipped_byte_fall_back_to_compiling(built, hub):
     nothing_broken_cached()
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"device": "x86-64-v2", "host_cpu": "x86-64-v2"}, "target x86-64-v2 (here "),
-    ({"tvm": "0.26.0"}, "TVM 0.26.0 (here "),
-])
-def test_manifest_for_another_machine_is_rejected_before_the_library_is_fetched(built, hub, tmp_path,
-                                                                               change, words):
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"device": "x86-64-v2", "host_cpu": "x86-64-v2"}, "target x86-64-v2 (here "),
+        ({"tvm": "0.26.0"}, "TVM 0.26.0 (here "),
+    ],
+)
+def test_manifest_for_another_machine_is_rejected_before_the_library_is_fetched(
+    built, hub, tmp_path, change, words
+):
     model, folder, _ = built
     if change.get("device") == compiler.cpu_level():
         change = {"device": "x86-64", "host_cpu": "x86-64"}
@@ -269,8 +278,11 @@ def test_repo_bundles_for_other_keys_are_named_and_a_missing_file_is_an_error(bu
     files = {**model_files(model), **bundle_files(folder)}
     del files[f"libs/{folder.name}/{prebuilt.LIBRARY}"]
     hub.add_repo(MODEL_REPO, files)
-    (model_dir / downloads.MANIFEST_NAME).write_text(json.dumps(
-        {"repo": MODEL_REPO, "commit": "main", "libs": {f"libs/{folder.name}/{prebuilt.MANIFEST}": 1}}))
+    (model_dir / downloads.MANIFEST_NAME).write_text(
+        json.dumps(
+            {"repo": MODEL_REPO, "commit": "main", "libs": {f"libs/{folder.name}/{prebuilt.MANIFEST}": 1}}
+        )
+    )
     line = prebuilt.prepare_library(MODEL_ID, model_dir, "cpu")
     assert f"{prebuilt.LIBRARY} is missing from the repo" in line
     assert cache_entries() == []

@@ -67,16 +67,21 @@ def test_remote_chat_streams_measures_and_keeps_the_conversation(engine):
             # the second turn sends the whole conversation, with the system prompt
             remote.set_system_prompt("Be brief.")
             second, stats2 = run(remote.chat("Tell me about llamas.", GREEDY))
-            sent = [Message("system", "Be brief."), Message("user", "Hello!"), Message("assistant", text),
-                    Message("user", "Tell me about llamas.")]
+            sent = [
+                Message("system", "Be brief."),
+                Message("user", "Hello!"),
+                Message("assistant", text),
+                Message("user", "Tell me about llamas."),
+            ]
             assert stats2.prompt_tokens == engine.count_prompt_tokens(sent)
             assert second == direct(engine, sent, GREEDY)
             # /reset: a new conversation (the system prompt stays)
             remote.reset()
             assert remote.history == []
             _, stats3 = run(remote.chat("Hi", GREEDY))
-            assert stats3.prompt_tokens == engine.count_prompt_tokens([Message("system", "Be brief."),
-                                                                      Message("user", "Hi")])
+            assert stats3.prompt_tokens == engine.count_prompt_tokens(
+                [Message("system", "Be brief."), Message("user", "Hi")]
+            )
             # a resumed conversation (--continue) is sent as it was saved
             remote.load_history([Message("user", "Hello!"), Message("assistant", text)])
             remote.set_system_prompt(None)
@@ -87,10 +92,17 @@ def test_remote_chat_streams_measures_and_keeps_the_conversation(engine):
 
 
 def test_set_values_become_the_request(engine):
-    params = SamplingParams(temperature=1.1, top_p=0.8, max_tokens=15, seed=3, presence_penalty=0.5,
-                            frequency_penalty=0.7, repetition_penalty=1.3)
+    params = SamplingParams(
+        temperature=1.1,
+        top_p=0.8,
+        max_tokens=15,
+        seed=3,
+        presence_penalty=0.5,
+        frequency_penalty=0.7,
+        repetition_penalty=1.3,
+    )
     full = direct(engine, [Message("user", "Hi")], SamplingParams(temperature=0, max_tokens=30))
-    stop = next(full[i:i + 3] for i in range(4, len(full) - 3) if full.find(full[i:i + 3]) == i)
+    stop = next(full[i : i + 3] for i in range(4, len(full) - 3) if full.find(full[i : i + 3]) == i)
     with serving(engine) as served:
         remote = RemoteEngine(served.url)
         try:
@@ -222,14 +234,20 @@ def test_a_server_gone_mid_reply_keeps_what_arrived_and_says_so(monkeypatch):
         h.send_header("Content-Length", "100000")  # promises more than it sends
         h.end_headers()
         for text in ("Llamas ", "live in "):
-            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+            chunk = {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            }
             h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         h.wfile.flush()
         h.close_connection = True  # and the server goes away
 
-    with recorder({"/v1/models": lambda h: h.json(200, MODELS),
-                   "/v1/chat/completions": half_a_reply}) as server:
+    with recorder(
+        {"/v1/models": lambda h: h.json(200, MODELS), "/v1/chat/completions": half_a_reply}
+    ) as server:
         remote = RemoteEngine(f"http://127.0.0.1:{server.server_port}/v1")
         received: list[str] = []
         with pytest.raises(LlmchatError, match="broke mid-reply") as broke:
@@ -238,8 +256,10 @@ def test_a_server_gone_mid_reply_keeps_what_arrived_and_says_so(monkeypatch):
                     received.append(event.text)
         assert "kept" in str(broke.value)
         assert "".join(received) == "Llamas live in "
-        assert remote.history == [Message("user", "Where do llamas live?"),
-                                  Message("assistant", "Llamas live in ")]
+        assert remote.history == [
+            Message("user", "Where do llamas live?"),
+            Message("assistant", "Llamas live in "),
+        ]
         sent = json.loads(server.seen[-1][3])
         assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
         assert sent["messages"] == [{"role": "user", "content": "Where do llamas live?"}]
@@ -248,8 +268,9 @@ def test_a_server_gone_mid_reply_keeps_what_arrived_and_says_so(monkeypatch):
 
 def test_ask_with_an_endpoint(engine, capsys):
     with serving(engine) as served:
-        code = main(["ask", "--endpoint", served.url, "--temperature", "0", "--max-tokens", "12", "--stats",
-                     "Hello!"])
+        code = main(
+            ["ask", "--endpoint", served.url, "--temperature", "0", "--max-tokens", "12", "--stats", "Hello!"]
+        )
     out, err = capsys.readouterr()
     assert code == 0
     assert out == direct(engine, [Message("user", "Hello!")], GREEDY) + "\n"

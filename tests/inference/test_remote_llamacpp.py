@@ -28,10 +28,27 @@ def llama_cpp_server(gguf: Path, *args: str) -> Iterator[str]:
     """``python -m llama_cpp.server`` on a free loopback port; its base URL once it listens."""
     if not PYTHON.exists():
         pytest.skip(f"llama.cpp's server is not installed ({PYTHON}): make .venv-llamacpp/bin/python")
-    proc = subprocess.Popen([str(PYTHON), "-m", "llama_cpp.server", "--model", str(gguf),
-                             "--host", "127.0.0.1", "--port", "0", "--n_ctx", "128", "--verbose", "False",
-                             *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(PYTHON),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--n_ctx",
+            "128",
+            "--verbose",
+            "False",
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen = []
         for line in proc.stderr:  # uvicorn says where it listens
@@ -78,9 +95,13 @@ def test_chat_with_llama_cpp_server(gguf):
             direct = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
 
             def streamed(messages: list[dict]) -> tuple[str, str | None]:
-                chunks = [c for c in direct.chat.completions.create(
-                    model=str(gguf), messages=messages, temperature=0, max_tokens=24, seed=1, stream=True)
-                    if c.choices]
+                chunks = [
+                    c
+                    for c in direct.chat.completions.create(
+                        model=str(gguf), messages=messages, temperature=0, max_tokens=24, seed=1, stream=True
+                    )
+                    if c.choices
+                ]
                 finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
                 finish = finish[-1] if finish else None
                 return "".join(c.choices[0].delta.content or "" for c in chunks), finish
@@ -92,9 +113,16 @@ def test_chat_with_llama_cpp_server(gguf):
             assert remote.history == [Message("user", "hello world"), Message("assistant", text)]
             # the next turn carries the conversation
             pieces2, _ = run(remote.chat("more", greedy))
-            assert "".join(pieces2) == streamed([{"role": "user", "content": "hello world"},
-                                                 {"role": "assistant", "content": text},
-                                                 {"role": "user", "content": "more"}])[0]
+            assert (
+                "".join(pieces2)
+                == streamed(
+                    [
+                        {"role": "user", "content": "hello world"},
+                        {"role": "assistant", "content": text},
+                        {"role": "user", "content": "more"},
+                    ]
+                )[0]
+            )
             direct.close()
             # cancel mid-stream (Esc): the stream closes, what arrived is kept
             remote.reset()

@@ -170,8 +170,11 @@ def test_open_a_saved_server_and_chat(tiny_engine, monkeypatch):
             text = "".join(e.text for e in remote.chat("Hello!", greedy) if isinstance(e, TextDelta))
         finally:
             remote.close()
-        expected = "".join(e.text for e in tiny_engine.complete([Message("user", "Hello!")], greedy)
-                           if isinstance(e, TextDelta))
+        expected = "".join(
+            e.text
+            for e in tiny_engine.complete([Message("user", "Hello!")], greedy)
+            if isinstance(e, TextDelta)
+        )
         assert text == expected and text
         # the key changed on the server's side: the error says where to enter the new one
         save_server("box", served.url, tiny_engine.info.model_id, "old-key")

@@ -52,10 +52,30 @@ def test_older_ndarray_cache_name_and_bf16_encoding(tmp_path):
     values = np.array([1.0, -2.5, 3.140625, 0.0], np.float32)
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     (tmp_path / "params_shard_0.bin").write_bytes(bf16.tobytes())
-    (tmp_path / "ndarray-cache.json").write_text(json.dumps({"metadata": {}, "records": [{
-        "dataPath": "params_shard_0.bin", "format": "raw-shard", "nbytes": 8,
-        "records": [{"name": "w", "shape": [4], "dtype": "float32", "format": "f32-to-bf16", "nbytes": 8,
-                     "byteOffset": 0}]}]}))
+    (tmp_path / "ndarray-cache.json").write_text(
+        json.dumps(
+            {
+                "metadata": {},
+                "records": [
+                    {
+                        "dataPath": "params_shard_0.bin",
+                        "format": "raw-shard",
+                        "nbytes": 8,
+                        "records": [
+                            {
+                                "name": "w",
+                                "shape": [4],
+                                "dtype": "float32",
+                                "format": "f32-to-bf16",
+                                "nbytes": 8,
+                                "byteOffset": 0,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
     assert np.array_equal(load_numpy(tmp_path)["w"], values)
 
 

@@ -191,8 +191,10 @@ def reference_params(path: Path) -> dict[str, Any]:
     kv_heads = int(reader.fields[f"{arch}.attention.head_count_kv"].contents())
     layers = int(reader.fields[f"{arch}.block_count"].contents())
     qkv = "c_attn" if arch == "qwen2" else "qkv_proj"
-    p: dict[str, Any] = {"model.embed_tokens.weight": t["token_embd.weight"],
-                         "model.norm.weight": t["output_norm.weight"]}
+    p: dict[str, Any] = {
+        "model.embed_tokens.weight": t["token_embd.weight"],
+        "model.norm.weight": t["output_norm.weight"],
+    }
     if "output.weight" in t:
         p["lm_head.weight"] = t["output.weight"]
     for i in range(layers):
@@ -203,7 +205,8 @@ def reference_params(path: Path) -> dict[str, Any]:
         p[f"{m}.self_attn.{qkv}.weight"] = np.concatenate([q, k, t[f"{b}.attn_v.weight"]])
         if f"{b}.attn_q.bias" in t:
             p[f"{m}.self_attn.{qkv}.bias"] = np.concatenate(
-                [t[f"{b}.attn_q.bias"], t[f"{b}.attn_k.bias"], t[f"{b}.attn_v.bias"]])
+                [t[f"{b}.attn_q.bias"], t[f"{b}.attn_k.bias"], t[f"{b}.attn_v.bias"]]
+            )
         p[f"{m}.self_attn.o_proj.weight"] = t[f"{b}.attn_output.weight"]
         gate_up = [t[f"{b}.ffn_gate.weight"], t[f"{b}.ffn_up.weight"]]
         p[f"{m}.mlp.gate_up_proj.weight"] = np.concatenate(gate_up)

@@ -41,8 +41,10 @@ async def fetch(pilot, form: AddServerScreen, url: str, key: str = "") -> None:
     form.query_one("#server-key", Input).focus()
     before = form.status_text
     await pilot.press("enter")
-    await wait_until(pilot, lambda: not form.busy and form.status_text != before
-                     and not form.status_text.startswith("asking"))
+    await wait_until(
+        pilot,
+        lambda: not form.busy and form.status_text != before and not form.status_text.startswith("asking"),
+    )
 
 
 async def test_add_a_server_chat_with_it_and_continue(make_app, tiny_engine, monkeypatch):
@@ -78,8 +80,12 @@ async def test_add_a_server_chat_with_it_and_continue(make_app, tiny_engine, mon
             assert not save.disabled
             name.value = "box"
             await pilot.click("#save")
-            await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen)
-                             and app.screen.query_one(ServerTable).row_count == 1)
+            await wait_until(
+                pilot,
+                lambda: (
+                    isinstance(app.screen, ModelsScreen) and app.screen.query_one(ServerTable).row_count == 1
+                ),
+            )
             models = app.screen
             table = models.query_one(ServerTable)
             row = [str(cell) for cell in table.get_row_at(0)]
@@ -87,13 +93,20 @@ async def test_add_a_server_chat_with_it_and_continue(make_app, tiny_engine, mon
             await wait_until(pilot, lambda: models.query_one(ServersPanel).has_focus_within)  # selected
             path = servers_file()
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
-            assert json.loads(path.read_text())["servers"] == [{"name": "box", "endpoint": served.url,
-                                                                "model": model, "key": "file",
-                                                                "api_key": "s3cret-key"}]
+            assert json.loads(path.read_text())["servers"] == [
+                {
+                    "name": "box",
+                    "endpoint": served.url,
+                    "model": model,
+                    "key": "file",
+                    "api_key": "s3cret-key",
+                }
+            ]
             # Enter on the server: the chat's engine becomes the server's model
             await pilot.press("enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.engine is not local,
-                             timeout=60)
+            await wait_until(
+                pilot, lambda: isinstance(app.screen, ChatScreen) and app.engine is not local, timeout=60
+            )
             chat = await open_chat(pilot)
             remote = app.engine
             assert isinstance(remote, RemoteEngine) and remote.saved_as == "server:box"
@@ -101,8 +114,11 @@ async def test_add_a_server_chat_with_it_and_continue(make_app, tiny_engine, mon
             app.params = greedy(6)
             await send_and_finish(pilot, chat, "Hello!")
             reply = chat.query_one(ChatLog).query_one(AssistantMessage).source
-            expected = "".join(e.text for e in tiny_engine.complete([Message("user", "Hello!")], greedy(6))
-                               if isinstance(e, TextDelta))
+            expected = "".join(
+                e.text
+                for e in tiny_engine.complete([Message("user", "Hello!")], greedy(6))
+                if isinstance(e, TextDelta)
+            )
             assert reply == expected and reply
             conversation = app.history.get(app.conversation_id)
             assert conversation.model == "server:box"  # resuming reconnects to the saved server
@@ -117,8 +133,13 @@ async def test_add_a_server_chat_with_it_and_continue(make_app, tiny_engine, mon
             assert [m.content for m in again.engine.history] == ["Hello!", reply]
             # x twice on the server in use: refused; the list is unchanged
             await pilot.press("f2")
-            await wait_until(pilot, lambda: isinstance(again.screen, ModelsScreen)
-                             and again.screen.query_one(ServerTable).row_count == 1)
+            await wait_until(
+                pilot,
+                lambda: (
+                    isinstance(again.screen, ModelsScreen)
+                    and again.screen.query_one(ServerTable).row_count == 1
+                ),
+            )
             again.screen.query_one(ServerTable).focus()
             await pilot.press("x", "x")
             await pilot.pause()
@@ -162,8 +183,10 @@ async def test_a_saved_server_that_is_down_then_removed(make_app):
         await open_chat(pilot)
         local = app.engine
         await pilot.press("f2")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen)
-                         and app.screen.query_one(ServerTable).row_count == 1)
+        await wait_until(
+            pilot,
+            lambda: isinstance(app.screen, ModelsScreen) and app.screen.query_one(ServerTable).row_count == 1,
+        )
         app.screen.query_one(ServerTable).focus()
         await pilot.press("enter")  # connecting fails: the loading screen says why and what to do
         await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)

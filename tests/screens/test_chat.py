@@ -90,8 +90,9 @@ async def test_message_streams_with_live_and_final_stats(make_app, monkeypatch):
         stats = log.query_one(StatsLine)
         live = [text for text in shown if text.startswith("▍")]
         assert live, shown  # the live line: tokens so far, tok/s, time to first token
-        assert all(re.match(r"▍ ~(1 token|[\d,]+ tokens) · ~[\d.]+ tok/s · TTFT [\d.]+ s$", text)
-                   for text in live), live
+        assert all(
+            re.match(r"▍ ~(1 token|[\d,]+ tokens) · ~[\d.]+ tok/s · TTFT [\d.]+ s$", text) for text in live
+        ), live
         assert shown[-1] == str(stats.render())
         assert log.query_one(UserMessage).source == "Hello there"
         assert reply.source.strip()
@@ -271,8 +272,14 @@ async def test_ctrl_q_quits_mid_reply_and_cancels_the_engine(make_app):
 async def start_long_reply(pilot, app, chat: ChatScreen) -> AssistantMessage:
     app.params.max_tokens = 8000
     await type_and_send(pilot, "go on forever")
-    await wait_until(pilot, lambda: chat.replying and chat.query_one(ChatLog).query(AssistantMessage)
-                     and chat.query_one(ChatLog).query(AssistantMessage).last().source.strip())
+    await wait_until(
+        pilot,
+        lambda: (
+            chat.replying
+            and chat.query_one(ChatLog).query(AssistantMessage)
+            and chat.query_one(ChatLog).query(AssistantMessage).last().source.strip()
+        ),
+    )
     return chat.query_one(ChatLog).query(AssistantMessage).last()
 
 
@@ -469,7 +476,8 @@ def test_final_stats_line_of_an_empty_reply_and_a_stopped_prefill():
     line = final_stats_line(empty, text="")
     assert line == "no text: the model ended its reply at once · prefill: 40.0 tok/s · TTFT 0.50 s"
     assert "decode" not in final_stats_line(empty, text="A") and final_stats_line(empty, text="A").startswith(
-        "1 token ·")
+        "1 token ·"
+    )
     stopped = ReplyStats(prompt_tokens=1, generated_tokens=0, finish_reason="cancelled")
     assert final_stats_line(stopped, 1) == "stopped while reading the prompt (1 of 1 token read)"
     assert final_stats_line(stopped) == "stopped while reading the prompt (1 token read)"

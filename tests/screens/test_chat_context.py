@@ -205,8 +205,11 @@ async def test_a_damaged_settings_file_is_reported_and_ignored(make_app, chat_en
     cases = [
         ("{not json", "is not valid JSON", None),
         ('{"models": [1, 2]}', 'has no "models" table', None),
-        (json.dumps({"models": {model_id: {"temperature": 9, "top_p": 0.5, "colour": 1}}}),
-         "temperature=9 is out of range", 0.5),
+        (
+            json.dumps({"models": {model_id: {"temperature": 9, "top_p": 0.5, "colour": 1}}}),
+            "temperature=9 is out of range",
+            0.5,
+        ),
     ]
     for text, problem, top_p in cases:
         settings.path().write_text(text)

@@ -72,8 +72,10 @@ async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
         fit_cells = [str(table.get_row_at(i)[4]) for i in range(table.row_count)]
         assert set(fit_cells) <= {"fits", "tight", "does not fit"} and "fits" in fit_cells
         # the estimated decode speed on this Deck (its bandwidth ÷ the weights): the 8B one is slow
-        speeds = {str(table.coordinate_to_cell_key((i, 0))[0].value): str(table.get_row_at(i)[5])
-                  for i in range(table.row_count)}
+        speeds = {
+            str(table.coordinate_to_cell_key((i, 0))[0].value): str(table.get_row_at(i)[5])
+            for i in range(table.row_count)
+        }
         assert all(re.fullmatch(r"~[\d.,]+ tok/s(\nslow)?", cell) for cell in speeds.values()), speeds
         assert speeds["llama-3.1-8b-instruct"].endswith("slow")
         assert not speeds["smollm2-135m-instruct"].endswith("slow")
@@ -137,12 +139,18 @@ async def test_models_screen_shows_a_broken_install_and_d_repairs_it(hub):
     path = download_model(TINY_ID)
     (path / SHARD).unlink()
     hub.counters.reset()
-    app = LlmchatApp(StartOptions(device="cpu", model=TINY_ID), real_services(
-        load_engine=lambda *a, **k: (_ for _ in ()).throw(LlmchatError("not loaded in this test"))))
+    app = LlmchatApp(
+        StartOptions(device="cpu", model=TINY_ID),
+        real_services(
+            load_engine=lambda *a, **k: (_ for _ in ()).throw(LlmchatError("not loaded in this test"))
+        ),
+    )
     async with app.run_test(size=(110, 40)) as pilot:
         app.action_open_models()
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen)
-                         and app.screen.query_one(CatalogTable).row_count > 0)
+        await wait_until(
+            pilot,
+            lambda: isinstance(app.screen, ModelsScreen) and app.screen.query_one(CatalogTable).row_count > 0,
+        )
         screen = app.screen
         table = screen.query_one(CatalogTable)
         await wait_until(pilot, lambda: "broken" in str(table.get_row(TINY_ID)[6]))
@@ -203,8 +211,9 @@ async def test_ctrl_c_mid_download_stops_the_download_not_the_app(hub):
         await wait_until(pilot, lambda: hub.counters.bytes_sent.get(SHARD, 0) >= 50_000)
         events = set(app.cancel_events)
         await pilot.press("ctrl+c")
-        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed,
-                         timeout=15)
+        await wait_until(
+            pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed, timeout=15
+        )
         assert app.is_running
         assert all(event.is_set() for event in events)
         assert "cancelled" in str(app.screen.query_one("#loading-error").render())
@@ -243,8 +252,10 @@ async def test_first_run_parts_do_not_overlap(size):
         await wait_until(pilot, lambda: table.row_count > 0)
         await app.workers.wait_for_complete()
         await pilot.pause()
-        parts = [app.screen.query_one(f"#{name}") for name in
-                 ("welcome", "hardware-summary", "first-run-catalog", "first-run-status")]
+        parts = [
+            app.screen.query_one(f"#{name}")
+            for name in ("welcome", "hardware-summary", "first-run-catalog", "first-run-status")
+        ]
         regions = [part.region for part in parts]
         footer = app.screen.query_one(Footer).region
         assert all(r.height > 0 for r in regions), regions
@@ -269,8 +280,12 @@ async def test_the_hardware_screens_refresh_probes_afresh():
         calls.append("probe")
         return fixture()
 
-    services = Services(probe=probe, forget_probe=lambda: calls.append("forget"),
-                        list_installed=lambda: [], installed_model_path=lambda m: None)
+    services = Services(
+        probe=probe,
+        forget_probe=lambda: calls.append("forget"),
+        list_installed=lambda: [],
+        installed_model_path=lambda m: None,
+    )
     app = LlmchatApp(StartOptions(), services)
     async with app.run_test(size=(110, 40)) as pilot:
         await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).row_count > 0)

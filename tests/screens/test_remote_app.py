@@ -40,16 +40,22 @@ async def test_a_full_chat_with_stats_against_llmchat_serve(tiny_engine):
             await type_and_send(pilot, "/set max_tokens=5")
             await wait_until(pilot, lambda: app.params.max_tokens == 5)
             await send_and_finish(pilot, chat, "Tell me about llamas.")
-            sent = [Message("system", "Be brief."), Message("user", "Hello!"),
-                    Message("assistant", reply.source), Message("user", "Tell me about llamas.")]
+            sent = [
+                Message("system", "Be brief."),
+                Message("user", "Hello!"),
+                Message("assistant", reply.source),
+                Message("user", "Tell me about llamas."),
+            ]
             assert remote.last_stats.prompt_tokens == engine.count_prompt_tokens(sent)
             assert remote.last_stats.generated_tokens == 5
             # Esc stops a reply mid-stream, keeping what arrived
             with DecodeGate(engine, at_step=3) as gate:
                 app.params = SamplingParams(temperature=0, max_tokens=200)
                 await type_and_send(pilot, "More, please.")
-                await wait_until(pilot, lambda: gate.reached.is_set() and chat._buffer is not None
-                                 and chat._buffer.deltas > 0)
+                await wait_until(
+                    pilot,
+                    lambda: gate.reached.is_set() and chat._buffer is not None and chat._buffer.deltas > 0,
+                )
                 await pilot.press("escape")
                 await wait_until(pilot, lambda: not chat.replying)
                 gate.release.set()

@@ -31,8 +31,9 @@ def serving(engine: Any, **options: Any) -> Iterator[Served]:
 
     app = create_app(engine, **options)
     sock = bind("127.0.0.1", 0)  # listening already: early connections wait in the backlog
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

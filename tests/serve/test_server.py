@@ -32,8 +32,9 @@ def direct(engine, prompt: str, params: SamplingParams) -> tuple[str, ReplyStats
 
 
 def post_raw(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict, dict]:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, dict(response.headers), json.loads(response.read())
@@ -42,8 +43,9 @@ def post_raw(url: str, body: bytes, headers: dict | None = None) -> tuple[int, d
 
 
 def completion_tokens(api: openai.OpenAI, model: str, max_tokens: int) -> int:
-    reply = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
-                                        max_tokens=max_tokens)
+    reply = api.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=max_tokens
+    )
     return reply.usage.completion_tokens
 
 
@@ -64,8 +66,9 @@ def test_models_health_and_a_non_streamed_reply(engine):
         assert api.models.retrieve(model).id == model
         status, health = get_json(served.root + "/health")
         assert status == 200 and health["status"] == "ok" and health["model"] == model
-        reply = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello!"}],
-                                            temperature=0, max_tokens=12)
+        reply = api.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello!"}], temperature=0, max_tokens=12
+        )
     assert reply.object == "chat.completion" and reply.model == model
     assert reply.choices[0].message.role == "assistant"
     assert reply.choices[0].message.content == expected
@@ -85,9 +88,16 @@ def test_streaming_gives_the_same_reply_then_usage(engine):
     with serving(engine) as served:
         api = client(served.url)
         whole = api.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=20)
-        chunks = list(api.chat.completions.create(
-            model=model, messages=messages, temperature=0, max_tokens=20, stream=True,
-            stream_options={"include_usage": True}))
+        chunks = list(
+            api.chat.completions.create(
+                model=model,
+                messages=messages,
+                temperature=0,
+                max_tokens=20,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content and text
@@ -102,12 +112,18 @@ def test_streaming_gives_the_same_reply_then_usage(engine):
 def test_stop_strings_end_the_reply_before_them(engine):
     model = engine.info.model_id
     full, _ = direct(engine, "Hello!", SamplingParams(temperature=0, max_tokens=40))
-    stop = next(full[i:i + 3] for i in range(4, len(full) - 3) if full.find(full[i:i + 3]) == i)
+    stop = next(full[i : i + 3] for i in range(4, len(full) - 3) if full.find(full[i : i + 3]) == i)
     with serving(engine) as served:
         api = client(served.url)
         for stream in (False, True):
-            reply = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello!"}],
-                                                temperature=0, max_tokens=40, stop=stop, stream=stream)
+            reply = api.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Hello!"}],
+                temperature=0,
+                max_tokens=40,
+                stop=stop,
+                stream=stream,
+            )
             if stream:
                 chunks = [c for c in reply if c.choices]
                 text = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -122,8 +138,9 @@ def test_seed_temperature_and_penalties_reach_the_sampler(engine):
     model = engine.info.model_id
 
     def ask(**params) -> str:
-        reply = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
-                                            max_tokens=30, **params)
+        reply = api.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=30, **params
+        )
         return reply.choices[0].message.content
 
     with serving(engine) as served:
@@ -132,11 +149,24 @@ def test_seed_temperature_and_penalties_reach_the_sampler(engine):
         assert a == ask(temperature=1.2, top_p=0.9, seed=7)
         assert a != ask(temperature=1.2, top_p=0.9, seed=8)
         greedy = ask(temperature=0)
-        penalised = ask(temperature=0, frequency_penalty=2.0, presence_penalty=2.0,
-                        extra_body={"repetition_penalty": 1.5})
+        penalised = ask(
+            temperature=0, frequency_penalty=2.0, presence_penalty=2.0, extra_body={"repetition_penalty": 1.5}
+        )
     assert greedy == direct(engine, "Hi", SamplingParams(temperature=0, max_tokens=30))[0]
-    assert penalised == direct(engine, "Hi", SamplingParams(
-        temperature=0, max_tokens=30, frequency_penalty=2.0, presence_penalty=2.0, repetition_penalty=1.5))[0]
+    assert (
+        penalised
+        == direct(
+            engine,
+            "Hi",
+            SamplingParams(
+                temperature=0,
+                max_tokens=30,
+                frequency_penalty=2.0,
+                presence_penalty=2.0,
+                repetition_penalty=1.5,
+            ),
+        )[0]
+    )
     assert penalised != greedy
 
 
@@ -203,8 +233,9 @@ def test_a_client_that_disconnects_stops_its_reply_within_one_step(engine):
     user = [{"role": "user", "content": "Hello!"}]
     with serving(engine) as served, DecodeGate(engine, at_step=3) as gate:
         api = client(served.url)
-        stream = api.chat.completions.create(model=model, messages=user, temperature=0, max_tokens=200,
-                                             stream=True)
+        stream = api.chat.completions.create(
+            model=model, messages=user, temperature=0, max_tokens=200, stream=True
+        )
         next(iter(stream))
         assert gate.reached.wait(30)
         job = served.state.scheduler.running
@@ -225,12 +256,14 @@ def test_a_full_queue_answers_429_with_retry_after(engine):
     user = [{"role": "user", "content": "Hi"}]
     with serving(engine, max_queue=1) as served, DecodeGate(engine, at_step=2) as gate:
         api = client(served.url)
-        running = api.chat.completions.create(model=model, messages=user, temperature=0, max_tokens=10,
-                                              stream=True)
+        running = api.chat.completions.create(
+            model=model, messages=user, temperature=0, max_tokens=10, stream=True
+        )
         first = next(iter(running))
         assert gate.reached.wait(30)
-        waiting = api.chat.completions.create(model=model, messages=user, temperature=0, max_tokens=10,
-                                              stream=True)  # returns with the headers: it is queued
+        waiting = api.chat.completions.create(
+            model=model, messages=user, temperature=0, max_tokens=10, stream=True
+        )  # returns with the headers: it is queued
         assert served.state.scheduler.waiting == 1
         with pytest.raises(openai.RateLimitError) as busy:
             api.chat.completions.create(model=model, messages=user, max_tokens=10)
@@ -250,8 +283,10 @@ def test_eight_concurrent_clients_get_their_own_complete_replies(engine):
     model = engine.info.model_id
     prompts = [f"Question {i}: tell me about llamas." for i in range(8)]
     # seeded sampling: each client's reply is reproducible and differs from the others'
-    expected = {p: direct(engine, p, SamplingParams(temperature=1.0, top_p=1.0, seed=100 + i,
-                                                    max_tokens=8))[0] for i, p in enumerate(prompts)}
+    expected = {
+        p: direct(engine, p, SamplingParams(temperature=1.0, top_p=1.0, seed=100 + i, max_tokens=8))[0]
+        for i, p in enumerate(prompts)
+    }
     assert len(set(expected.values())) == len(prompts)  # so that a crossed stream would show
     results: dict[tuple[int, int], tuple[str, str | None]] = {}
     errors: list[BaseException] = []
@@ -260,11 +295,19 @@ def test_eight_concurrent_clients_get_their_own_complete_replies(engine):
         try:
             for round_ in range(3):
                 stream = api.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": prompts[i]}], temperature=1.0,
-                    top_p=1.0, seed=100 + i, max_tokens=8, stream=True)
+                    model=model,
+                    messages=[{"role": "user", "content": prompts[i]}],
+                    temperature=1.0,
+                    top_p=1.0,
+                    seed=100 + i,
+                    max_tokens=8,
+                    stream=True,
+                )
                 chunks = [c for c in stream if c.choices]
-                results[i, round_] = ("".join(c.choices[0].delta.content or "" for c in chunks),
-                                      chunks[-1].choices[0].finish_reason)
+                results[i, round_] = (
+                    "".join(c.choices[0].delta.content or "" for c in chunks),
+                    chunks[-1].choices[0].finish_reason,
+                )
         except BaseException as err:
             errors.append(err)
 
@@ -290,15 +333,22 @@ def _raw_request(served, body: dict):
     parts = urlsplit(served.url)
     raw = json.dumps(body).encode()
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(raw)}\r\n\r\n".encode()
+        + raw
+    )
     return sock
 
 
 def test_non_streamed_and_queued_clients_that_leave_are_dropped(engine):
     model = engine.info.model_id
-    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "temperature": 0,
-            "max_tokens": 200}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "temperature": 0,
+        "max_tokens": 200,
+    }
     with serving(engine) as served, DecodeGate(engine, at_step=3) as gate:
         scheduler = served.state.scheduler
         running = _raw_request(served, body)  # not streamed: the reply would come at the end
@@ -312,7 +362,8 @@ def test_non_streamed_and_queued_clients_that_leave_are_dropped(engine):
         assert job.cancel.wait(30) and waiting.cancel.wait(30)
         gate.release.set()
         after = client(served.url).chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+        )
     assert job.done.stats.finish_reason == "cancelled" and job.done.stats.generated_tokens == 4
     assert waiting.done is not None and waiting.done.stats is None  # it never ran
     assert after.usage.completion_tokens == 3

@@ -20,7 +20,8 @@ def mlc_engine(tmp_path: Path, mlc_stand_in):
     directory = tmp_path / "Tiny-q4f16_1-MLC"
     directory.mkdir()
     (directory / "mlc-chat-config.json").write_text(
-        json.dumps({"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 40}))
+        json.dumps({"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 40})
+    )
     engine = MLCLLMEngine(directory, device="cpu", model_id="tiny-mlc")
     yield engine
     engine.close()
@@ -36,8 +37,15 @@ def test_streamed_and_whole_replies_with_usage(mlc_engine):
         # MLC counted the prompt: <|system|> Be kind. <|user|> hello there
         assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (6, 7)
         assert whole.usage.model_extra["extra"]["decode_tokens_per_s"] > 0
-        chunks = list(api.chat.completions.create(model="tiny-mlc", messages=messages, stream=True,
-                                                  max_tokens=4, stream_options={"include_usage": True}))
+        chunks = list(
+            api.chat.completions.create(
+                model="tiny-mlc",
+                messages=messages,
+                stream=True,
+                max_tokens=4,
+                stream_options={"include_usage": True},
+            )
+        )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == "You said: hello there"
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -53,8 +61,9 @@ def test_a_prompt_beyond_the_context_window_is_a_400(mlc_engine):
     with serving(mlc_engine) as served, openai.OpenAI(base_url=served.url, api_key="x", max_retries=0) as api:
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as err:
-                api.chat.completions.create(model="tiny-mlc", messages=[{"role": "user", "content": long}],
-                                            stream=stream)
+                api.chat.completions.create(
+                    model="tiny-mlc", messages=[{"role": "user", "content": long}], stream=stream
+                )
             assert err.value.code == "context_length_exceeded"
             assert "61 tokens long; the context window holds 40" in err.value.message
         ok = api.chat.completions.create(model="tiny-mlc", messages=[{"role": "user", "content": "hi"}])
@@ -65,8 +74,9 @@ def test_a_client_that_leaves_stops_its_reply(mlc_engine, mlc_stand_in, monkeypa
     monkeypatch.setattr(mlc_stand_in, "CHUNK_DELAY_S", 0.05)
     echo = " ".join(f"x{i}" for i in range(30))  # a 35-chunk reply: 1.75 s
     with serving(mlc_engine) as served, openai.OpenAI(base_url=served.url, api_key="x", max_retries=0) as api:
-        stream = api.chat.completions.create(model="tiny-mlc", messages=[{"role": "user", "content": echo}],
-                                             stream=True)
+        stream = api.chat.completions.create(
+            model="tiny-mlc", messages=[{"role": "user", "content": echo}], stream=True
+        )
         got = 0
         for chunk in stream:
             got += bool(chunk.choices and chunk.choices[0].delta.content)

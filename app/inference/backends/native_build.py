@@ -167,21 +167,37 @@ class AddOn:
                 "to build it.",
                 "install one (`sudo apt install g++`, `sudo pacman -S gcc`) or "
                 f"`{sys.executable} -m pip install ziglang` (a compiler in a Python package; "
-                "works on SteamOS)")
+                "works on SteamOS)",
+            )
         tvm_in = TvmInputs.installed()
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".so.tmp", dir=out.parent)
         os.close(fd)
-        rpath_dirs = [tvm_in.runtime.parent.resolve(), tvm_in.ffi_lib.parent.resolve(),
-                      *(p.resolve() for p in self.extra_rpath())]
+        rpath_dirs = [
+            tvm_in.runtime.parent.resolve(),
+            tvm_in.ffi_lib.parent.resolve(),
+            *(p.resolve() for p in self.extra_rpath()),
+        ]
         rpath = ":".join(str(p) for p in dict.fromkeys(rpath_dirs))
         argv = [
-            *toolchain.argv, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", tmp, str(self.source),
-            f"-I{tvm_in.tvm_pkg / 'include'}", f"-I{tvm_in.ffi_pkg / 'include'}",
+            *toolchain.argv,
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-o",
+            tmp,
+            str(self.source),
+            f"-I{tvm_in.tvm_pkg / 'include'}",
+            f"-I{tvm_in.ffi_pkg / 'include'}",
             f"-I{tvm_in.tvm_pkg / 'src' / 'runtime'}",
             *self.extra_flags(),
-            f"-L{tvm_in.runtime.parent.resolve()}", "-ltvm_runtime", f"-L{tvm_in.ffi_lib.parent.resolve()}",
-            "-ltvm_ffi", "-ldl", f"-Wl,-rpath,{rpath}",
+            f"-L{tvm_in.runtime.parent.resolve()}",
+            "-ltvm_runtime",
+            f"-L{tvm_in.ffi_lib.parent.resolve()}",
+            "-ltvm_ffi",
+            "-ldl",
+            f"-Wl,-rpath,{rpath}",
         ]
         if toolchain.is_zig:
             # zig's clang links its own libc++ (TVM's libraries use libstdc++): the add-ons pass no
@@ -195,15 +211,18 @@ class AddOn:
         except (OSError, subprocess.SubprocessError) as err:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise LlmchatError(f"Building the {self.what} add-on with {toolchain.name} failed: {err}",
-                               "install g++ (or `pip install ziglang`) and try again") from err
+            raise LlmchatError(
+                f"Building the {self.what} add-on with {toolchain.name} failed: {err}",
+                "install g++ (or `pip install ziglang`) and try again",
+            ) from err
         if proc.returncode != 0:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
             raise LlmchatError(
                 f"Building the {self.what} add-on with {toolchain.name} failed:\n" + "\n".join(tail),
-                "report this with the message above; meanwhile use --device cpu")
+                "report this with the message above; meanwhile use --device cpu",
+            )
         if verbose:
             print(f"built {out} with {toolchain.name}", file=sys.stderr)
         os.replace(tmp, out)
@@ -226,11 +245,15 @@ class AddOn:
                     path = self.build(force=True)
                     ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
                 except OSError as err2:
-                    raise LlmchatError(f"Could not load the {self.what} add-on {path}: {err2}",
-                                       "delete it (it is rebuilt) or use --device cpu") from err
+                    raise LlmchatError(
+                        f"Could not load the {self.what} add-on {path}: {err2}",
+                        "delete it (it is rebuilt) or use --device cpu",
+                    ) from err
             if tvm.get_global_func(self.registered, allow_missing=True) is None:
-                raise LlmchatError(f"The {self.what} add-on {path} loaded but registered nothing.",
-                                   "delete it (it is rebuilt) or use --device cpu")
+                raise LlmchatError(
+                    f"The {self.what} add-on {path} loaded but registered nothing.",
+                    "delete it (it is rebuilt) or use --device cpu",
+                )
             self._loaded = path
             return path
 

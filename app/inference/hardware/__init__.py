@@ -37,14 +37,26 @@ from app.inference.hardware.runtimes import (
 from app.inference.hardware.sysfs import SysReader
 from app.inference.hardware.system import read_system, steam_deck_model
 
-__all__ = ["BACKENDS", "GpuDevice", "HardwareReport", "forget_shared_probe", "probe", "resolve_sysroot",
-           "shared_probe"]
+__all__ = [
+    "BACKENDS",
+    "GpuDevice",
+    "HardwareReport",
+    "forget_shared_probe",
+    "probe",
+    "resolve_sysroot",
+    "shared_probe",
+]
 
 #: probes made in this process (tests count them: a start probes once)
 PROBE_COUNT = 0
 #: environment switches a probe of the running machine reads
-_PROBE_ENV = ("LLMCHAT_SYSROOT", "LLMCHAT_TVM_RUNTIMES", "HSA_OVERRIDE_GFX_VERSION", "LLMCHAT_GPU_RUNTIME",
-              "LLMCHAT_HIP_LIBRARY")
+_PROBE_ENV = (
+    "LLMCHAT_SYSROOT",
+    "LLMCHAT_TVM_RUNTIMES",
+    "HSA_OVERRIDE_GFX_VERSION",
+    "LLMCHAT_GPU_RUNTIME",
+    "LLMCHAT_HIP_LIBRARY",
+)
 _shared: dict[str, object] = {}
 _shared_lock = threading.Lock()
 
@@ -144,8 +156,11 @@ def _probe_state() -> tuple[tuple[str | None, ...], tuple[str, ...] | None]:
     try:
         import tvm_ffi
 
-        registered = tuple(b for b in ("cuda", "rocm", "vulkan", "webgpu", "metal")
-                           if tvm_ffi.get_global_func(f"device_api.{b}", allow_missing=True) is not None)
+        registered = tuple(
+            b
+            for b in ("cuda", "rocm", "vulkan", "webgpu", "metal")
+            if tvm_ffi.get_global_func(f"device_api.{b}", allow_missing=True) is not None
+        )
     except Exception:  # asking must never fail a start
         registered = ("?",)
     return env, registered
@@ -212,8 +227,11 @@ def _system_dict(system) -> dict:
 
 def _runtimes_dict(decision: Decision, vulkan, rocm, nvidia, tvm) -> dict:
     return {
-        "vulkan": {"loader": vulkan.loader, "icds": [asdict(i) for i in vulkan.icds],
-                   "adapters": list(tvm.webgpu_adapters)},
+        "vulkan": {
+            "loader": vulkan.loader,
+            "icds": [asdict(i) for i in vulkan.icds],
+            "adapters": list(tvm.webgpu_adapters),
+        },
         "rocm": {
             "usable": rocm.usable,
             "kfd_exists": rocm.kfd_exists,

@@ -346,8 +346,10 @@ def _tvm_fix(backend: str, inp: Inputs) -> str:
         )
     what = {"metal": "Metal"}.get(backend, backend)
     # MLC's TVM wheels have such runtimes but replace apache-tvm, which llmchat needs: not a fix here
-    return (f"llmchat has no {what} runtime of its own and PyPI's apache-tvm was built without one: "
-            "it runs on the CPU here (--device cpu).")
+    return (
+        f"llmchat has no {what} runtime of its own and PyPI's apache-tvm was built without one: "
+        "it runs on the CPU here (--device cpu)."
+    )
 
 
 def _runnable(inp: Inputs, gpu: GpuDevice | None, d: Decision) -> None:

@@ -115,8 +115,11 @@ def read_kfd_nodes(reader: SysReader) -> list[KfdNode]:
         for bank in reader.listdir(f"{base}/mem_banks"):
             bank_props = reader.read_key_values(f"{base}/mem_banks/{bank}/properties")
             heap = parse_int(bank_props.get("heap_type", ""))
-            size = reader.check_size(f"{base}/mem_banks/{bank}/properties", "size_in_bytes",
-                                     parse_int(bank_props.get("size_in_bytes", "")))
+            size = reader.check_size(
+                f"{base}/mem_banks/{bank}/properties",
+                "size_in_bytes",
+                parse_int(bank_props.get("size_in_bytes", "")),
+            )
             if heap in (1, 2) and size:  # frame buffer public / private
                 memory += size
         per_cu = num("simd_per_cu")

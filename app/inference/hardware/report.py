@@ -140,10 +140,12 @@ class HardwareReport:
             add("Vulkan adapters (wgpu-native, as `--device vulkan:N`)")
             for i, a in enumerate(vk.get("adapters") or []):
                 lim = a.get("limits", {})
-                add(f"  [{i}] {a.get('name')} ({a.get('device_type')}, {a.get('backend')}, driver "
+                add(
+                    f"  [{i}] {a.get('name')} ({a.get('device_type')}, {a.get('backend')}, driver "
                     f"{a.get('driver') or '?'}): shader-f16 {'yes' if a.get('shader_f16') else 'no'}, "
                     f"largest binding {gib(lim.get('max_storage_buffer_binding_size'))}, workgroup memory "
-                    f"{lim.get('max_compute_workgroup_storage_size', 0) // 1024} KiB")
+                    f"{lim.get('max_compute_workgroup_storage_size', 0) // 1024} KiB"
+                )
             if vk.get("adapters_problem"):
                 add(f"  {vk['adapters_problem']}")
         rocm = self.runtimes.get("rocm", {})
@@ -154,8 +156,10 @@ class HardwareReport:
             if rt.get("library"):
                 add(f"  HIP: {rt['library']}")
             for d in rt.get("devices") or []:
-                add(f"  [{d.get('index')}] {d.get('name')} ({d.get('arch') or '?'}, "
-                    f"wave{d.get('warp_size')}, {d.get('compute_units')} CUs, {gib(d.get('memory_bytes'))})")
+                add(
+                    f"  [{d.get('index')}] {d.get('name')} ({d.get('arch') or '?'}, "
+                    f"wave{d.get('warp_size')}, {d.get('compute_units')} CUs, {gib(d.get('memory_bytes'))})"
+                )
             if rocm.get("runtime_problem"):
                 add(f"  {rocm['runtime_problem']}")
         add("")

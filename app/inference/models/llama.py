@@ -68,8 +68,11 @@ class DecoderAttention(nn.Module):
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         qkv_out = (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
-        setattr(self, self.qkv_name, make_linear(cfg, f"{prefix}.{self.qkv_name}", cfg.hidden_size, qkv_out,
-                                                 bias=cfg.attention_bias))
+        setattr(
+            self,
+            self.qkv_name,
+            make_linear(cfg, f"{prefix}.{self.qkv_name}", cfg.hidden_size, qkv_out, bias=cfg.attention_bias),
+        )
         self.o_proj = make_linear(cfg, f"{prefix}.o_proj", self.num_q_heads * self.head_dim, cfg.hidden_size)
 
     def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
@@ -84,8 +87,9 @@ class DecoderMLP(nn.Module):
     """Gated MLP with a fused gate/up projection."""
 
     def __init__(self, cfg: ModelConfig, prefix: str) -> None:
-        self.gate_up_proj = make_linear(cfg, f"{prefix}.gate_up_proj", cfg.hidden_size,
-                                        2 * cfg.intermediate_size)
+        self.gate_up_proj = make_linear(
+            cfg, f"{prefix}.gate_up_proj", cfg.hidden_size, 2 * cfg.intermediate_size
+        )
         self.down_proj = make_linear(cfg, f"{prefix}.down_proj", cfg.intermediate_size, cfg.hidden_size)
         self.act = ACTIVATIONS.get(cfg.hidden_act, op.silu)
 
@@ -177,7 +181,11 @@ class LlamaForCausalLM(nn.Module):
         return op.tensor_expr_op(argmax_te, name_hint="argmax", args=[logits])
 
     def create_paged_kv_cache(
-        self, max_batch_size: Any, max_total_seq_len: Any, prefill_chunk_size: Any, page_size: Any,
+        self,
+        max_batch_size: Any,
+        max_total_seq_len: Any,
+        prefill_chunk_size: Any,
+        page_size: Any,
         support_sliding_window: Any,
     ) -> PagedKVCache:
         c = self.cfg
@@ -213,15 +221,28 @@ class LlamaForCausalLM(nn.Module):
         kv = nn.spec.Object(object_type=PagedKVCache)
         return {
             "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": packed},
-            "prefill": {"input_embed": nn.spec.Tensor([1, "seq_len", hidden], dt), "paged_kv_cache": kv,
-                        "$": packed},
+            "prefill": {
+                "input_embed": nn.spec.Tensor([1, "seq_len", hidden], dt),
+                "paged_kv_cache": kv,
+                "$": packed,
+            },
             "decode": {"input_embed": nn.spec.Tensor([1, 1, hidden], dt), "paged_kv_cache": kv, "$": packed},
-            **({"argmax": {"logits": nn.spec.Tensor([1, 1, self.cfg.vocab_size], "float32"),
-                           "$": {"param_mode": "none", "effect_mode": "none"}}}
-               if has_device_argmax(self.target) else {}),
+            **(
+                {
+                    "argmax": {
+                        "logits": nn.spec.Tensor([1, 1, self.cfg.vocab_size], "float32"),
+                        "$": {"param_mode": "none", "effect_mode": "none"},
+                    }
+                }
+                if has_device_argmax(self.target)
+                else {}
+            ),
             "create_paged_kv_cache": {
-                "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
-                "page_size": int, "support_sliding_window": int,
+                "max_batch_size": int,
+                "max_total_seq_len": int,
+                "prefill_chunk_size": int,
+                "page_size": int,
+                "support_sliding_window": int,
                 "$": {"param_mode": "none", "effect_mode": "none"},
             },
         }

@@ -57,8 +57,9 @@ class CPUScheduleConfig:
     factored_block_gemv: bool = True  # decode GEMVs in block formats: the kernel of cpu_gemv
     # prompt GEMMs in block formats: the register-blocked kernel of cpu_gemm (``LLMCHAT_CPU_GEMM=tvm``:
     # the generic schedule below instead)
-    prefill_gemm: bool = field(default_factory=lambda: os.environ.get(
-        "LLMCHAT_CPU_GEMM", "").strip().lower() != "tvm")
+    prefill_gemm: bool = field(
+        default_factory=lambda: os.environ.get("LLMCHAT_CPU_GEMM", "").strip().lower() != "tvm"
+    )
 
 
 def default_cpu_threads() -> int:
@@ -210,8 +211,9 @@ def schedule_prim_func(func: Any, target: Any, config: CPUScheduleConfig | None 
         from app.debug_log import log
 
         name = func.attrs.get("global_symbol", "?") if getattr(func, "attrs", None) else "?"
-        log.debug("CPU matmul schedule did not fit %s (TVM's loop nest kept): %s: %s", name,
-                  type(err).__name__, err)
+        log.debug(
+            "CPU matmul schedule did not fit %s (TVM's loop nest kept): %s: %s", name, type(err).__name__, err
+        )
         sch = None
     if sch is None:
         return None

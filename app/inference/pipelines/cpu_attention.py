@@ -43,8 +43,14 @@ MERGE_SYMBOL = "merge_state_inplace_cpu"
 _LOG2E = math.log2(math.e)
 _NEG = -3.0e38
 # 2^f - 1 = f * P(f) for f in [-0.5, 0.5] (the classic Cephes exp2f coefficients; ~1e-7 relative)
-_EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
-              5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1)
+_EXP2_POLY = (
+    1.535336188319500e-4,
+    1.339887440266574e-3,
+    9.618437357674640e-3,
+    5.550332471162809e-2,
+    2.402264791363012e-1,
+    6.931472028550421e-1,
+)
 
 
 def tirx_and(a: Any, b: Any) -> Any:
@@ -78,8 +84,16 @@ def fast_exp2(x: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # Prefill: ragged (the chunk's own keys) and paged (keys already in the cache)
 # --------------------------------------------------------------------------------------------
-def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, *,
-                             paged: bool, page_size: int = 16, wide: bool = True) -> Any:
+def prefill_attention_kernel(
+    num_kv_heads: int,
+    num_qo_heads: int,
+    head_dim: int,
+    dtype: str,
+    *,
+    paged: bool,
+    page_size: int = 16,
+    wide: bool = True,
+) -> Any:
     """A drop-in for TVM's ``batch_prefill_paged_kv_cpu`` (``paged``) or ``batch_prefill_ragged_kv``.
 
     Same parameters and results (the output and the log2-domain log-sum-exp that TVM's merge
@@ -136,9 +150,29 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
     # Scores are kept transposed, St[key, row], so the softmax runs down columns of vectors (no
     # horizontal reductions) and no key tile is transposed: keys are broadcast into the FMAs.
     @T.macro
-    def attend_task(q, q_rope_position, k_rope_pos_offset, output, lse, Kf, Vf, Kf4, tile_table, tile_first,
-                    q_start, qo_len, kv_len, h_kv, qb, b, causal, rotary_mode, rope_scale, rope_theta,
-                    sm_scale):
+    def attend_task(
+        q,
+        q_rope_position,
+        k_rope_pos_offset,
+        output,
+        lse,
+        Kf,
+        Vf,
+        Kf4,
+        tile_table,
+        tile_first,
+        q_start,
+        qo_len,
+        kv_len,
+        h_kv,
+        qb,
+        b,
+        causal,
+        rotary_mode,
+        rope_scale,
+        rope_theta,
+        sm_scale,
+    ):
         q_first: T.let[T.int32] = qb * BQ
         n_rows: T.let[T.int32] = T.min(BQ, qo_len - q_first)
         diag: T.let[T.int32] = kv_len - qo_len + q_first  # causal: query i sees keys <= diag + i
@@ -171,12 +205,26 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                 for d in T.serial(D):
                     Qt[d, g * BQ + i] = T.if_then_else(
                         i < n_rows,
-                        T.Cast("float32", T.if_then_else(
-                            rotary_mode == 1,
-                            _rope(q, q_rope_position[q_start + q_first + i], D, rope_theta, rope_scale,
-                                  (q_start + q_first + i, h_kv * G + g, d), dtype, {}),
-                            q[q_start + q_first + i, h_kv * G + g, d])) * (sm_scale * T.float32(log2e)),
-                        T.float32(0))
+                        T.Cast(
+                            "float32",
+                            T.if_then_else(
+                                rotary_mode == 1,
+                                _rope(
+                                    q,
+                                    q_rope_position[q_start + q_first + i],
+                                    D,
+                                    rope_theta,
+                                    rope_scale,
+                                    (q_start + q_first + i, h_kv * G + g, d),
+                                    dtype,
+                                    {},
+                                ),
+                                q[q_start + q_first + i, h_kv * G + g, d],
+                            ),
+                        )
+                        * (sm_scale * T.float32(log2e)),
+                        T.float32(0),
+                    )
             for kt in T.serial((kv_end + BK - 1) // BK):
                 key_base: T.let[T.int32] = tile_key_base(kt, h_kv, tile_table, tile_first)
                 n_keys: T.let[T.int32] = T.min(BK, kv_len - kt * BK)
@@ -184,9 +232,19 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                     if j < n_keys:
                         if rotary_mode == 1:
                             for d in T.serial(D):
-                                Kc[j, d] = T.Cast("float32", _rope(
-                                    Kf4, k_rope_pos_offset[b] + kt * BK + j, D, rope_theta, rope_scale,
-                                    kf4_index(kt, j, d, h_kv, tile_table, tile_first), dtype, {}))
+                                Kc[j, d] = T.Cast(
+                                    "float32",
+                                    _rope(
+                                        Kf4,
+                                        k_rope_pos_offset[b] + kt * BK + j,
+                                        D,
+                                        rope_theta,
+                                        rope_scale,
+                                        kf4_index(kt, j, d, h_kv, tile_table, tile_first),
+                                        dtype,
+                                        {},
+                                    ),
+                                )
                         else:
                             for d in T.vectorized(D):
                                 Kc[j, d] = T.Cast("float32", Kf[key_base + j * kv_stride + d])
@@ -211,8 +269,11 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                 if needs_mask(kt, kv_len, diag, causal):
                     for j, g in T.grid(BK, G):
                         for i in T.vectorized(BQ):
-                            St[j, g * BQ + i] = T.Select(visible(kt * BK + j, i, kv_len, diag, causal),
-                                                         St[j, g * BQ + i], T.float32(neg))
+                            St[j, g * BQ + i] = T.Select(
+                                visible(kt * BK + j, i, kv_len, diag, causal),
+                                St[j, g * BQ + i],
+                                T.float32(neg),
+                            )
                 # online softmax, LANES rows at a time
                 for rg in T.serial(R // LANES):
                     for lane in T.vectorized(LANES):
@@ -229,21 +290,25 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                             St[j, rg * LANES + lane] = fast_exp2(St[j, rg * LANES + lane] - vmax[lane])
                             vsum[lane] = vsum[lane] + St[j, rg * LANES + lane]
                     for lane in T.vectorized(LANES):
-                        lsum[rg * LANES + lane] = (lsum[rg * LANES + lane] * alpha[rg * LANES + lane]
-                                                   + vsum[lane])
+                        lsum[rg * LANES + lane] = (
+                            lsum[rg * LANES + lane] * alpha[rg * LANES + lane] + vsum[lane]
+                        )
                 # Out = Out * alpha + P @ V, RB_O rows at a time
                 for rb in T.serial(R // RB_O):
                     for rr in T.unroll(RB_O):
                         for dv in T.unroll(D // LANES):
                             for dl in T.vectorized(LANES):
-                                acc_o[rr, dv * LANES + dl] = Out[rb * RB_O + rr, dv * LANES + dl] * alpha[
-                                    rb * RB_O + rr]
+                                acc_o[rr, dv * LANES + dl] = (
+                                    Out[rb * RB_O + rr, dv * LANES + dl] * alpha[rb * RB_O + rr]
+                                )
                     for j in T.serial(BK):
                         for rr in T.unroll(RB_O):
                             for dv in T.unroll(D // LANES):
                                 for dl in T.vectorized(LANES):
-                                    acc_o[rr, dv * LANES + dl] = acc_o[rr, dv * LANES + dl] + St[
-                                        j, rb * RB_O + rr] * Vc[j, dv * LANES + dl]
+                                    acc_o[rr, dv * LANES + dl] = (
+                                        acc_o[rr, dv * LANES + dl]
+                                        + St[j, rb * RB_O + rr] * Vc[j, dv * LANES + dl]
+                                    )
                     for rr in T.unroll(RB_O):
                         for dv in T.unroll(D // LANES):
                             for dl in T.vectorized(LANES):
@@ -252,7 +317,8 @@ def prefill_attention_kernel(num_kv_heads: int, num_qo_heads: int, head_dim: int
                 if i < n_rows:
                     for d in T.vectorized(D):
                         output[q_start + q_first + i, h_kv * G + g, d] = T.Cast(
-                            dtype, Out[g * BQ + i, d] / lsum[g * BQ + i])
+                            dtype, Out[g * BQ + i, d] / lsum[g * BQ + i]
+                        )
                     lse[q_start + q_first + i, h_kv * G + g] = m[g * BQ + i] + T.log2(lsum[g * BQ + i])
 
     if paged:
@@ -612,6 +678,7 @@ def replacement_kernel(func: Any, target: Any = None) -> Any | None:
     if symbol == PREFILL_PAGED_SYMBOL:
         if page % 8:
             return None
-        return prefill_attention_kernel(h_kv, h_qo, d, dtype, paged=True, page_size=page,
-                                        wide=_has_avx512(target))
+        return prefill_attention_kernel(
+            h_kv, h_qo, d, dtype, paged=True, page_size=page, wide=_has_avx512(target)
+        )
     return decode_attention_kernel(h_kv, h_qo, d, dtype, symbol == DECODE_SYMBOLS[1], page)

@@ -222,14 +222,13 @@ def replace_prefill_gemm(func: Any, target: Any | None = None) -> Any | None:
     w_reads = [r.source for r in blocks[0].reads]
     if len(w_reads) not in (2, 3) or len(bufs) not in (len(w_reads) + 2, len(w_reads) + 3):
         return None
-    if not all(b.same_as(r) for b, r in zip(bufs[1: 1 + len(w_reads)], w_reads, strict=True)):
+    if not all(b.same_as(r) for b, r in zip(bufs[1 : 1 + len(w_reads)], w_reads, strict=True)):
         return None
     x, out = bufs[0], bufs[-1]
     if len(x.shape) != 3 or len(out.shape) != 3 or static_shape(x) is not None:
         return None  # a static row count is a GEMV or a fixed batch: not a prompt
     k, n = _static(x.shape[2]), _static(out.shape[2])
-    if (k is None or n is None or k % 8 or _static(x.shape[0]) != 1
-            or not x.shape[1].same_as(out.shape[1])):
+    if k is None or n is None or k % 8 or _static(x.shape[0]) != 1 or not x.shape[1].same_as(out.shape[1]):
         return None
     specs = fmt.param_specs(n, k)
     names = list(specs)
@@ -245,11 +244,16 @@ def replace_prefill_gemm(func: Any, target: Any | None = None) -> Any | None:
     x_dtype, out_dtype = str(x.dtype), str(out.dtype)
     if x_dtype not in ("float16", "float32") or out_dtype not in ("float16", "float32"):
         return None
-    extra = bufs[1 + len(w_reads):-1]
+    extra = bufs[1 + len(w_reads) : -1]
     extra_dtype = None
     if form == "residual":
-        if (len(extra) != 1 or str(extra[0].dtype) != out_dtype or len(extra[0].shape) != 3
-                or not extra[0].shape[1].same_as(x.shape[1]) or _static(extra[0].shape[2]) != n):
+        if (
+            len(extra) != 1
+            or str(extra[0].dtype) != out_dtype
+            or len(extra[0].shape) != 3
+            or not extra[0].shape[1].same_as(x.shape[1])
+            or _static(extra[0].shape[2]) != n
+        ):
             return None
         epilogue = "residual"
     elif extra:  # a bias, added before the cast
@@ -263,8 +267,9 @@ def replace_prefill_gemm(func: Any, target: Any | None = None) -> Any | None:
         nt //= 2
     if n % nt or nt % nr:
         return None
-    kernel = gemm_kernel(fmt_name, k, n, dtypes, shapes, x_dtype, out_dtype, epilogue, extra_dtype,
-                         nr, nt, mv)
+    kernel = gemm_kernel(
+        fmt_name, k, n, dtypes, shapes, x_dtype, out_dtype, epilogue, extra_dtype, nr, nt, mv
+    )
     if func.attrs is not None and "global_symbol" in func.attrs:
         kernel = kernel.with_attr("global_symbol", func.attrs["global_symbol"])
     return kernel

@@ -45,8 +45,15 @@ FORMATS: dict[str, tuple[tuple[str, ...], float | None]] = {
 BYTE_FORMATS = ("ggml_q8_0",)
 
 
-def block_gemv_kernel(in_features: int, out_features: int, fmt: str, x_dtype: str, out_dtype: str,
-                   epilogue: str, scale_dtype: str = "float16") -> Any:
+def block_gemv_kernel(
+    in_features: int,
+    out_features: int,
+    fmt: str,
+    x_dtype: str,
+    out_dtype: str,
+    epilogue: str,
+    scale_dtype: str = "float16",
+) -> Any:
     """The GEMV as a PrimFunc ``(x, q_weight, q_scale[, q_min][, bias | residual], out)``.
 
     ``epilogue``: ``none`` (cast to ``out_dtype``), ``bias`` (add a float16 bias, then cast) or
@@ -204,10 +211,17 @@ def replace_block_gemv(func: Any) -> Any | None:
     k, n = xs[-1], ws[0]
     x_dtype, out_dtype, scale_dtype = str(x.dtype), str(out.dtype), str(per_group[0].dtype)
     packed = ([n, k], "int8") if fmt in BYTE_FORMATS else ([n, k // 8], "uint32")
-    if (ws != packed[0] or os_[-1] != n or k % 32 or n % ROWS or str(weight.dtype) != packed[1]
-            or any(static_shape(p) != [n, k // 32] or str(p.dtype) != scale_dtype for p in per_group)
-            or scale_dtype not in ("float16", "float32")
-            or x_dtype not in ("float16", "float32") or out_dtype not in ("float16", "float32")):
+    if (
+        ws != packed[0]
+        or os_[-1] != n
+        or k % 32
+        or n % ROWS
+        or str(weight.dtype) != packed[1]
+        or any(static_shape(p) != [n, k // 32] or str(p.dtype) != scale_dtype for p in per_group)
+        or scale_dtype not in ("float16", "float32")
+        or x_dtype not in ("float16", "float32")
+        or out_dtype not in ("float16", "float32")
+    ):
         return None
     extra = params[n_weights:-1]
     if form == "residual":

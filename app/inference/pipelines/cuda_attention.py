@@ -82,13 +82,31 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     from tvm import tirx
 
     names = [str(p) for p in func.params]
-    if names[:9] != ["Q", "pages", "page_table_indptr", "page_table_values", "length_info",
-                     "k_rope_pos_offset", "q_rope_position", "output", "lse"] or len(names) != 13:
+    if (
+        names[:9]
+        != [
+            "Q",
+            "pages",
+            "page_table_indptr",
+            "page_table_values",
+            "length_info",
+            "k_rope_pos_offset",
+            "q_rope_position",
+            "output",
+            "lse",
+        ]
+        or len(names) != 13
+    ):
         return None
     q, pages, indptr, values, length_info, _k_off, q_pos, output, lse = func.params[:9]
     rotary_mode, rope_scale, rope_theta, sm_scale = func.params[9:]
-    if (str(q.dtype) != "float16" or str(pages.dtype) != "float16" or len(pages.shape) != 5
-            or len(q.shape) != 3 or len(length_info.shape) != 1):
+    if (
+        str(q.dtype) != "float16"
+        or str(pages.dtype) != "float16"
+        or len(pages.shape) != 5
+        or len(q.shape) != 3
+        or len(length_info.shape) != 1
+    ):
         return None
     h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
@@ -106,11 +124,27 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     if fused and not cluster:
         return None  # the fused RoPE and append were run with the cluster kernel only (sm_90)
     extra = ", true" if fused else ""
-    name = (f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}, {warps}, "
-            f"{flag}{extra}>")
-    call = tirx.call_extern("int32", name, at(q), at(pages), at(indptr), at(values), at(length_info),
-                            at(output), at(lse), sm_scale, batch, rotary_mode, at(q_pos),
-                            tirx.Cast("float32", rope_scale), tirx.Cast("float32", rope_theta))
+    name = (
+        f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}, {warps}, "
+        f"{flag}{extra}>"
+    )
+    call = tirx.call_extern(
+        "int32",
+        name,
+        at(q),
+        at(pages),
+        at(indptr),
+        at(values),
+        at(length_info),
+        at(output),
+        at(lse),
+        sm_scale,
+        batch,
+        rotary_mode,
+        at(q_pos),
+        tirx.Cast("float32", rope_scale),
+        tirx.Cast("float32", rope_theta),
+    )
     grid: dict[str, Any] = {"blockIdx.x": chunks, "blockIdx.y": h_qo // per_block, "blockIdx.z": batch}
     if cluster:
         grid["clusterCtaIdx.x"] = chunks  # TVM's runtime launches (chunks, 1, 1) clusters
@@ -131,12 +165,29 @@ def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> An
 
 def split_decode_attention_pass(max_cluster: int = 0) -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
-    return _replace_kernel_pass("llmchat_split_decode_attention", DECODE_ATTENTION,
-                                lambda func: split_decode_attention(func, max_cluster))
+    return _replace_kernel_pass(
+        "llmchat_split_decode_attention",
+        DECODE_ATTENTION,
+        lambda func: split_decode_attention(func, max_cluster),
+    )
 
 
-PREFILL_PARAMS = ["q", "q_indptr", "k", "v", "kv_indptr", "q_rope_position", "k_rope_pos_offset",
-                  "output", "lse", "causal", "rotary_mode", "rope_scale", "rope_theta", "sm_scale"]
+PREFILL_PARAMS = [
+    "q",
+    "q_indptr",
+    "k",
+    "v",
+    "kv_indptr",
+    "q_rope_position",
+    "k_rope_pos_offset",
+    "output",
+    "lse",
+    "causal",
+    "rotary_mode",
+    "rope_scale",
+    "rope_theta",
+    "sm_scale",
+]
 
 
 def prefill_attention(func: Any) -> Any | None:
@@ -159,8 +210,9 @@ def prefill_attention(func: Any) -> Any | None:
     rows, batch = q.shape[0], q_indptr.shape[0] - 1
     name = f"llmchat::prefill_attention<{h_qo}, {h_kv}, {d}>"
     buffers = (q, q_indptr, k, v, kv_indptr, output, lse)
-    call = tirx.call_extern("int32", name, *(_address(b) for b in buffers), batch, causal, rotary_mode,
-                            sm_scale)
+    call = tirx.call_extern(
+        "int32", name, *(_address(b) for b in buffers), batch, causal, rotary_mode, sm_scale
+    )
     # one block per 64 query rows of every sequence: at most rows / 64 + batch tiles
     tiles = tirx.floordiv(rows + (PREFILL_ROWS - 1), PREFILL_ROWS) + batch
     kernel = launch(call, {"blockIdx.x": tiles, "blockIdx.y": h_qo}, {"threadIdx.x": 32, "threadIdx.y": 4})

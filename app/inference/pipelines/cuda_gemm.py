@@ -62,8 +62,14 @@ def match_q4f16_gemm(func: Any) -> Q4MatmulMatch | None:
     if ws is None or ss is None or len(x.shape) != 3 or len(out.shape) != 3:
         return None
     k, n = static_int(x.shape[-1]), ws[0]
-    if (k is None or n % TILE_N or static_int(x.shape[0]) != 1 or static_int(out.shape[0]) != 1
-            or static_int(out.shape[-1]) != n or not x.shape[1].same_as(out.shape[1])):
+    if (
+        k is None
+        or n % TILE_N
+        or static_int(x.shape[0]) != 1
+        or static_int(out.shape[0]) != 1
+        or static_int(out.shape[-1]) != n
+        or not x.shape[1].same_as(out.shape[1])
+    ):
         return None
     roles = match_q4_operands(func, main, blocks[2:], x, weight, scale, out, k, n)
     return None if roles is None else Q4MatmulMatch(x, weight, scale, *roles, out, k, n)
@@ -75,13 +81,14 @@ def build_gemm_func(func: Any, m: Q4MatmulMatch) -> Any:
 
     mode = epilogue_mode(m.out, m.residual)
     tile_m = tile_rows(m.out_features)
-    name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {tile_m}, {mode}, "
-            f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
-            f"{record_flag(records_qkv(func))}>")
+    name = (
+        f"{KERNEL}<{m.in_features}, {m.out_features}, {tile_m}, {mode}, "
+        f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
+        f"{record_flag(records_qkv(func))}>"
+    )
     rows = tirx.Cast("int32", m.x.shape[1])
     call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, m.out, rows)
-    grid = {"blockIdx.x": m.out_features // TILE_N,
-            "blockIdx.y": tirx.floordiv(rows + (tile_m - 1), tile_m)}
+    grid = {"blockIdx.x": m.out_features // TILE_N, "blockIdx.y": tirx.floordiv(rows + (tile_m - 1), tile_m)}
     return func.with_body(launch(call, grid, {"threadIdx.x": 128}))
 
 

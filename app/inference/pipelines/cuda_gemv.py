@@ -115,8 +115,11 @@ def match_q4f16_gemv(func: Any) -> Q4MatmulMatch | None:
     """The roles of ``func``'s buffers when it is a batch-1 q4f16_1 GEMV with a known epilogue."""
     blocks = root_blocks(func)
     names = [b.name_hint for b in blocks]
-    if names not in (["dequant_matmul"], ["dequant_matmul", "dequant_matmul_out"],
-                     ["dequant_matmul", "dequant_matmul_out", "T_add"]):
+    if names not in (
+        ["dequant_matmul"],
+        ["dequant_matmul", "dequant_matmul_out"],
+        ["dequant_matmul", "dequant_matmul_out", "T_add"],
+    ):
         return None
     main = blocks[0]
     if str(main.annotations.get(FORMAT_ANNOTATION, "")) != "q4f16_1":
@@ -137,13 +140,20 @@ def match_q4f16_gemv(func: Any) -> Q4MatmulMatch | None:
     return None if roles is None else Q4MatmulMatch(x, weight, scale, *roles, out, k, n)
 
 
-def match_q4_operands(func: Any, main: Any, epilogue: list[Any], x: Any, weight: Any, scale: Any,
-                      out: Any, k: int, n: int) -> tuple[Any, Any] | None:
+def match_q4_operands(
+    func: Any, main: Any, epilogue: list[Any], x: Any, weight: Any, scale: Any, out: Any, k: int, n: int
+) -> tuple[Any, Any] | None:
     """(bias, residual) when ``weight``/``scale`` hold an ``[n, k]`` q4f16_1 matrix applied to the
     float16 rows ``x``, the blocks after the matmul are a known epilogue, and ``func`` takes
     exactly these buffers; None otherwise."""
-    if (str(x.dtype) != "float16" or str(weight.dtype) != "uint32" or static_shape(weight) != [n, k // 8]
-            or str(scale.dtype) != "float16" or static_shape(scale) != [n, k // 32] or k % 32):
+    if (
+        str(x.dtype) != "float16"
+        or str(weight.dtype) != "uint32"
+        or static_shape(weight) != [n, k // 8]
+        or str(scale.dtype) != "float16"
+        or static_shape(scale) != [n, k // 32]
+        or k % 32
+    ):
         return None
     roles = match_epilogue(epilogue, main, out, n)
     if roles is None:
@@ -159,9 +169,11 @@ def gemv_launch(m: Q4MatmulMatch, layout: GemvLayout, mode: int, out: Any, recor
     """The TIR launch of ``llmchat::q4f16_gemv`` for the matmul ``m`` in epilogue ``mode``,
     writing ``out`` (``m.out``, or a narrower buffer for a mode that writes fewer values);
     ``record``: the kernel records ``out`` as the layer's fused q/k/v projection."""
-    name = (f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
-            f"{mode}, {'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
-            f"{record_flag(record)}>")
+    name = (
+        f"{KERNEL}<{m.in_features}, {m.out_features}, {layout.rows_per_warp}, {layout.split}, "
+        f"{mode}, {'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
+        f"{record_flag(record)}>"
+    )
     call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, out)
     grid = {"blockIdx.x": layout.blocks(m.out_features)}
     return launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": layout.warps_per_block})

@@ -64,8 +64,9 @@ def epilogue_mode(out: Any, residual: Any | None) -> int:
     return 0 if str(out.dtype) == "float32" else 1
 
 
-def matmul_call(name: str, x: Any, weight: Any, scale: Any, bias: Any | None, residual: Any | None,
-                out: Any, *extra: Any) -> Any:
+def matmul_call(
+    name: str, x: Any, weight: Any, scale: Any, bias: Any | None, residual: Any | None, out: Any, *extra: Any
+) -> Any:
     """``call_extern`` of a matmul kernel: (x, weight, scale, bias, residual, out, *extra); a
     missing bias or residual is passed as x (the kernel's template flags never read it)."""
     from tvm import tirx
@@ -73,8 +74,9 @@ def matmul_call(name: str, x: Any, weight: Any, scale: Any, bias: Any | None, re
     def ptr(buf: Any | None) -> Any:
         return (buf if buf is not None else x).data
 
-    return tirx.call_extern("int32", name, ptr(x), ptr(weight), ptr(scale), ptr(bias), ptr(residual),
-                            ptr(out), *extra)
+    return tirx.call_extern(
+        "int32", name, ptr(x), ptr(weight), ptr(scale), ptr(bias), ptr(residual), ptr(out), *extra
+    )
 
 
 class KernelRule:

@@ -30,12 +30,14 @@ def reference_rms_norm(k: int, eps: float) -> Any:
         with bb.dataflow():
             out = bb.emit_output(bb.emit(relax.op.nn.rms_norm(x, w, axes=[-1], epsilon=eps)))
         bb.emit_func_output(out)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     mod = tvm.transform.Sequential(passes)(bb.get())
     return next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
-
-
 
 
 def match_rms_norm(func: Any) -> tuple[int, float] | None:
@@ -71,7 +73,8 @@ class CudaRmsNorm(KernelRule):
             return None
         k, eps = found
         x, w, out = func.params
-        call = tirx.call_extern("int32", f"llmchat::rms_norm_row<{k}>", x.data, w.data, out.data,
-                                tirx.FloatImm("float32", eps))
+        call = tirx.call_extern(
+            "int32", f"llmchat::rms_norm_row<{k}>", x.data, w.data, out.data, tirx.FloatImm("float32", eps)
+        )
         threads = (k // 8 + 31) // 32 * 32
         return func.with_body(launch(call, {"blockIdx.x": 1}, {"threadIdx.x": threads}))

@@ -50,8 +50,6 @@ ROPE_MODE_ARG = 8
 ROPE_NORMAL = 1
 
 
-
-
 def is_default_rope(func: Any) -> bool:
     """Whether ``func`` is TVM's split-rotary PrimFunc for default RoPE (scale 1, full rotary
     dim, no scaling) with some theta: structurally equal to what TVM's constructor builds."""
@@ -102,7 +100,6 @@ def _packed_call(value: Any, name: str) -> list[Any] | None:
     if len(value.args) == 2 and isinstance(value.args[1], relax.Tuple):
         return list(value.args[1].fields)
     return list(value.args[1:])
-
 
 
 def _is_reshape(func: Any) -> bool:

@@ -40,11 +40,14 @@ def reference_silu_gate(n: int) -> Any:
             gate, up = bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))
             out = bb.emit_output(bb.emit(relax.op.multiply(relax.op.nn.silu(gate), up)))
         bb.emit_func_output(out)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-              relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     mod = tvm.transform.Sequential(passes)(bb.get())
     return next(f for gv, f in mod.functions.items() if gv.name_hint.startswith(SILU_GATE_PREFIX))
-
 
 
 def silu_gate_width(name: str, func: Any) -> int | None:
@@ -54,8 +57,11 @@ def silu_gate_width(name: str, func: Any) -> int | None:
     import tvm_ffi
     from tvm import tirx
 
-    if (not isinstance(func, tirx.PrimFunc) or not re.fullmatch(SILU_GATE_PREFIX + r"\d*", name)
-            or len(func.params) != 2):
+    if (
+        not isinstance(func, tirx.PrimFunc)
+        or not re.fullmatch(SILU_GATE_PREFIX + r"\d*", name)
+        or len(func.params) != 2
+    ):
         return None
     src, out = func.params
     src_shape, out_shape = static_shape(src), static_shape(out)
@@ -83,8 +89,8 @@ def silu_gate_func(gemv: Any, out: Any) -> Any | None:
         return None
     body = gemv_launch(m, layout, SILU_PAIRS_MODE, out)
     return tirx.PrimFunc([*gemv.params[:3], out], body).with_attr(
-        {"tirx.is_scheduled": True, "tirx.noalias": True})
-
+        {"tirx.is_scheduled": True, "tirx.noalias": True}
+    )
 
 
 def _fuse_block(block: Any, mod: Any, builder: Any, fused: dict[tuple[str, str], Any]) -> Any | None:
@@ -132,18 +138,25 @@ def fuse_silu_gate(mod: Any) -> Any:
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        blocks = [(_fuse_block(b, mod, builder, fused) if isinstance(b, relax.DataflowBlock) else None, b)
-                  for b in func.body.blocks]
+        blocks = [
+            (_fuse_block(b, mod, builder, fused) if isinstance(b, relax.DataflowBlock) else None, b)
+            for b in func.body.blocks
+        ]
         if all(new is None for new, _ in blocks):
             continue
         body = relax.SeqExpr([new if new is not None else old for new, old in blocks], func.body.body)
-        builder.update_func(gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs,
-                                               func.span))
+        builder.update_func(
+            gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+        )
     if not any(v is not None for v in fused.values()):
         return mod
     out = builder.get()
-    called = {gv.name_hint for f in out.functions.values() if isinstance(f, relax.Function)
-              for gv in relax.analysis.all_global_vars(f)}
+    called = {
+        gv.name_hint
+        for f in out.functions.values()
+        if isinstance(f, relax.Function)
+        for gv in relax.analysis.all_global_vars(f)
+    }
     unused = {name for pair in fused for name in pair} - called
     kept = {gv: f for gv, f in out.functions.items() if gv.name_hint not in unused}
     return tvm.IRModule(kept, attrs=out.attrs, global_infos=out.global_infos)

@@ -50,13 +50,13 @@ from app.inference.pipelines.tir_facts import static_int
 LOAD_BYTES = 16
 
 
-
 def _func_name(func: Any) -> str:
     """A PrimFunc's global symbol, for the debug log."""
     try:
         return str(func.attrs["global_symbol"])
     except Exception:  # no attrs / no symbol
         return "a kernel"
+
 
 @dataclass(frozen=True)
 class GemvConfig:
@@ -67,9 +67,14 @@ class GemvConfig:
     unroll_steps: int = 4
 
 
-def choose_gemv_config(out_features: int, words_per_row: int, words_per_thread: int,
-                       max_threads_per_row: int = 32, min_blocks: int = 512,
-                       max_block_threads: int = 256) -> GemvConfig | None:
+def choose_gemv_config(
+    out_features: int,
+    words_per_row: int,
+    words_per_thread: int,
+    max_threads_per_row: int = 32,
+    min_blocks: int = 512,
+    max_block_threads: int = 256,
+) -> GemvConfig | None:
     """Threads per row: the largest power of two (≤ ``max_threads_per_row``) whose 16-byte chunks
     tile a row exactly. Rows per block: as many as fit ``max_block_threads`` while the grid keeps
     ``min_blocks`` blocks (several per multiprocessor, so loads from many rows are in flight).
@@ -106,8 +111,13 @@ def fast_small_uint_to_float(func: Any) -> Any:
         if not isinstance(expr, Cast):
             return None
         inner = expr.value
-        if (_ty(expr) == "float32" and isinstance(inner, BitwiseAnd) and _ty(inner) == "uint32"
-                and isinstance(inner.b, IntImm) and 0 <= int(inner.b.value) < (1 << 23)):
+        if (
+            _ty(expr) == "float32"
+            and isinstance(inner, BitwiseAnd)
+            and _ty(inner) == "uint32"
+            and isinstance(inner.b, IntImm)
+            and 0 <= int(inner.b.value) < (1 << 23)
+        ):
             return tirx.reinterpret("float32", tirx.bitwise_or(inner, tirx.const(0x4B000000, "uint32")))
         return None
 
@@ -138,8 +148,12 @@ def _drop_roundtrip_casts(func: Any) -> Any:
 
     def _rewrite(expr: Any) -> Any:
         inner = expr.value
-        if (_ty(expr) == "float32" and isinstance(inner, Cast) and _ty(inner) == "float16"
-                and _ty(inner.value) == "float32"):
+        if (
+            _ty(expr) == "float32"
+            and isinstance(inner, Cast)
+            and _ty(inner) == "float16"
+            and _ty(inner.value) == "float32"
+        ):
             return inner.value
         return expr
 
@@ -154,9 +168,16 @@ class DecodeGEMV:
     epilogue (cast, residual add). Anything else returns None so the next rule gets it.
     """
 
-    def __init__(self, load_bytes: int = LOAD_BYTES, max_threads_per_row: int = 32,
-                 min_blocks: int = 512, max_block_threads: int = 256, unroll_steps: int = 4,
-                 shared_vector_bytes: int = 40960, pad_shared: bool = True) -> None:
+    def __init__(
+        self,
+        load_bytes: int = LOAD_BYTES,
+        max_threads_per_row: int = 32,
+        min_blocks: int = 512,
+        max_block_threads: int = 256,
+        unroll_steps: int = 4,
+        shared_vector_bytes: int = 40960,
+        pad_shared: bool = True,
+    ) -> None:
         self.load_bytes = load_bytes
         self.max_threads_per_row = max_threads_per_row
         self.min_blocks = min_blocks
@@ -179,8 +200,13 @@ class DecodeGEMV:
         except Exception as err:
             from app.debug_log import log
 
-            log.debug("GPU rule %s did not fit %s (TVM's schedule kept): %s: %s", type(self).__name__,
-                      _func_name(func), type(err).__name__, err)
+            log.debug(
+                "GPU rule %s did not fit %s (TVM's schedule kept): %s: %s",
+                type(self).__name__,
+                _func_name(func),
+                type(err).__name__,
+                err,
+            )
             return None
 
     def _apply(self, func: Any, target: Any, s_tir: Any) -> Any:
@@ -226,8 +252,14 @@ class DecodeGEMV:
         block_threads = min(self.max_block_threads, int(target.attrs.get("max_num_threads", 1024)))
         cfg = None
         while cfg is None and words_per_thread >= 1:
-            cfg = choose_gemv_config(spatial, words_per_row, words_per_thread,
-                                     self.max_threads_per_row, self.min_blocks, block_threads)
+            cfg = choose_gemv_config(
+                spatial,
+                words_per_row,
+                words_per_thread,
+                self.max_threads_per_row,
+                self.min_blocks,
+                block_threads,
+            )
             if cfg is None:
                 words_per_thread //= 2
         if cfg is None or cfg.threads_per_row < 8 or cfg.threads_per_row * cfg.rows_per_block < 128:
@@ -245,9 +277,19 @@ class DecodeGEMV:
         if stage_f32 and not use_shared:
             return None  # per-element fp16->fp32 conversions would bound it: dlight's GEMV is faster
         scale_buf = self._scale_buffer(sch, block, vectors[0], weight_index, red)
-        self._schedule(sch, block, epilogue, cfg, values_per_word * words_per_thread,
-                       words_per_thread, weight_index, use_shared, stage_f32 and use_shared,
-                       self.pad_shared, scale_buf)
+        self._schedule(
+            sch,
+            block,
+            epilogue,
+            cfg,
+            values_per_word * words_per_thread,
+            words_per_thread,
+            weight_index,
+            use_shared,
+            stage_f32 and use_shared,
+            self.pad_shared,
+            scale_buf,
+        )
         if stage_f32 and use_shared:
             return s_tir.Schedule(_drop_roundtrip_casts(sch.mod["main"]))
         return sch
@@ -282,16 +324,25 @@ class DecodeGEMV:
         return best_index, best
 
     @staticmethod
-    def _schedule(sch: Any, block: Any, epilogue: Any, cfg: GemvConfig, values_per_thread: int,
-                  words_per_thread: int, weight_index: int, use_shared: bool,
-                  stage_f32: bool, pad_shared: bool = True, scale_buf: Any = None) -> None:
+    def _schedule(
+        sch: Any,
+        block: Any,
+        epilogue: Any,
+        cfg: GemvConfig,
+        values_per_thread: int,
+        words_per_thread: int,
+        weight_index: int,
+        use_shared: bool,
+        stage_f32: bool,
+        pad_shared: bool = True,
+        scale_buf: Any = None,
+    ) -> None:
         rows, threads = cfg.rows_per_block, cfg.threads_per_row
         batch, spatial, red, red_inner = sch.get_loops(block)
         spatial = sch.fuse(batch, spatial)
         red = sch.fuse(red, red_inner)
         bx, ty = sch.split(spatial, factors=[None, rows], preserve_unit_iters=True)
-        step, tx, inner = sch.split(red, factors=[None, threads, values_per_thread],
-                                    preserve_unit_iters=True)
+        step, tx, inner = sch.split(red, factors=[None, threads, values_per_thread], preserve_unit_iters=True)
         sch.reorder(bx, ty, tx, step, inner)
         # every thread keeps its partial sum in a register: rfactor over the thread axis
         partial = sch.rfactor(tx, 0)
@@ -318,8 +369,7 @@ class DecodeGEMV:
             vec_len = 4 if padded else 8
             while vec_len > 1 and total % (rows * threads * vec_len) != 0:
                 vec_len //= 2
-            _, vy, vx, vv = sch.split(vloop, factors=[None, rows, threads, vec_len],
-                                      preserve_unit_iters=True)
+            _, vy, vx, vv = sch.split(vloop, factors=[None, rows, threads, vec_len], preserve_unit_iters=True)
             sch.bind(vy, "threadIdx.y")
             sch.bind(vx, "threadIdx.x")
             sch.vectorize(vv)
@@ -328,8 +378,9 @@ class DecodeGEMV:
                 # the 16-byte reads of 8 threads (one shared-memory phase) hit different banks
                 ndim = len(sch.get(vload).writes[0].source.shape)
                 chunk = values_per_thread
-                sch.transform_layout(vload, ("write", 0), lambda *idx: (*idx[:-1], idx[-1] // chunk,
-                                                                        idx[-1] % chunk))
+                sch.transform_layout(
+                    vload, ("write", 0), lambda *idx: (*idx[:-1], idx[-1] // chunk, idx[-1] % chunk)
+                )
                 sch.storage_align(vload, 0, axis=ndim - 1, factor=32, offset=4)
             if stage_f32:
                 # per step: the thread's chunk of the vector into registers (16-byte shared loads)
@@ -344,8 +395,9 @@ class DecodeGEMV:
                 sch.unroll(xo)
         if stage_f32 and scale_buf is not None and values_per_thread == 32:
             # the group's scale once per step, converted to float32 once
-            sload = sch.cache_read(partial, read_buffer_index=_read_index(sch, partial, scale_buf),
-                                   storage_scope="local")
+            sload = sch.cache_read(
+                partial, read_buffer_index=_read_index(sch, partial, scale_buf), storage_scope="local"
+            )
             sch.compute_at(sload, step, preserve_unit_loops=True)
             sch.unsafe_set_dtype(sload, 0, "float32")
         sch.unroll(inner)  # constant indices into the register copy of the weights
@@ -472,8 +524,12 @@ def attention_passes(target: Any) -> list[Any]:
     if use_wgsl_attention(target):
         from app.inference.pipelines.wgsl_attention import split_decode_attention_pass as wgsl_split
 
-        return [wgsl_split(max_threads=int(target.attrs["max_num_threads"]),
-                           shared_bytes=int(target.attrs["max_shared_memory_per_block"]))]
+        return [
+            wgsl_split(
+                max_threads=int(target.attrs["max_num_threads"]),
+                shared_bytes=int(target.attrs["max_shared_memory_per_block"]),
+            )
+        ]
     if not use_cuda_attention(target):
         return []
     passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]
@@ -486,8 +542,12 @@ def fuse_rope_append(target: Any) -> bool:
     """Whether a decoded token's RoPE and KV append move into the decode attention
     (:mod:`.cuda_rope_append`): with llmchat's attention (its cluster kernel, sm_90) and matmul
     kernels, which record the q/k/v projection it reads."""
-    return (use_cuda_attention(target) and max_cluster_size(target) > 0 and use_cuda_kernel_gemv(target)
-            and use_cuda_gemm(target))
+    return (
+        use_cuda_attention(target)
+        and max_cluster_size(target) > 0
+        and use_cuda_kernel_gemv(target)
+        and use_cuda_gemm(target)
+    )
 
 
 def use_wgsl_gemm(target: Any) -> bool:
@@ -579,9 +639,15 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
         ]
-        with _simt_matmul_only(), target, tvm.transform.PassContext(
-            opt_level=ctx.opt_level, config=config, required_pass=list(ctx.required_pass),
-            disabled_pass=list(ctx.disabled_pass),
+        with (
+            _simt_matmul_only(),
+            target,
+            tvm.transform.PassContext(
+                opt_level=ctx.opt_level,
+                config=config,
+                required_pass=list(ctx.required_pass),
+                disabled_pass=list(ctx.disabled_pass),
+            ),
         ):
             return tvm.transform.Sequential(passes)(mod)
 

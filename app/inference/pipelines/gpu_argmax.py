@@ -51,8 +51,10 @@ def argmax_kernel(vocab: int) -> Any:
             ov[0] = best_v[(s % 2) * threads + T.min(tx + T.shift_right(threads // 2, s), threads - 1)]
             oi[0] = best_i[(s % 2) * threads + T.min(tx + T.shift_right(threads // 2, s), threads - 1)]
             li[0] = T.if_then_else(
-                tx < T.shift_right(threads // 2, s)
-                and (ov[0] > lv[0] or (ov[0] == lv[0] and oi[0] < li[0])), oi[0], li[0])
+                tx < T.shift_right(threads // 2, s) and (ov[0] > lv[0] or (ov[0] == lv[0] and oi[0] < li[0])),
+                oi[0],
+                li[0],
+            )
             lv[0] = T.if_then_else(li[0] == oi[0], ov[0], lv[0])
             best_v[threads - (s % 2) * threads + tx] = lv[0]
             best_i[threads - (s % 2) * threads + tx] = li[0]

@@ -66,8 +66,9 @@ class GemmConfig:
 CANDIDATES = (GemmConfig(8, 8, 16), GemmConfig(8, 4, 16), GemmConfig(4, 4, 32), GemmConfig(4, 2, 32))
 
 
-def choose_gemm_config(features: int, k: int, shared_bytes: int, rows: int = ASSUMED_ROWS,
-                       min_workgroups: int = MIN_WORKGROUPS) -> GemmConfig | None:
+def choose_gemm_config(
+    features: int, k: int, shared_bytes: int, rows: int = ASSUMED_ROWS, min_workgroups: int = MIN_WORKGROUPS
+) -> GemmConfig | None:
     """The largest candidate tile whose grid for ``rows`` x ``features`` has ``min_workgroups``
     workgroups and whose tiles fit ``shared_bytes``; the smallest that fits otherwise."""
     fitting = [c for c in CANDIDATES if c.shared_bytes() <= shared_bytes and c.bk <= max(k, 8)]
@@ -90,8 +91,12 @@ def _drop_roundtrip_casts(func: Any) -> Any:
 
     def _rewrite(expr: Any) -> Any:
         inner = expr.value
-        if (_ty(expr) == "float32" and isinstance(inner, Cast) and _ty(inner) == "float16"
-                and _ty(inner.value) == "float32"):
+        if (
+            _ty(expr) == "float32"
+            and isinstance(inner, Cast)
+            and _ty(inner) == "float16"
+            and _ty(inner.value) == "float32"
+        ):
             return inner.value
         return expr
 
@@ -159,8 +164,11 @@ class WgslGemm:
         if features < THREADS_F:
             return None
         cfg = self.config or choose_gemm_config(
-            features, k, int(target.attrs.get("max_shared_memory_per_block", 16384)),
-            min_workgroups=self.min_workgroups)
+            features,
+            k,
+            int(target.attrs.get("max_shared_memory_per_block", 16384)),
+            min_workgroups=self.min_workgroups,
+        )
         if cfg is None or cfg.shared_bytes() > int(target.attrs.get("max_shared_memory_per_block", 16384)):
             return None
         if int(target.attrs.get("max_num_threads", 256)) < THREADS_F * THREADS_T:
@@ -226,7 +234,7 @@ class WgslGemm:
         sch.unroll(vt)
         sch.unroll(vf)
         for blk in (acc, x_reg, w_reg):
-            for lp in sch.get_loops(blk)[len(sch.get_loops(blk)) - 3:]:
+            for lp in sch.get_loops(blk)[len(sch.get_loops(blk)) - 3 :]:
                 sch.unroll(lp)
         for lp in sch.get_loops(init)[4:]:
             sch.unroll(lp)

@@ -56,8 +56,11 @@ def tir_call(value: Any) -> tuple[Any, list[Any]] | None:
     import tvm
     from tvm import relax
 
-    if (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
-            and len(value.args) == 2):
+    if (
+        isinstance(value, relax.Call)
+        and value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+        and len(value.args) == 2
+    ):
         return value.args[0], list(value.args[1].fields)
     return None
 
@@ -75,7 +78,12 @@ def argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
         return None
     logits, out = func.params
     shape = static_shape(logits)
-    if (str(logits.dtype) != "float32" or shape is None or len(shape) != 3 or shape[:2] != [1, 1]
-            or str(out.dtype) != "int32"):
+    if (
+        str(logits.dtype) != "float32"
+        or shape is None
+        or len(shape) != 3
+        or shape[:2] != [1, 1]
+        or str(out.dtype) != "int32"
+    ):
         return None
     return logits, out, shape[2]

@@ -45,8 +45,21 @@ MAX_TILE = 64
 #: TVM's "minus infinity" of the running maximum (log2 domain), kept for the same lse
 NEG = -5e4
 LOG2E = math.log2(math.e)
-PARAMS = ["Q", "pages", "page_table_indptr", "page_table_values", "length_info", "k_rope_pos_offset",
-          "q_rope_position", "output", "lse", "rotary_mode", "rope_scale", "rope_theta", "sm_scale"]
+PARAMS = [
+    "Q",
+    "pages",
+    "page_table_indptr",
+    "page_table_values",
+    "length_info",
+    "k_rope_pos_offset",
+    "q_rope_position",
+    "output",
+    "lse",
+    "rotary_mode",
+    "rope_scale",
+    "rope_theta",
+    "sm_scale",
+]
 
 
 @dataclass(frozen=True)
@@ -69,8 +82,9 @@ class SplitLayout:
 TVM_KERNEL_MIN_KV_HEADS = 16
 
 
-def split_layout(h_qo: int, h_kv: int, d: int, page: int, max_threads: int,
-                 shared_bytes: int) -> SplitLayout | None:
+def split_layout(
+    h_qo: int, h_kv: int, d: int, page: int, max_threads: int, shared_bytes: int
+) -> SplitLayout | None:
     """The layout for these shapes within the target's limits, or None (TVM's kernel stays)."""
     if h_qo % h_kv or d > max_threads or d & (d - 1) or d < 4:
         return None
@@ -107,11 +121,21 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
 
     # pylint: disable=too-many-locals
     @T.prim_func(private=True)
-    def kernel(Q_handle: T.handle, pages_handle: T.handle, page_table_indptr_handle: T.handle,
-               page_table_values_handle: T.handle, var_length_info: T.handle,
-               k_rope_pos_offset_handle: T.handle, q_rope_position_handle: T.handle,
-               output_handle: T.handle, lse_handle: T.handle, rotary_mode: T.int32,
-               rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+    def kernel(
+        Q_handle: T.handle,
+        pages_handle: T.handle,
+        page_table_indptr_handle: T.handle,
+        page_table_values_handle: T.handle,
+        var_length_info: T.handle,
+        k_rope_pos_offset_handle: T.handle,
+        q_rope_position_handle: T.handle,
+        output_handle: T.handle,
+        lse_handle: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         B = T.int32()
         nnz_pages = T.int32()
@@ -123,16 +147,27 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
         q_rope_position_elem_offset = T.int32()
         length_info_elem_offset = T.int32()
         Q = T.match_buffer(Q_handle, (B, h_qo, d), dtype)
-        pages = T.match_buffer(pages_handle, (max_num_pages, 2, h_kv, page, d), dtype,
-                               elem_offset=pages_elem_offset)
-        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32",
-                                           elem_offset=page_indptr_elem_offset)
-        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
-                                           elem_offset=page_values_elem_offset)
-        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",  # noqa: F841
-                                           elem_offset=k_rope_pos_offset_elem_offset)
-        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",  # noqa: F841
-                                         elem_offset=q_rope_position_elem_offset)
+        pages = T.match_buffer(
+            pages_handle, (max_num_pages, 2, h_kv, page, d), dtype, elem_offset=pages_elem_offset
+        )
+        page_table_indptr = T.match_buffer(
+            page_table_indptr_handle, (B + 1,), "int32", elem_offset=page_indptr_elem_offset
+        )
+        page_table_values = T.match_buffer(
+            page_table_values_handle, (nnz_pages,), "int32", elem_offset=page_values_elem_offset
+        )
+        k_rope_pos_offset = T.match_buffer(  # noqa: F841
+            k_rope_pos_offset_handle,
+            (B,),
+            "int32",
+            elem_offset=k_rope_pos_offset_elem_offset,
+        )
+        q_rope_position = T.match_buffer(  # noqa: F841
+            q_rope_position_handle,
+            (B,),
+            "int32",
+            elem_offset=q_rope_position_elem_offset,
+        )
         output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
         lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
         length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
@@ -163,7 +198,9 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
             info[0] = page_table_indptr[b]
             info[1] = T.if_then_else(
                 info[0] != page_table_indptr[b + 1],
-                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b], 0)  # sequence length
+                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
+                0,
+            )  # sequence length
             info[2] = c * chunk_pages * page  # first key of the chunk
             info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
             q_sh[tx] = T.Cast("float32", Q[b, hg * heads + tx // d, tx % d]) * sm_scale * LOG2E
@@ -178,13 +215,18 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
                     pos = T.meta_var(T.max(T.min(info[2] + t * tile + key, info[1] - 1), 0))  # clamped
                     slot = T.meta_var(page_table_values[info[0] + pos // page])
                     kv_sh[key * row + col] = T.if_then_else(
-                        t * tile + key < info[3], T.Cast("float32", pages[slot, 0, hk, pos % page, col]),
-                        T.float32(0))
+                        t * tile + key < info[3],
+                        T.Cast("float32", pages[slot, 0, hk, pos % page, col]),
+                        T.float32(0),
+                    )
                 T.tvm_storage_sync("shared")
                 part[0] = T.float32(0)
                 for j in T.unroll(tile):
-                    part[0] = part[0] + q_sh[(tx // tpp) // tile * d + j * tpp + tx % tpp] * kv_sh[
-                        (tx // tpp) % tile * row + j * tpp + tx % tpp]
+                    part[0] = (
+                        part[0]
+                        + q_sh[(tx // tpp) // tile * d + j * tpp + tx % tpp]
+                        * kv_sh[(tx // tpp) % tile * row + j * tpp + tx % tpp]
+                    )
                 red[tx] = part[0]
                 T.tvm_storage_sync("shared")
                 part[0] = T.float32(0)
@@ -197,19 +239,24 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
                     pos = T.meta_var(T.max(T.min(info[2] + t * tile + key, info[1] - 1), 0))  # clamped
                     slot = T.meta_var(page_table_values[info[0] + pos // page])
                     kv_sh[key * row + col] = T.if_then_else(
-                        t * tile + key < info[3], T.Cast("float32", pages[slot, 1, hk, pos % page, col]),
-                        T.float32(0))
+                        t * tile + key < info[3],
+                        T.Cast("float32", pages[slot, 1, hk, pos % page, col]),
+                        T.float32(0),
+                    )
                 T.tvm_storage_sync("shared")
                 m_new[0] = m[0]
                 for k in range(tile):
-                    m_new[0] = T.max(m_new[0], T.if_then_else(
-                        t * tile + k < info[3], s_sh[tx // d * tile + k], T.float32(NEG)))
+                    m_new[0] = T.max(
+                        m_new[0],
+                        T.if_then_else(t * tile + k < info[3], s_sh[tx // d * tile + k], T.float32(NEG)),
+                    )
                 p[0] = T.exp2(m[0] - m_new[0])
                 l_run[0] = l_run[0] * p[0]
                 acc[0] = acc[0] * p[0]
                 for k in range(tile):
-                    p[0] = T.if_then_else(t * tile + k < info[3], T.exp2(s_sh[tx // d * tile + k] - m_new[0]),
-                                          T.float32(0))
+                    p[0] = T.if_then_else(
+                        t * tile + k < info[3], T.exp2(s_sh[tx // d * tile + k] - m_new[0]), T.float32(0)
+                    )
                     l_run[0] = l_run[0] + p[0]
                     acc[0] = acc[0] + p[0] * kv_sh[k * row + tx % d]
                 m[0] = m_new[0]
@@ -235,7 +282,8 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
                 ll[0] = ll[0] + part_ml[((b2 * h_qo + hq) * chunks + ci) * 2 + 1] * w[0]
                 oo[0] = oo[0] + part_o[((b2 * h_qo + hq) * chunks + ci) * d + tx2] * w[0]
             output[b2, hq, tx2] = T.Cast(
-                dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0)))
+                dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0))
+            )
             if tx2 == 0:
                 lse[b2, hq] = T.if_then_else(ll[0] > T.float32(0), mm[0] + T.log2(ll[0]), T.float32(NEG))
 
@@ -250,8 +298,13 @@ def split_decode_attention(func: Any, max_threads: int, shared_bytes: int) -> An
         return None
     q, pages, _indptr, _values, length_info = func.params[:5]
     dtype = str(q.dtype)
-    if (dtype not in ("float16", "float32") or str(pages.dtype) != dtype or len(pages.shape) != 5
-            or len(q.shape) != 3 or len(length_info.shape) != 1):
+    if (
+        dtype not in ("float16", "float32")
+        or str(pages.dtype) != dtype
+        or len(pages.shape) != 5
+        or len(q.shape) != 3
+        or len(length_info.shape) != 1
+    ):
         return None
     h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])

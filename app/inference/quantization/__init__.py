@@ -11,5 +11,13 @@ from app.inference.quantization.base import (
     word_spec,
 )
 
-__all__ = ["FORMATS", "WeightFormat", "get_format", "known_formats", "register_format", "storage_format",
-           "to_words", "word_spec"]
+__all__ = [
+    "FORMATS",
+    "WeightFormat",
+    "get_format",
+    "known_formats",
+    "register_format",
+    "storage_format",
+    "to_words",
+    "word_spec",
+]

@@ -57,8 +57,9 @@ class WeightFormat:
         """Raise LlmchatError when a ``[out, in]`` weight cannot be stored in this format."""
 
     # -- module builders (generic: dequantize inside the reduction) --------------------------
-    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str,
-               bias_dtype: str | None = None) -> Any:
+    def linear(
+        self, in_features: int, out_features: int, bias: bool, dtype: str, bias_dtype: str | None = None
+    ) -> Any:
         """An nn.Module computing ``x @ W.T (+ bias)`` with output dtype ``dtype`` (the activations'),
         the bias stored as ``bias_dtype`` (default: ``dtype``)."""
         return DequantLinear(self, in_features, out_features, bias, dtype, bias_dtype)
@@ -146,8 +147,11 @@ class WordStorage(WeightFormat):
         self.model_dtype = inner.model_dtype
 
     def _narrow(self, out_features: int, in_features: int) -> dict[str, str]:
-        return {n: dt for n, (shape, dt) in self.inner.param_specs(out_features, in_features).items()
-                if word_spec(shape, dt) is not None}
+        return {
+            n: dt
+            for n, (shape, dt) in self.inner.param_specs(out_features, in_features).items()
+            if word_spec(shape, dt) is not None
+        }
 
     def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
         specs = {}
@@ -161,7 +165,8 @@ class WordStorage(WeightFormat):
             if dt in NARROW_INTS and word_spec(shape, dt) is None:
                 raise LlmchatError(
                     f"The {self.name} weight {n} {list(shape)} cannot be stored in 32-bit words for WGSL.",
-                    "use --device cpu (or cuda) for this model")
+                    "use --device cpu (or cuda) for this model",
+                )
 
     def dequant(self, params: Mapping[str, Any], row: Any, col: Any) -> Any:
         views = dict(params)
@@ -177,8 +182,9 @@ class WordStorage(WeightFormat):
     def dequantize(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError("dequantize the inner format's params")
 
-    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str,
-               bias_dtype: str | None = None) -> Any:
+    def linear(
+        self, in_features: int, out_features: int, bias: bool, dtype: str, bias_dtype: str | None = None
+    ) -> Any:
         if not self._narrow(out_features, in_features):
             return self.inner.linear(in_features, out_features, bias, dtype, bias_dtype)
         return DequantLinear(self, in_features, out_features, bias, dtype, bias_dtype)
@@ -228,8 +234,10 @@ def is_single_row(lead_dims: list[Any]) -> bool:
     """Whether every leading (batch, sequence) dim is a static 1: a GEMV, as in decode."""
     from tvm import tirx
 
-    return all((isinstance(d, int) and d == 1) or (isinstance(d, tirx.IntImm) and int(d.value) == 1)
-               for d in lead_dims)
+    return all(
+        (isinstance(d, int) and d == 1) or (isinstance(d, tirx.IntImm) and int(d.value) == 1)
+        for d in lead_dims
+    )
 
 
 def dequant_matmul_te(
@@ -251,11 +259,16 @@ def dequant_matmul_te(
         k = te.reduce_axis((0, in_features), name="k")
         lead = list(x.shape[:-1])
         if is_single_row(lead):
+
             def body(*idx):
                 return te.sum(x(*idx[:-1], k).astype("float32") * fmt.dequant(params, idx[-1], k), axis=k)
         else:
-            w = te.compute((out_features, in_features), lambda n, kk: fmt.dequant(params, n, kk),
-                           name=DEQUANTIZE_STAGE, attrs={FORMAT_ANNOTATION: fmt.name})
+            w = te.compute(
+                (out_features, in_features),
+                lambda n, kk: fmt.dequant(params, n, kk),
+                name=DEQUANTIZE_STAGE,
+                attrs={FORMAT_ANNOTATION: fmt.name},
+            )
 
             def body(*idx):
                 # the float32 weight is the first operand: TVM 0.27's dlight Matmul takes the first
@@ -264,8 +277,12 @@ def dequant_matmul_te(
                 return te.sum(w[idx[-1], k] * x(*idx[:-1], k).astype("float32"), axis=k)
 
         # the format's name travels with the reduction block: target rules match on it
-        acc = te.compute([*lead, out_features], body, name="dequant_matmul",
-                         attrs={FORMAT_ANNOTATION: fmt.name} if is_single_row(lead) else None)
+        acc = te.compute(
+            [*lead, out_features],
+            body,
+            name="dequant_matmul",
+            attrs={FORMAT_ANNOTATION: fmt.name} if is_single_row(lead) else None,
+        )
         if bias is None and out_dtype == "float32":
             return acc
 
@@ -296,8 +313,15 @@ def _module_classes() -> dict[str, type]:
     class _DequantLinear(nn.Module):
         """``y = x @ dequant(W).T (+ bias)``, one kernel (see :func:`dequant_matmul_te`)."""
 
-        def __init__(self, fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str,
-                     bias_dtype: str | None = None):
+        def __init__(
+            self,
+            fmt: WeightFormat,
+            in_features: int,
+            out_features: int,
+            bias: bool,
+            dtype: str,
+            bias_dtype: str | None = None,
+        ):
             super().__init__()
             fmt.check_shape(out_features, in_features)
             self.fmt, self.in_features, self.out_features, self.dtype = fmt, in_features, out_features, dtype
@@ -352,7 +376,11 @@ def _module_classes() -> dict[str, type]:
 
 
 def DequantLinear(
-    fmt: WeightFormat, in_features: int, out_features: int, bias: bool, dtype: str,
+    fmt: WeightFormat,
+    in_features: int,
+    out_features: int,
+    bias: bool,
+    dtype: str,
     bias_dtype: str | None = None,
 ) -> Any:
     """Build the generic dequantizing linear module."""

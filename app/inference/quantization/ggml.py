@@ -208,8 +208,11 @@ class Q4_1(GGMLFormat):
 
     def decompose(self, raw: np.ndarray, out_f: int, in_f: int):
         b = _blocks(raw, out_f, in_f, 20)
-        return _unpack_nibbles(b[..., 4:]).astype(np.int8), _f16(b, 0).astype(np.float32), \
-            _f16(b, 2).astype(np.float32)
+        return (
+            _unpack_nibbles(b[..., 4:]).astype(np.int8),
+            _f16(b, 0).astype(np.float32),
+            _f16(b, 2).astype(np.float32),
+        )
 
     def to_gguf(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
         d = np.ascontiguousarray(params["q_scale"]).astype(np.float16)[..., None].view(np.uint8)
@@ -432,8 +435,11 @@ class WideBlocks(GGMLFormat):
             qs.append(q.astype(np.int8))
             scales.append(scale.astype(np.float32))
             offsets.append(offset.astype(np.float32))
-        return {"q_weight": np.concatenate(qs), "q_scale": np.concatenate(scales),
-                "q_min": np.concatenate(offsets)}
+        return {
+            "q_weight": np.concatenate(qs),
+            "q_scale": np.concatenate(scales),
+            "q_min": np.concatenate(offsets),
+        }
 
     def dequantize(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
         q = params["q_weight"].astype(np.float64)
@@ -442,8 +448,6 @@ class WideBlocks(GGMLFormat):
 
     def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError("ggml_wide weights come only from GGUF files")
-
-
 
 
 class F16(GGMLFormat):

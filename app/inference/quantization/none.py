@@ -29,8 +29,9 @@ class Unquantized(WeightFormat):
     def dequantize(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
         return np.asarray(params["weight"]).astype(np.float64)
 
-    def linear(self, in_features: int, out_features: int, bias: bool, dtype: str,
-               bias_dtype: str | None = None) -> Any:
+    def linear(
+        self, in_features: int, out_features: int, bias: bool, dtype: str, bias_dtype: str | None = None
+    ) -> Any:
         if dtype != self.model_dtype or (bias and (bias_dtype or dtype) != dtype):
             # stored and computed dtypes differ: the generic module casts inside the reduction
             return super().linear(in_features, out_features, bias, dtype, bias_dtype)

@@ -31,8 +31,14 @@ def _env(**extra: str) -> dict[str, str]:
 def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Python code in a fresh process (a crash in native code shows as a signal, and the add-on
     is loaded in the mode and with the HIP library given here)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=_env(**env))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=_env(**env),
+    )
 
 
 def _need_rocm_toolchain() -> None:
@@ -65,8 +71,10 @@ def _scale_library(tmp_path: Path, arch: str) -> Path:
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     wave = 32 if arch.startswith(("gfx10", "gfx11", "gfx12")) else 64
-    target = tvm.target.Target({"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc",
-                                "thread_warp_size": wave}, host="llvm")
+    target = tvm.target.Target(
+        {"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc", "thread_warp_size": wave},
+        host="llvm",
+    )
     with rocm_toolchain():
         lib = tvm.compile(sch.mod, target=target)
     path = tmp_path / f"scale-{arch}.so"
@@ -96,8 +104,9 @@ def test_the_addon_builds_and_registers_the_rocm_runtime(addon):
     st = addon.status()
     assert st["runtime"] == "hip" and st["device_type"] == 10
     # no ROCm headers or libraries at build time: HIP is opened at run time, not linked
-    needed = subprocess.run(["readelf", "-d", str(addon.library_path())], capture_output=True,
-                            text=True).stdout
+    needed = subprocess.run(
+        ["readelf", "-d", str(addon.library_path())], capture_output=True, text=True
+    ).stdout
     assert "libtvm_runtime" in needed and "amdhip" not in needed
 
 
@@ -107,18 +116,21 @@ def test_the_addon_is_rebuilt_when_its_cache_entry_is_damaged(addon, tmp_path, m
 
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "tiny.cc"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         #include <tvm/ffi/reflection/registry.h>
         TVM_FFI_STATIC_INIT_BLOCK() {
           tvm::ffi::reflection::GlobalDef().def("llmchat.test_wt16.tiny", []() -> int64_t { return 7; });
         }
-    """))
+    """)
+    )
     import threading
 
     import tvm
 
-    tiny = AddOn(source=src, lib_name="libllmchat_test_tiny", what="test",
-                 registered="llmchat.test_wt16.tiny")
+    tiny = AddOn(
+        source=src, lib_name="libllmchat_test_tiny", what="test", registered="llmchat.test_wt16.tiny"
+    )
     built = tiny.build()
     built.write_bytes(b"\x7fELF broken")
     assert tiny.load(threading.Lock()) == built
@@ -202,8 +214,9 @@ def test_the_7b_shape_compiles_for_rdna(addon, monkeypatch, tmp_path, arch):
     from app.inference.random_model import preset_config
 
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
-    cfg = dataclasses.replace(preset_config("llama2-7b", "q4f16_1", context_window=512, prefill_chunk=512),
-                              **SEVEN_B_ONE_LAYER)
+    cfg = dataclasses.replace(
+        preset_config("llama2-7b", "q4f16_1", context_window=512, prefill_chunk=512), **SEVEN_B_ONE_LAYER
+    )
     lib = compiler.get_library(cfg, DeviceSpec("rocm"), arch=arch)
     meta = json.loads(lib.lib_path.with_suffix(".json").read_text())
     assert meta["pipeline"] == "llmchat" and arch in meta["target"]  # llmchat's schedules, no fall-back
@@ -219,8 +232,14 @@ def test_the_7b_shape_compiles_for_rdna(addon, monkeypatch, tmp_path, arch):
     assert not missing, missing
     assert {f["wave_size"] for f in functions} == {32}
     names = " ".join(f["name"] for f in functions)
-    for kernel in ("dequant_matmul", "rms_norm", "rope", "silu", "batch_decode_paged_kv",
-                   "batch_prefill_ragged_kv"):
+    for kernel in (
+        "dequant_matmul",
+        "rms_norm",
+        "rope",
+        "silu",
+        "batch_decode_paged_kv",
+        "batch_prefill_ragged_kv",
+    ):
         assert kernel in names, f"no {kernel} kernel in {sorted(f['name'] for f in functions)}"
 
 
@@ -235,7 +254,8 @@ def test_running_without_hip_is_a_clear_error_not_a_crash(tmp_path):
     what is missing."""
     _need_rocm_toolchain()
     path = _scale_library(tmp_path, "gfx1100")
-    out = _child(f"""
+    out = _child(
+        f"""
         from app.inference.backends.hip import addon
         addon.load()
         import tvm
@@ -247,7 +267,9 @@ def test_running_without_hip_is_a_clear_error_not_a_crash(tmp_path):
                 call()
             except Exception as err:
                 print("ERR", what, type(err).__name__, err)
-    """, LLMCHAT_HIP_LIBRARY=NO_HIP)
+    """,
+        LLMCHAT_HIP_LIBRARY=NO_HIP,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "EXIST False" in out.stdout
     for what in ("launch", "alloc"):
@@ -258,9 +280,14 @@ def test_running_without_hip_is_a_clear_error_not_a_crash(tmp_path):
 def test_device_rocm_without_hip_fails_fast_with_the_fix():
     """`llmchat ask --device rocm` where there is no HIP library: exit 1 with the message and the
     fix, before any model is touched."""
-    out = subprocess.run([sys.executable, "-m", "app", "ask", "--device", "rocm:0", "hello"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env=_env(LLMCHAT_HIP_LIBRARY=NO_HIP))
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "ask", "--device", "rocm:0", "hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=_env(LLMCHAT_HIP_LIBRARY=NO_HIP),
+    )
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     assert "Cannot use --device rocm:0: the HIP runtime was not found" in out.stderr
     assert "rocm-hip-runtime" in out.stderr and "--device cpu" in out.stderr
@@ -310,7 +337,8 @@ def test_hip_without_a_gpu_says_so():
 def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
     """LLMCHAT_GPU_RUNTIME=twin: the same add-on serves TVM's CUDA device, module kind and CUDA-graph
     builtins (over libcuda.so.1); where there is no NVIDIA driver it says so."""
-    out = _child("""
+    out = _child(
+        """
         import json
         from app.inference.backends.hip import addon
         addon.load()
@@ -322,7 +350,10 @@ def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
                                                         allow_missing=True) is not None,
                           "graphs": tvm.get_global_func("vm.builtin.cuda_graph.run_or_capture",
                                                         allow_missing=True) is not None}))
-    """, LLMCHAT_GPU_RUNTIME="twin", LLMCHAT_CUDA_DRIVER_LIBRARY="/nonexistent/libcuda.so.1")
+    """,
+        LLMCHAT_GPU_RUNTIME="twin",
+        LLMCHAT_CUDA_DRIVER_LIBRARY="/nonexistent/libcuda.so.1",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 
@@ -336,21 +367,30 @@ def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
 def test_the_probe_counts_the_rocm_route_and_doctor_explains_it():
     """The probe lists rocm among TVM's runtimes once the add-on can be built; with no GPU the
     device does not exist, and `doctor` says what is missing and how to fix it."""
-    out = _child("""
+    out = _child(
+        """
         import json
         import tvm  # the live check asks the TVM in this process
         from app.inference.hardware.runtimes import tvm_runtimes_live
         r = tvm_runtimes_live()
         print(json.dumps({"available": sorted(r.available), "exists": r.devices_exist, "details": r.details}))
-    """, LLMCHAT_HIP_LIBRARY=NO_HIP)
+    """,
+        LLMCHAT_HIP_LIBRARY=NO_HIP,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 
     got = json.loads(out.stdout.splitlines()[-1])
     assert "rocm" in got["available"] and got["exists"].get("rocm") is False
     assert any("HIP runtime was not found" in d for d in got["details"])
-    doc = subprocess.run([sys.executable, "-m", "app", "doctor"], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT, env=_env(LLMCHAT_HIP_LIBRARY=NO_HIP))
+    doc = subprocess.run(
+        [sys.executable, "-m", "app", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=_env(LLMCHAT_HIP_LIBRARY=NO_HIP),
+    )
     assert doc.returncode == 0, doc.stderr[-2000:]
     assert "ROCm devices (llmchat's HIP runtime" in doc.stdout
     assert "rocm cannot run here: the HIP runtime was not found" in doc.stdout

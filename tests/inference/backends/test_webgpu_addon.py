@@ -83,10 +83,10 @@ def test_views_at_odd_offsets_read_and_write_only_their_bytes(dev):
     t = tvm.runtime.tensor(base, dev)
     for offset, size in [(1, 1), (3, 2), (5, 7), (13, 31), (62, 2), (0, 3)]:
         view = t._create_view((size,), "uint8", offset)
-        assert np.array_equal(view.numpy(), base[offset: offset + size])
+        assert np.array_equal(view.numpy(), base[offset : offset + size])
         patch = (200 + np.arange(size)).astype("uint8")
         view.copyfrom(patch)
-        base[offset: offset + size] = patch
+        base[offset : offset + size] = patch
         assert np.array_equal(t.numpy(), base), f"neighbours changed at offset {offset}, size {size}"
     # half-precision views at an offset of one element (2 bytes)
     h = np.linspace(-3, 3, 33).astype("float16")
@@ -164,8 +164,14 @@ def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
         lib["scale"](tvm.runtime.tensor(a, dev), b)
         print("OK" if np.array_equal(b.numpy(), a * 2 + 1) else "WRONG")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("OK")
 
@@ -177,8 +183,14 @@ def test_no_adapter_is_a_clear_error_not_a_crash(tmp_path):
     icd = {"library_path": str(tmp_path / "nothing.so"), "api_version": "1.3.0"}
     empty.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": icd}))
     env = dict(os.environ, VK_DRIVER_FILES=str(empty), VK_ICD_FILENAMES=str(empty))
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "ask", "--device", "vulkan", "hi"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "ask", "--device", "vulkan", "hi"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert "no Vulkan adapter" in proc.stderr and "fix:" in proc.stderr

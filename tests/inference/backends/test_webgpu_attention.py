@@ -63,10 +63,10 @@ def _reference(q, pages, indptr, values, lens, sm_scale):
     out = np.zeros((b_n, h_qo, d))
     lse = np.zeros((b_n, h_qo))
     for b in range(b_n):
-        ids = values[indptr[b]:indptr[b + 1]]
+        ids = values[indptr[b] : indptr[b + 1]]
         kv = pages[ids].astype(np.float64)  # [pages, 2, H_kv, PAGE, D]
-        keys = kv[:, 0].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :lens[b]]
-        vals = kv[:, 1].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :lens[b]]
+        keys = kv[:, 0].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, : lens[b]]
+        vals = kv[:, 1].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, : lens[b]]
         for h in range(h_qo):
             s = keys[h // group] @ q[b, h].astype(np.float64) * sm_scale
             p = np.exp(s - s.max())
@@ -75,10 +75,14 @@ def _reference(q, pages, indptr, values, lens, sm_scale):
     return out, lse
 
 
-@pytest.mark.parametrize(("h_qo", "h_kv", "d", "dtype", "lens"), CASES,
-                         ids=[f"{a}q{b}kv-d{c}-{t}-{'_'.join(map(str, n))}" for a, b, c, t, n in CASES])
-def test_split_decode_attention_matches_float64_reference(webgpu_target, tmp_path, h_qo, h_kv, d, dtype,
-                                                          lens):
+@pytest.mark.parametrize(
+    ("h_qo", "h_kv", "d", "dtype", "lens"),
+    CASES,
+    ids=[f"{a}q{b}kv-d{c}-{t}-{'_'.join(map(str, n))}" for a, b, c, t, n in CASES],
+)
+def test_split_decode_attention_matches_float64_reference(
+    webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens
+):
     import tvm
 
     from app.inference.backends import webgpu
@@ -86,14 +90,17 @@ def test_split_decode_attention_matches_float64_reference(webgpu_target, tmp_pat
 
     target = webgpu_target
     tvm_func = _tvm_kernel(h_qo, h_kv, d, dtype, target)
-    func = split_decode_attention(tvm_func, int(target.attrs["max_num_threads"]),
-                                  int(target.attrs["max_shared_memory_per_block"]))
+    func = split_decode_attention(
+        tvm_func, int(target.attrs["max_num_threads"]), int(target.attrs["max_shared_memory_per_block"])
+    )
     assert func is not None, "these shapes should get the split kernel"
     lib = _build(func, target, tmp_path)
     src = lib.imports[0].inspect_source()
     # the split body: a partial kernel and a merge kernel (TVM's is one kernel)
     assert sorted(re.findall(r"fn (batch_decode_paged_kv\w*)\(", src)) == [
-        "batch_decode_paged_kv_kernel", "batch_decode_paged_kv_kernel_1"]
+        "batch_decode_paged_kv_kernel",
+        "batch_decode_paged_kv_kernel_1",
+    ]
 
     dev = webgpu.device(0)
     rng = np.random.default_rng(sum(lens) + h_qo)
@@ -191,6 +198,10 @@ def test_many_kv_heads_keep_tvms_kernel():
     from app.inference.pipelines.wgsl_attention import TVM_KERNEL_MIN_KV_HEADS, split_layout
 
     assert split_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
-    assert split_layout(TVM_KERNEL_MIN_KV_HEADS, TVM_KERNEL_MIN_KV_HEADS, 64, PAGE, max_threads=256,
-                        shared_bytes=49152) is None
+    assert (
+        split_layout(
+            TVM_KERNEL_MIN_KV_HEADS, TVM_KERNEL_MIN_KV_HEADS, 64, PAGE, max_threads=256, shared_bytes=49152
+        )
+        is None
+    )
     assert split_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=49152) is not None

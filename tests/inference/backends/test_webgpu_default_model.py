@@ -79,9 +79,24 @@ def _greedy_ids(engine, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
 def test_llmchat_ask_on_vulkan_end_to_end(default_model, smollm2_env):  # noqa: F811
     env = {**os.environ, **smollm2_env}
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "ask", "--device", "vulkan", "--temperature", "0", "--max-tokens", "24",
-         "What is the capital of Japan?"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "ask",
+            "--device",
+            "vulkan",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "What is the capital of Japan?",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Tokyo" in proc.stdout
@@ -93,8 +108,14 @@ def test_doctor_json_shows_the_vulkan_adapter():
     from app.inference.backends import webgpu
 
     name = webgpu.adapters()[0].name
-    proc = subprocess.run([sys.executable, "-m", "app", "doctor", "--json"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "doctor", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     adapters = report["runtimes"]["vulkan"]["adapters"]

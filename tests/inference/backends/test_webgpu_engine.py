@@ -118,8 +118,14 @@ def test_the_chats_generation_loop_on_vulkan_gives_the_host_argmax_tokens(tiny_m
         steps = 40
         before = webgpu.stats(rt.device.index)
         result = GenerationResult()
-        for _ in generate(rt, prompt, SamplingParams(temperature=0.0, max_tokens=steps + 1), kv_ids=[],
-                          cancel=threading.Event(), result=result):
+        for _ in generate(
+            rt,
+            prompt,
+            SamplingParams(temperature=0.0, max_tokens=steps + 1),
+            kv_ids=[],
+            cancel=threading.Event(),
+            result=result,
+        ):
             pass
         after = webgpu.stats(rt.device.index)
         rt.clear()
@@ -150,8 +156,15 @@ def test_stopping_inside_queued_batches_leaves_exactly_the_conversation_on_vulka
         prompt = [1, 5, 9, 2]
         rt.clear()
         first = GenerationResult()
-        for _ in generate(rt, prompt, SamplingParams(temperature=0.0, max_tokens=30), kv_ids=[],
-                          cancel=threading.Event(), result=first, greedy_ahead=4):
+        for _ in generate(
+            rt,
+            prompt,
+            SamplingParams(temperature=0.0, max_tokens=30),
+            kv_ids=[],
+            cancel=threading.Event(),
+            result=first,
+            greedy_ahead=4,
+        ):
             pass
         stop_ids = (first.token_ids[9],) if case == "stop_token" else ()
 
@@ -165,9 +178,16 @@ def test_stopping_inside_queued_batches_leaves_exactly_the_conversation_on_vulka
         rt.clear()
         kv_ids: list[int] = []
         result = GenerationResult()
-        for _ in generate(rt, prompt, SamplingParams(temperature=0.0, max_tokens=12), kv_ids=kv_ids,
-                          cancel=CancelAfter() if case == "cancel" else threading.Event(),
-                          stop_token_ids=stop_ids, result=result, greedy_ahead=4):
+        for _ in generate(
+            rt,
+            prompt,
+            SamplingParams(temperature=0.0, max_tokens=12),
+            kv_ids=kv_ids,
+            cancel=CancelAfter() if case == "cancel" else threading.Event(),
+            stop_token_ids=stop_ids,
+            result=result,
+            greedy_ahead=4,
+        ):
             pass
         assert rt.sequence_length == len(kv_ids) == rt.kv_sequence_length()
         assert result.token_ids == first.token_ids[: len(result.token_ids)]

@@ -16,8 +16,14 @@ from app.inference.pipelines import gpu
 from app.inference.pipelines.gpu_gemm import CANDIDATES, WgslGemm, choose_gemm_config
 from tests.inference.backends.vulkan_env import need_vulkan
 
-WEBGPU = {"kind": "webgpu", "max_num_threads": 256, "max_shared_memory_per_block": 32768,
-          "thread_warp_size": 1, "supports_subgroups": False, "host": {"kind": "llvm"}}
+WEBGPU = {
+    "kind": "webgpu",
+    "max_num_threads": 256,
+    "max_shared_memory_per_block": 32768,
+    "thread_warp_size": 1,
+    "supports_subgroups": False,
+    "host": {"kind": "llvm"},
+}
 ROWS = (1, 7, 33, 512)
 
 
@@ -33,9 +39,15 @@ def _prefill_kernel(fmt_name: str, in_f: int, out_f: int):
 
     fmt, dtype, mod, named = _module(fmt_name, in_f=in_f, out_f=out_f)
     with _target(), tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(), relax.transform.FuseTIR(), gpu.fast_decode_pass()])(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                gpu.fast_decode_pass(),
+            ]
+        )(mod)
     return fmt, dtype, _kernel_of(mod, "prefill"), named
 
 
@@ -48,8 +60,11 @@ def _f16_matmul(in_f: int, out_f: int):
     x = te.placeholder((one, n, in_f), "float16", name="x")
     w = te.placeholder((out_f, in_f), "float16", name="w")
     k = te.reduce_axis((tvm.tirx.const(0, "int64"), in_f), name="k")
-    acc = te.compute((one, n, out_f), lambda b, i, j: te.sum(
-        w[j, k].astype("float32") * x[b, i, k].astype("float32"), axis=k), name="matmul")
+    acc = te.compute(
+        (one, n, out_f),
+        lambda b, i, j: te.sum(w[j, k].astype("float32") * x[b, i, k].astype("float32"), axis=k),
+        name="matmul",
+    )
     out = te.compute((one, n, out_f), lambda b, i, j: acc[b, i, j].astype("float16"), name="out")
     return te.create_prim_func([x, w, out])
 
@@ -110,14 +125,23 @@ def test_the_models_prefill_matmuls_get_the_rule_and_decode_keeps_the_gemv():
     target = _target()
     mod, _ = export_model(preset_config("tiny-llama", "q4f16_1"), target)
     with target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
-            gpu.fast_decode_pass(), dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
-        ])(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                gpu.fast_decode_pass(),
+                dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
+            ]
+        )(mod)
     funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
-    gemm = {name for name, f in funcs.items()
-            if f.attrs is not None and str(f.attrs.get("llmchat_kernel", "")) == "wgsl_gemm"}
+    gemm = {
+        name
+        for name, f in funcs.items()
+        if f.attrs is not None and str(f.attrs.get("llmchat_kernel", "")) == "wgsl_gemm"
+    }
     with_stage = {name for name, f in funcs.items() if "dequantize" in f.script() and "n" in f.script()}
     assert len(gemm) >= 4, sorted(funcs)  # qkv, o, gate_up, down (at least)
     assert all("dequant_matmul" in name for name in gemm), gemm
@@ -183,4 +207,4 @@ def test_gemm_matches_float64_on_vulkan(weights, in_f, out_f, tmp_path):
         ref = x.astype(np.float64) @ weight.T
         err = np.abs(got - ref).max() / np.abs(ref).max()
         assert err <= tol, f"{rows} rows: off by {err:.2e} (relative)"
-        assert np.all(big.numpy()[rows * out_f:] == 7.0), f"{rows} rows: wrote past the output"
+        assert np.all(big.numpy()[rows * out_f :] == 7.0), f"{rows} rows: wrote past the output"

@@ -42,8 +42,9 @@ def test_an_adapter_without_f16_runs_float16_models_in_float32(tiny_model_dir, t
         print("REL", rel)
     """)
     env = dict(os.environ, LLMCHAT_WEBGPU_F16="0", LLMCHAT_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rel = float(proc.stdout.split("REL")[-1])
     assert rel < 1e-4, rel

@@ -30,14 +30,36 @@ def test_wgsl_bundle_built_without_an_adapter_loads_on_vulkan(tiny_model_dir, tm
     env = {**os.environ, "VK_ICD_FILENAMES": str(tmp_path / "no-such-icd.json")}
     for name in ("VK_DRIVER_FILES", "VK_ADD_DRIVER_FILES"):  # they would win over VK_ICD_FILENAMES
         env.pop(name, None)
-    probe = subprocess.run([sys.executable, "-c", "from app.inference.backends import webgpu; "
-                            "print(webgpu.problem(0))"], env=env, cwd=ROOT, capture_output=True, text=True,
-                           timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", "from app.inference.backends import webgpu; print(webgpu.problem(0))"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "no Vulkan adapter" in probe.stdout, probe.stdout + probe.stderr
     out = tmp_path / "bundles"
-    built = subprocess.run([sys.executable, "-m", "app", "build", str(model), "--device", "vulkan",
-                            "--arch", profile, "--out", str(out)], env=env, cwd=ROOT, capture_output=True,
-                           text=True, timeout=900)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "build",
+            str(model),
+            "--device",
+            "vulkan",
+            "--arch",
+            profile,
+            "--out",
+            str(out),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     folder = Path(built.stdout.strip().splitlines()[-1])
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())

@@ -38,8 +38,14 @@ class HipDevice:
     memory_bytes: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "arch": self.arch, "warp_size": self.warp_size,
-                "compute_units": self.compute_units, "memory_bytes": self.memory_bytes}
+        return {
+            "index": self.index,
+            "name": self.name,
+            "arch": self.arch,
+            "warp_size": self.warp_size,
+            "compute_units": self.compute_units,
+            "memory_bytes": self.memory_bytes,
+        }
 
 
 def status() -> dict[str, Any]:
@@ -52,8 +58,17 @@ def status() -> dict[str, Any]:
 def devices() -> list[HipDevice]:
     """The GPUs HIP sees, in ``rocm:N`` order (empty when HIP is missing or finds none)."""
     st = status()
-    return [HipDevice(int(d["index"]), str(d["name"]), str(d["arch"]), int(d["warp_size"]),
-                      int(d["compute_units"]), int(d["memory_bytes"])) for d in st.get("devices", [])]
+    return [
+        HipDevice(
+            int(d["index"]),
+            str(d["name"]),
+            str(d["arch"]),
+            int(d["warp_size"]),
+            int(d["compute_units"]),
+            int(d["memory_bytes"]),
+        )
+        for d in st.get("devices", [])
+    ]
 
 
 def problem(index: int = 0) -> str | None:
@@ -87,12 +102,16 @@ def fix_for(problem_text: str) -> str:
         return "install g++ or `pip install ziglang`, or use --device cpu"
     if "HIP runtime was not found" in problem_text:
         if "cannot open shared object file" in problem_text:
-            return ("the HIP runtime is installed but a library it needs is missing (see the message); "
-                    "repair the ROCm install (`sudo apt install rocm-hip-runtime`), or use --device vulkan "
-                    "or --device cpu")
-        return ("install ROCm's HIP runtime (libamdhip64: AMD's `rocm-hip-runtime` package, or "
-                "`sudo apt install libamdhip64-5` on Debian/Ubuntu; Arch: `rocm-hip-runtime`), or use "
-                "--device vulkan or --device cpu")
+            return (
+                "the HIP runtime is installed but a library it needs is missing (see the message); "
+                "repair the ROCm install (`sudo apt install rocm-hip-runtime`), or use --device vulkan "
+                "or --device cpu"
+            )
+        return (
+            "install ROCm's HIP runtime (libamdhip64: AMD's `rocm-hip-runtime` package, or "
+            "`sudo apt install libamdhip64-5` on Debian/Ubuntu; Arch: `rocm-hip-runtime`), or use "
+            "--device vulkan or --device cpu"
+        )
     if "found no GPU" in problem_text:
         return _no_gpu_fix()
     if "no ROCm device" in problem_text:
@@ -107,11 +126,15 @@ def _no_gpu_fix() -> str:
     if not os.path.exists("/dev/kfd"):
         parts.append("the amdgpu kernel driver exposes no /dev/kfd (is this an AMD GPU with amdgpu loaded?)")
     elif not os.access("/dev/kfd", os.R_OK | os.W_OK):
-        parts.append("add yourself to the render and video groups (`sudo usermod -aG render,video $USER`, "
-                     "then log in again) so that /dev/kfd can be opened")
-    parts.append("if your GPU's gfx target is not in ROCm's list, HSA_OVERRIDE_GFX_VERSION (e.g. 10.3.0 "
-                 "or 11.0.0) makes ROCm treat it as a supported one: unsupported by AMD, it can crash or "
-                 "compute wrong results; llmchat never sets it for you (see `llmchat doctor`)")
+        parts.append(
+            "add yourself to the render and video groups (`sudo usermod -aG render,video $USER`, "
+            "then log in again) so that /dev/kfd can be opened"
+        )
+    parts.append(
+        "if your GPU's gfx target is not in ROCm's list, HSA_OVERRIDE_GFX_VERSION (e.g. 10.3.0 "
+        "or 11.0.0) makes ROCm treat it as a supported one: unsupported by AMD, it can crash or "
+        "compute wrong results; llmchat never sets it for you (see `llmchat doctor`)"
+    )
     parts.append("or use --device vulkan or --device cpu")
     return "; ".join(parts)
 

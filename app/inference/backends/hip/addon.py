@@ -22,9 +22,18 @@ from typing import Any
 
 from app.inference.backends.native_build import AddOn, Toolchain, find_toolchain
 
-__all__ = ["SOURCE", "Toolchain", "build", "describe", "find_toolchain", "library_path", "load",
-           "loaded", "mode",
-           "status"]
+__all__ = [
+    "SOURCE",
+    "Toolchain",
+    "build",
+    "describe",
+    "find_toolchain",
+    "library_path",
+    "load",
+    "loaded",
+    "mode",
+    "status",
+]
 
 SOURCE = Path(__file__).parent / "native" / "llmchat_hip.cc"
 #: bump when the compiler or linker flags change (part of the add-on's cache key)
@@ -36,9 +45,15 @@ _lock = threading.Lock()
 #: declarations the wheel's tvm/runtime/vm/vm.h includes but the wheel does not ship
 SHIM = Path(__file__).parent / "native" / "shim"
 
-ADDON = AddOn(source=SOURCE, lib_name="libllmchat_hip", what="ROCm", registered="llmchat.gpu.version",
-              build_flags=BUILD_FLAGS, extra_inputs=lambda: sorted(SHIM.rglob("*.h")),
-              extra_flags=lambda: (f"-I{SHIM}",))
+ADDON = AddOn(
+    source=SOURCE,
+    lib_name="libllmchat_hip",
+    what="ROCm",
+    registered="llmchat.gpu.version",
+    build_flags=BUILD_FLAGS,
+    extra_inputs=lambda: sorted(SHIM.rglob("*.h")),
+    extra_flags=lambda: (f"-I{SHIM}",),
+)
 
 
 def mode() -> str:

@@ -55,11 +55,19 @@ class Adapter:
         return int(self.limits.get("max_buffer_size", 256 << 20))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "vendor": self.vendor,
-                "device_type": self.device_type,
-                "backend": self.backend, "driver": self.driver, "vendor_id": self.vendor_id,
-                "device_id": self.device_id, "shader_f16": self.shader_f16, "subgroups": self.subgroups,
-                "limits": dict(self.limits)}
+        return {
+            "index": self.index,
+            "name": self.name,
+            "vendor": self.vendor,
+            "device_type": self.device_type,
+            "backend": self.backend,
+            "driver": self.driver,
+            "vendor_id": self.vendor_id,
+            "device_id": self.device_id,
+            "shader_f16": self.shader_f16,
+            "subgroups": self.subgroups,
+            "limits": dict(self.limits),
+        }
 
 
 def vulkan_loader_present() -> bool:
@@ -87,15 +95,23 @@ def adapters() -> list[Adapter]:
     raw = json.loads(str(tvm.get_global_func("llmchat.webgpu.adapters")()))
     out = []
     for i, a in enumerate(raw):
-        out.append(Adapter(
-            index=i, name=str(a.get("name", "")), vendor=str(a.get("vendor", "")),
-            device_type=str(a.get("device_type", "")), backend=str(a.get("backend", "")),
-            driver=str(a.get("driver", "")), vendor_id=int(a.get("vendor_id", 0)),
-            device_id=int(a.get("device_id", 0)), shader_f16=bool(a.get("shader_f16")),
-            subgroups=bool(a.get("subgroups")), subgroup_min_size=int(a.get("subgroup_min_size", 0)),
-            subgroup_max_size=int(a.get("subgroup_max_size", 0)),
-            limits={k: int(v) for k, v in dict(a.get("limits", {})).items()},
-        ))
+        out.append(
+            Adapter(
+                index=i,
+                name=str(a.get("name", "")),
+                vendor=str(a.get("vendor", "")),
+                device_type=str(a.get("device_type", "")),
+                backend=str(a.get("backend", "")),
+                driver=str(a.get("driver", "")),
+                vendor_id=int(a.get("vendor_id", 0)),
+                device_id=int(a.get("device_id", 0)),
+                shader_f16=bool(a.get("shader_f16")),
+                subgroups=bool(a.get("subgroups")),
+                subgroup_min_size=int(a.get("subgroup_min_size", 0)),
+                subgroup_max_size=int(a.get("subgroup_max_size", 0)),
+                limits={k: int(v) for k, v in dict(a.get("limits", {})).items()},
+            )
+        )
     return out
 
 
@@ -123,9 +139,11 @@ def fix_for(problem_text: str) -> str:
     if "wgpu" in problem_text and "not installed" in problem_text:
         return "`pip install wgpu` in llmchat's environment (`make run` installs it), or use --device cpu"
     if "loader" in problem_text or "no Vulkan adapter" in problem_text:
-        return ("install the Vulkan loader and your GPU's driver (Debian/Ubuntu: "
-                "`sudo apt install libvulkan1 mesa-vulkan-drivers`; Arch: `vulkan-radeon`; SteamOS has it in "
-                "Desktop Mode), or use --device cpu")
+        return (
+            "install the Vulkan loader and your GPU's driver (Debian/Ubuntu: "
+            "`sudo apt install libvulkan1 mesa-vulkan-drivers`; Arch: `vulkan-radeon`; SteamOS has it in "
+            "Desktop Mode), or use --device cpu"
+        )
     if "compiler" in problem_text:
         return "install g++ or `pip install ziglang`, or use --device cpu"
     return "run `llmchat doctor`, pick another --device vulkan:N, or use --device cpu"
@@ -162,8 +180,10 @@ class Profile:
     def parse(cls, text: str) -> Profile:
         m = re.fullmatch(r"wgsl-(f16|f32)-wg(\d+)-t(\d+)", text.strip())
         if not m:
-            raise LlmchatError(f"{text!r} is not a WGSL adapter profile.",
-                               "use the form wgsl-f16-wg32768-t256 (see `llmchat doctor`)")
+            raise LlmchatError(
+                f"{text!r} is not a WGSL adapter profile.",
+                "use the form wgsl-f16-wg32768-t256 (see `llmchat doctor`)",
+            )
         return cls(m.group(1) == "f16", int(m.group(2)), int(m.group(3)))
 
 
@@ -173,8 +193,14 @@ def target_dict(index: int, host: dict[str, Any], profile: str | None = None) ->
     than WebGPU's default 16 KiB); subgroups stay off (TVM's shuffles assume 32-wide subgroups,
     lavapipe's are 8 wide, RADV may use 64)."""
     p = Profile.parse(profile) if profile else Profile.of(adapter(index))
-    return {"kind": "webgpu", "max_num_threads": p.threads, "max_shared_memory_per_block": p.workgroup_bytes,
-            "thread_warp_size": 1, "supports_subgroups": False, "host": host}
+    return {
+        "kind": "webgpu",
+        "max_num_threads": p.threads,
+        "max_shared_memory_per_block": p.workgroup_bytes,
+        "thread_warp_size": 1,
+        "supports_subgroups": False,
+        "host": host,
+    }
 
 
 def fingerprint(index: int) -> str:
@@ -205,8 +231,13 @@ def stats(index: int = 0) -> dict[str, Any]:
 _PAGE = 16
 
 
-def check_fits(index: int, params: list[dict[str, Any]], kv_bytes_per_token_layer: int, context: int,
-               explicit: bool = False) -> int:
+def check_fits(
+    index: int,
+    params: list[dict[str, Any]],
+    kv_bytes_per_token_layer: int,
+    context: int,
+    explicit: bool = False,
+) -> int:
     """Say before loading whether a model fits the adapter's buffer limits: every weight tensor
     is one buffer and must fit one binding (lavapipe: 128 MiB, NVIDIA: 2 GiB); each layer's KV
     pages are one buffer too, so the context window is shortened to fit (or, when the user asked
@@ -216,18 +247,23 @@ def check_fits(index: int, params: list[dict[str, Any]], kv_bytes_per_token_laye
     a = adapters()[index]
     limit = min(a.max_binding_bytes, a.max_buffer_bytes)
     for p in params:
-        nbytes = int(np.prod(p["shape"], dtype=np.int64)) * np.dtype(
-            "float16" if p["dtype"] == "bfloat16" else p["dtype"]).itemsize
+        nbytes = (
+            int(np.prod(p["shape"], dtype=np.int64))
+            * np.dtype("float16" if p["dtype"] == "bfloat16" else p["dtype"]).itemsize
+        )
         if nbytes > limit:
             raise LlmchatError(
                 f"The weight {p['name']} ({nbytes / 2**20:,.0f} MiB) is larger than {a.name} can bind "
                 f"in one buffer ({limit / 2**20:,.0f} MiB), so this model cannot run on it.",
-                "use a smaller model or a more compact quantization, or --device cpu")
+                "use a smaller model or a more compact quantization, or --device cpu",
+            )
     fits = limit // max(1, kv_bytes_per_token_layer) // _PAGE * _PAGE - 2 * _PAGE
     if context <= fits:
         return context
     if explicit or fits < 64:
         raise LlmchatError(
             f"A context window of {context} tokens needs KV-cache buffers larger than {a.name} can bind "
-            f"({limit / 2**20:,.0f} MiB per layer).", f"use --context-window {max(64, fits)} or less")
+            f"({limit / 2**20:,.0f} MiB per layer).",
+            f"use --context-window {max(64, fits)} or less",
+        )
     return int(fits)

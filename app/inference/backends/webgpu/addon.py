@@ -40,8 +40,10 @@ def wgpu_library() -> Path | None:
 def _wgpu_or_fail() -> Path:
     lib = wgpu_library()
     if lib is None:
-        raise LlmchatError("Vulkan needs the `wgpu` package (it bundles wgpu-native).",
-                           f"`{sys.executable} -m pip install wgpu`")
+        raise LlmchatError(
+            "Vulkan needs the `wgpu` package (it bundles wgpu-native).",
+            f"`{sys.executable} -m pip install wgpu`",
+        )
     return lib
 
 
@@ -61,9 +63,15 @@ def _runtime_env() -> None:
 
 
 ADDON = AddOn(
-    source=SOURCE, lib_name=LIB_NAME, what="Vulkan", registered="llmchat.webgpu.version",
-    build_flags=BUILD_FLAGS, extra_inputs=lambda: (_wgpu_or_fail(),), extra_flags=_flags,
-    extra_rpath=lambda: (_wgpu_or_fail().parent,), before_load=_runtime_env,
+    source=SOURCE,
+    lib_name=LIB_NAME,
+    what="Vulkan",
+    registered="llmchat.webgpu.version",
+    build_flags=BUILD_FLAGS,
+    extra_inputs=lambda: (_wgpu_or_fail(),),
+    extra_flags=_flags,
+    extra_rpath=lambda: (_wgpu_or_fail().parent,),
+    before_load=_runtime_env,
 )
 
 
