@@ -34,7 +34,7 @@ def test_the_probe_fallback_to_the_cpu_is_logged_and_printed_with_verbose(cache,
         raise RuntimeError("sysfs exploded")
 
     monkeypatch.setattr(hardware, "probe", broken_probe)
-    monkeypatch.setattr(devices.os.path, "exists", lambda path: False)  # no NVIDIA driver to prepare
+    monkeypatch.setattr(hardware, "shared_probe", broken_probe)  # what --device auto asks (once per process)
     debug_log.setup(verbose=True)
     assert devices.resolve_device("auto").backend == "cpu"
     for handler in debug_log.log.handlers:

@@ -312,12 +312,30 @@ async def test_two_ctrl_c_mid_reply_quit(make_app):
     assert chat.engine.last_stats.finish_reason == "cancelled"
 
 
-async def test_ctrl_c_stops_a_long_prompt_during_its_prefill(make_app):
+async def test_ctrl_c_stops_a_long_prompt_during_its_prefill(make_app, monkeypatch):
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
         replies = chat.engine.session_stats.replies
-        # ~6,000 tokens: seconds of prefill on the tiny model (chunks of 32 tokens)
+        runtime = chat.engine.runtime
+        original = runtime.prefill_steps
+
+        def held(ids, cancel=None):
+            """The long prompt's real prefill, held after its first chunk until the user stops it:
+            the tiny model reads the whole prompt faster than the test can look at it."""
+            monkeypatch.setattr(runtime, "prefill_steps", original)  # later prompts run freely
+            steps = original(ids, cancel)
+            try:
+                done = next(steps)
+            except StopIteration as finished:
+                return finished.value
+            yield done
+            if cancel is not None:
+                cancel.wait(30)
+            return (yield from steps)
+
+        monkeypatch.setattr(runtime, "prefill_steps", held)
+        # ~6,000 tokens in chunks of 32: the progress line after the first, then Ctrl+C
         await type_and_send(pilot, "The quick brown fox jumps over the lazy dog. " * 170)
         await wait_until(pilot, lambda: chat.replying)
         stats_line = chat.query_one(ChatLog).query(StatsLine).last()
