@@ -7,6 +7,7 @@ temporary data directory; the compiled library comes from the session's cache.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -250,10 +251,18 @@ def test_a_long_prompt_shows_its_reading_and_ctrl_c_stops_it(kind, installed_tin
     if kind == "tmux" and shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (the pty variant covers this)")
     terminal_class = TmuxTerminal if kind == "tmux" else PtyTerminal
+    # prompt chunks of 2 tokens: the tiny model reads 6,000 tokens in 32-token chunks in a fraction of
+    # a second, before a terminal can show them; 3,000 chunks take seconds (the library is compiled
+    # for this chunk size once)
+    model_dir = Path(installed_tiny_model["LLMCHAT_DATA_DIR"]) / "models" / MODEL_ID
+    config_path = model_dir / "mlc-chat-config.json"
+    config = json.loads(config_path.read_text())
+    config["prefill_chunk_size"] = config["model_config"]["prefill_chunk_size"] = 2
+    config_path.write_text(json.dumps(config))
     command = [*llmchat_command(), "--model", MODEL_ID, "--device", "cpu"]
     terminal = terminal_class(command, installed_tiny_model)
     try:
-        wait_for(terminal, lambda s: PROMPT_READY in s, 120, "the chat prompt")
+        wait_for(terminal, lambda s: PROMPT_READY in s, 240, "the chat prompt")
         terminal.paste("The quick brown fox jumps over the lazy dog. " * 170)
         wait_for(terminal, lambda s: "Pasted 1 line" in s, 30, "the paste's count")
         terminal.key("Enter")
