@@ -55,6 +55,22 @@ def context_window_arg(text: str) -> int:
     return value
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--device`` of the commands that load a model (ask, bench, serve). SUPPRESS: a
+    value given before the subcommand (``llmchat --model X ask ...``) is kept."""
+    parser.add_argument(
+        "--model",
+        default=argparse.SUPPRESS,
+        metavar="ID_OR_PATH",
+        help="catalog id or model directory (default: the built-in default model)",
+    )
+    parser.add_argument(
+        "--device",
+        default=argparse.SUPPRESS,
+        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
+    )
+
+
 def add_endpoint_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
     """``--endpoint URL`` and ``--api-key KEY``: chat with a model on an OpenAI-compatible server."""
     parser.add_argument(

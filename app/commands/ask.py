@@ -15,20 +15,9 @@ HELP = "answer one prompt, streaming the reply to stdout"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.cli import context_window_arg
+    from app.cli import add_model_arguments, context_window_arg
 
-    # SUPPRESS: a value given before the subcommand (llmchat --model X ask ...) is kept
-    parser.add_argument(
-        "--model",
-        default=argparse.SUPPRESS,
-        metavar="ID_OR_PATH",
-        help="catalog id or model directory (default: the built-in default model)",
-    )
-    parser.add_argument(
-        "--device",
-        default=argparse.SUPPRESS,
-        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
-    )
+    add_model_arguments(parser)
     # sampling: unset flags take the model's defaults (see app/inference/model_defaults.py), as in the chat
     parser.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0.7)"

@@ -28,15 +28,10 @@ HELP = "measure prefill speed on a real prompt and decode speed at a depth of co
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.cli import context_window_arg
+    from app.cli import add_model_arguments, context_window_arg
     from app.inference.random_model import PRESETS
 
-    parser.add_argument(
-        "--model",
-        default=argparse.SUPPRESS,
-        metavar="ID_OR_PATH",
-        help="catalog id or model directory (default: the built-in default model)",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--random-weights",
         metavar="ARCH",
@@ -45,11 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization", default="q4f16_1", help="weight format for --random-weights (default q4f16_1)"
-    )
-    parser.add_argument(
-        "--device",
-        default=argparse.SUPPRESS,
-        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
     )
     parser.add_argument(
         "--prompt-tokens",

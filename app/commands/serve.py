@@ -14,19 +14,9 @@ API_KEY_ENV = "LLMCHAT_SERVE_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.cli import context_window_arg
+    from app.cli import add_model_arguments, context_window_arg
 
-    parser.add_argument(
-        "--model",
-        default=argparse.SUPPRESS,
-        metavar="ID_OR_PATH",
-        help="catalog id or model directory (default: the built-in default model)",
-    )
-    parser.add_argument(
-        "--device",
-        default=argparse.SUPPRESS,
-        help="auto (default), cpu, cuda, rocm, vulkan or metal, optionally :N",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--host",
         default="127.0.0.1",
