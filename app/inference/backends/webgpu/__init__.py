@@ -159,7 +159,6 @@ def adapter(index: int) -> Adapter:
     return adapters()[index]
 
 
-
 #: subgroup sizes TVM's warp-shuffle reductions can use (powers of two up to a wave64); the
 #: adapter must report one fixed size, min == max
 SUBGROUP_SIZES = (4, 8, 16, 32, 64)
