@@ -39,6 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.inference.pipelines import wgsl_gemv  # the repository is on the path now
+
 PROFILES = ("wgsl-f16-wg49152-t256", "wgsl-f16-wg49152-t256-sg32")
 #: (name, in_features K, out_features N) of Llama-2-7B's decode GEMVs
 SHAPES = (
@@ -48,33 +50,8 @@ SHAPES = (
     ("down", 11008, 4096),
     ("lm_head", 4096, 32000),
 )
-#: DecodeGEMV parameters per variant: threads per row (t), threads per workgroup (b), bytes per
-#: weight load (l: 4 = u32, 8 = vec2<u32>, 16 = vec4<u32>), loads in flight (u), workgroup
-#: memory for the staged vector (sh, default 44 KiB of the profile's 48), its chunks padded against
-#: bank conflicts (pad), the grid kept at >= mb workgroups (mb)
-VARIANTS: dict[str, dict[str, Any]] = {
-    "t32-b256-l16-u4": {"t": 32, "b": 256, "l": 16, "u": 4},
-    "t32-b256-l16-u1": {"t": 32, "b": 256, "l": 16, "u": 1},
-    "t32-b256-l16-u2": {"t": 32, "b": 256, "l": 16, "u": 2},
-    "t32-b256-l16-u8": {"t": 32, "b": 256, "l": 16, "u": 8},
-    "t32-b128-l16-u4": {"t": 32, "b": 128, "l": 16, "u": 4},
-    "t16-b256-l16-u4": {"t": 16, "b": 256, "l": 16, "u": 4},
-    "t16-b128-l16-u4": {"t": 16, "b": 128, "l": 16, "u": 4},
-    "t8-b256-l16-u4": {"t": 8, "b": 256, "l": 16, "u": 4},
-    "t64-b256-l16-u4": {"t": 64, "b": 256, "l": 16, "u": 4},
-    "t128-b256-l16-u4": {"t": 128, "b": 256, "l": 16, "u": 4},
-    "t32-b256-l4-u4": {"t": 32, "b": 256, "l": 4, "u": 4},
-    "t32-b256-l4-u8": {"t": 32, "b": 256, "l": 4, "u": 8},
-    "t32-b256-l4-u4-nopad": {"t": 32, "b": 256, "l": 4, "u": 4, "pad": False},
-    "t8-b256-l16-u4-mb128": {"t": 8, "b": 256, "l": 16, "u": 4, "mb": 128},
-    "t16-b256-l8-u4-mb128": {"t": 16, "b": 256, "l": 8, "u": 4, "mb": 128},
-    "t32-b256-l8-u4": {"t": 32, "b": 256, "l": 8, "u": 4},
-    "t8-b256-l4-u4-mb128-nopad": {"t": 8, "b": 256, "l": 4, "u": 4, "mb": 128, "pad": False},
-    "t32-b128-l4-u4-mb128-nopad": {"t": 32, "b": 128, "l": 4, "u": 4, "mb": 128, "pad": False},
-    "t32-b256-l4-u8-nopad": {"t": 32, "b": 256, "l": 4, "u": 8, "pad": False},
-    "t16-b256-l8-u4-mb128-nopad": {"t": 16, "b": 256, "l": 8, "u": 4, "mb": 128, "pad": False},
-    "t32-b256-l16-u4-nopad": {"t": 32, "b": 256, "l": 16, "u": 4, "pad": False},
-}
+#: the variants: app/inference/pipelines/wgsl_gemv.py's family (its docstring names the layouts)
+VARIANTS = wgsl_gemv.VARIANTS
 TOLERANCE = {False: 1e-2, True: 3e-2}  # of max |reference|, for fp32 / fp16 accumulation
 
 
@@ -146,20 +123,7 @@ def _schedule(func: Any, target: Any, name: str) -> Any | None:
     elif name.startswith("dlight"):
         rules = [dl.gpu.GEMV()]
     else:
-        p = VARIANTS[name]
-        rules = [
-            gpu.DecodeGEMV(
-                load_bytes=p["l"],
-                max_threads_per_row=p["t"],
-                max_block_threads=p["b"],
-                unroll_steps=p["u"],
-                shared_vector_bytes=p.get("sh", 45056),  # 44 KiB of the profile's 48
-                pad_shared=p.get("pad", True),
-                min_blocks=p.get("mb", 512),
-                stage_vector_lanes=4,  # WGSL vectors have at most 4 lanes
-                pad_words=min(32, p.get("l", 16) * 2),  # a chunk's values, rounded to 8
-            )
-        ]
+        rules = [wgsl_gemv.rule(name)]
     import tvm
 
     mod = tvm.IRModule({"main": func})

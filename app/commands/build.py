@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="what to build for: a CPU level (x86-64-v2, x86-64-v3 …; default: this "
         "CPU's), a GPU architecture (sm_90, gfx1100) or a WGSL adapter profile "
-        "(wgsl-f16-wg32768-t256, see `llmchat doctor`); default: the device here",
+        "(wgsl-f16-wg32768-t256; -sg32 at the end for a fixed subgroup size of 32; see "
+        "`llmchat doctor`); default: the device here",
     )
     parser.add_argument(
         "--out",

@@ -143,7 +143,8 @@ class HardwareReport:
                 add(
                     f"  [{i}] {a.get('name')} ({a.get('device_type')}, {a.get('backend')}, driver "
                     f"{a.get('driver') or '?'}): shader-f16 {'yes' if a.get('shader_f16') else 'no'}, "
-                    f"largest binding {gib(lim.get('max_storage_buffer_binding_size'))}, workgroup memory "
+                    f"{_subgroups(a)}, largest binding {gib(lim.get('max_storage_buffer_binding_size'))}, "
+                    f"workgroup memory "
                     f"{lim.get('max_compute_workgroup_storage_size', 0) // 1024} KiB"
                 )
             if vk.get("adapters_problem"):
@@ -176,3 +177,13 @@ class HardwareReport:
                 add(title)
                 lines += [f"  - {item}" for item in items]
         return "\n".join(lines) + "\n"
+
+
+def _subgroups(a: dict[str, Any]) -> str:
+    """An adapter's subgroups as doctor shows them: llmchat's WGSL uses them only at one fixed size."""
+    lo, hi = int(a.get("subgroup_min_size") or 0), int(a.get("subgroup_max_size") or 0)
+    if not a.get("subgroups"):
+        return "subgroups no"
+    if lo and lo == hi:
+        return f"subgroups {lo} wide"
+    return f"subgroups {lo}-{hi} wide (not used: the size varies)"

@@ -573,6 +573,10 @@ def schedule_rules(target: Any) -> list[Any]:
     from tvm.s_tir import dlight as dl
 
     first = [DecodeGEMV()] if use_llmchat_gemv(target) else []
+    if first and target.kind.name == "webgpu":
+        from app.inference.pipelines import wgsl_gemv
+
+        first = wgsl_gemv.rules()  # DecodeGEMV() unless LLMCHAT_WGSL_GEMV names variants
     if use_cuda_kernel_gemv(target):
         first = [CudaQ4Gemv(), *first]
     if use_cuda_gemm(target):

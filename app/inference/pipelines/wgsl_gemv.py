@@ -1,0 +1,96 @@
+"""The decode GEMV rule for WGSL (webgpu/Vulkan): llmchat's ``DecodeGEMV`` in one of a family of
+thread layouts, the same family ``benchmarks/wgsl_gemv_sweep.py`` times on a GPU.
+
+Each variant is named by its layout: threads per row (``t``), threads per workgroup (``b``),
+bytes per weight load (``l``: 4 = ``u32``, 8 = ``vec2<u32>``, 16 = ``vec4<u32>``), loads in flight
+(``u``), the grid kept at ``mb`` workgroups or more (``mb``), the staged activation vector's chunks
+padded against bank conflicts or not (``nopad``). Whether the rows are summed by subgroup
+shuffles or through workgroup memory is not the variant's choice but the adapter profile's: a
+``-sgN`` profile (one fixed subgroup size) lowers the same schedule to subgroup shuffles
+(:mod:`.wgsl_subgroups`).
+
+The product compiles ``DecodeGEMV()``'s default layout (:data:`DEFAULT`), as before the sweep;
+``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first that fits a GEMV takes
+it; what none fits goes to dlight's GEMV), so a variant the sweep found fastest can be run in the
+whole model before it becomes the default. The switch is part of the library's cache key.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from app.errors import LlmchatError
+
+#: the switch naming the variants to use
+ENV = "LLMCHAT_WGSL_GEMV"
+#: ``DecodeGEMV()``'s layout on a 256-thread profile: what the product compiles by default
+DEFAULT = "t32-b256-l16-u4"
+#: WGSL vectors have at most 4 lanes (the vector's staging stores)
+STAGE_LANES = 4
+#: workgroup memory for the staged activation vector: 44 KiB, for the 11008-wide down projection
+#: in fp32 on a 48 KiB profile (a profile with less gets dlight's GEMV for it)
+SHARED_VECTOR_BYTES = 45056
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "t32-b256-l16-u4": {"t": 32, "b": 256, "l": 16, "u": 4},
+    "t32-b256-l16-u1": {"t": 32, "b": 256, "l": 16, "u": 1},
+    "t32-b256-l16-u2": {"t": 32, "b": 256, "l": 16, "u": 2},
+    "t32-b256-l16-u8": {"t": 32, "b": 256, "l": 16, "u": 8},
+    "t32-b128-l16-u4": {"t": 32, "b": 128, "l": 16, "u": 4},
+    "t16-b256-l16-u4": {"t": 16, "b": 256, "l": 16, "u": 4},
+    "t16-b128-l16-u4": {"t": 16, "b": 128, "l": 16, "u": 4},
+    "t8-b256-l16-u4": {"t": 8, "b": 256, "l": 16, "u": 4},
+    "t64-b256-l16-u4": {"t": 64, "b": 256, "l": 16, "u": 4},
+    "t128-b256-l16-u4": {"t": 128, "b": 256, "l": 16, "u": 4},
+    "t32-b256-l4-u4": {"t": 32, "b": 256, "l": 4, "u": 4},
+    "t32-b256-l4-u8": {"t": 32, "b": 256, "l": 4, "u": 8},
+    "t32-b256-l4-u4-nopad": {"t": 32, "b": 256, "l": 4, "u": 4, "pad": False},
+    "t8-b256-l16-u4-mb128": {"t": 8, "b": 256, "l": 16, "u": 4, "mb": 128},
+    "t16-b256-l8-u4-mb128": {"t": 16, "b": 256, "l": 8, "u": 4, "mb": 128},
+    "t32-b256-l8-u4": {"t": 32, "b": 256, "l": 8, "u": 4},
+    "t8-b256-l4-u4-mb128-nopad": {"t": 8, "b": 256, "l": 4, "u": 4, "mb": 128, "pad": False},
+    "t32-b128-l4-u4-mb128-nopad": {"t": 32, "b": 128, "l": 4, "u": 4, "mb": 128, "pad": False},
+    "t32-b256-l4-u8-nopad": {"t": 32, "b": 256, "l": 4, "u": 8, "pad": False},
+    "t16-b256-l8-u4-mb128-nopad": {"t": 16, "b": 256, "l": 8, "u": 4, "mb": 128, "pad": False},
+    "t32-b256-l16-u4-nopad": {"t": 32, "b": 256, "l": 16, "u": 4, "pad": False},
+}
+
+
+def rule(name: str) -> Any:
+    """``DecodeGEMV`` laid out as variant ``name`` (raises LlmchatError for an unknown name)."""
+    from app.inference.pipelines.gpu import DecodeGEMV
+
+    p = VARIANTS.get(name)
+    if p is None:
+        raise LlmchatError(
+            f"{name!r} is not one of llmchat's WGSL GEMV variants.",
+            f"unset {ENV}, or set it to one or more of: {', '.join(VARIANTS)} (comma-separated)",
+        )
+    return DecodeGEMV(
+        load_bytes=p["l"],
+        max_threads_per_row=p["t"],
+        max_block_threads=p["b"],
+        unroll_steps=p["u"],
+        min_blocks=p.get("mb", 512),
+        shared_vector_bytes=SHARED_VECTOR_BYTES,
+        pad_shared=p.get("pad", True),
+        stage_vector_lanes=STAGE_LANES,
+        pad_words=min(32, p["l"] * 2),  # one chunk's values (a 16-byte load: 32), then 4 words of padding
+    )
+
+
+def chosen() -> list[str]:
+    """The variants ``LLMCHAT_WGSL_GEMV`` names, in order ([] when it is not set)."""
+    text = os.environ.get(ENV, "").strip().lower()
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def rules() -> list[Any]:
+    """The GEMV rules for a WGSL target: the chosen variants, or ``DecodeGEMV()`` (the default)."""
+    from app.inference.pipelines.gpu import DecodeGEMV
+
+    names = chosen()
+    if not names:
+        return [DecodeGEMV()]
+    return [rule(n) for n in names]
