@@ -22,8 +22,8 @@ which installs the carried wheels and Vulkan loader, builds llmchat's add-on, th
 (checks every variant against numpy, fails loudly on a wrong result; then times 3 x 200 launches
 per variant, each batch recorded and submitted at once, weights rotated over enough copies to
 miss the L2 cache; prints µs and GB/s per shape and variant and the best per shape).
-Here on lavapipe, for correctness only: ``run --dir DIR --out JSON --quick`` (``--shapes``,
-``--variants`` take comma-separated subsets).
+Here on lavapipe, for correctness only: ``run --dir DIR --out JSON --quick`` (or ``--check-only``:
+one launch per variant, no timing; ``--shapes``, ``--variants`` take comma-separated subsets).
 """
 
 from __future__ import annotations
@@ -313,6 +313,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 )
                 print("WRONG RESULT", wrong[-1], flush=True)
                 continue
+            if args.check_only:
+                print(f"{label}: matches numpy (max relative error {err / scale:.1e})", flush=True)
+                continue
             best = math.inf
             for i in range(launches // 10 or 1):  # warm-up
                 fn(xd, wd[i % len(wd)], sd[i % len(sd)], od)
@@ -409,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--rotate-mb", type=int, default=256, help="weight copies rotated (MiB in all)")
     r.add_argument("--quick", action="store_true", help="few launches, one weight copy (lavapipe)")
+    r.add_argument("--check-only", action="store_true", help="check every variant against numpy, no timing")
     args = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     return {"compile": cmd_compile, "run": cmd_run}[args.cmd](args)

@@ -259,3 +259,31 @@ def test_gemv_variants_match_numpy_on_vulkan(variant, in_f, out_f, tmp_path):
     lib["main"](tvm.runtime.tensor(x, dev), *[tvm.runtime.tensor(p, dev) for p in params], out)
     got = out.numpy().reshape(-1).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.max(np.abs(want)))
+
+
+def test_doctor_says_what_the_adapter_offers_in_subgroups():
+    """``llmchat doctor`` (a real process) shows each adapter's subgroups as the profile uses them:
+    lavapipe (CI) offers none through wgpu."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    need_vulkan()
+    a = webgpu.adapters()[0]
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "doctor"],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("[0]") and a.name in x)
+    if not a.subgroups:
+        assert "subgroups no" in line, line
+    elif a.subgroup_min_size == a.subgroup_max_size:
+        assert f"subgroups {a.subgroup_min_size} wide" in line, line
+    else:
+        assert "not used: the size varies" in line, line
