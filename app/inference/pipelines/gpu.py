@@ -11,7 +11,8 @@ ROCm, Vulkan and Metal), plus:
 - ``DecodeGEMV``, a batch-1 dequantizing GEMV rule: 16-byte weight loads per thread (one q4 group
   of 32 values), the activation vector staged once per block as fp32 in padded (bank-conflict
   free) shared memory and read with 16-byte loads, the group scale converted once, warp-shuffle
-  reduction. Used on CUDA (see ``use_llmchat_gemv``); rows it cannot tile go to dlight's GEMV.
+  reduction. Used on CUDA and WGSL (see ``use_llmchat_gemv``; on WGSL in a layout of
+  :mod:`.wgsl_gemv`'s family); rows it cannot tile go to dlight's GEMV.
 - on WGSL (webgpu/Vulkan), ``WgslGemm`` (:mod:`.gpu_gemm`) for the prompt's matmuls: 256 threads,
   8x4 or 8x8 fp32 accumulators each, weight and activation tiles in workgroup memory, the weight
   decoded one packed word per thread (dlight's Matmul default there: 64 threads, 4x4 each, one
@@ -25,6 +26,8 @@ ROCm, Vulkan and Metal), plus:
   along the keys over many workgroups with a merge kernel (``wgsl_attention``).
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
+On WGSL, cross-thread reductions use subgroup shuffles only for an adapter profile with one fixed
+subgroup size (``-sgN``, :mod:`.wgsl_subgroups`); otherwise workgroup memory.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ calls it by name) and gives it a new body of two kernel launches:
 The chunk count comes from the page table's size (``nnz_pages``, known on the host): about
 :data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page. The scratch is a host-level
 ``global`` allocation (the device API's workspace pool); kernels cannot allocate ``global``
-memory on WebGPU. WGSL has no subgroup operations here: every reduction goes through workgroup
-memory, and no workgroup-memory access sits under an ``if`` (TVM's barrier pass refuses that).
+memory on WebGPU. These kernels use no subgroup operations (also on a ``-sgN`` profile): every
+reduction goes through workgroup memory, and no workgroup-memory access sits under an ``if``
+(TVM's barrier pass refuses that).
 
 The keys in the cache must already carry the rotary embedding: the pass replaces the kernel only
 in a module whose KV cache is created with ``RopeMode.NORMAL`` (llmchat's models; TVM's runtime
