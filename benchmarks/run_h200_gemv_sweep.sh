@@ -1,13 +1,23 @@
 #!/bin/bash
 # The WGSL decode-GEMV variant sweep (benchmarks/wgsl_gemv_sweep.py) on the H200 through NVIDIA's
-# Vulkan driver, with a runtime-only TVM: ~1-2 minutes.
+# Vulkan driver, with a runtime-only TVM: ~2 minutes, ~6 with the whole-model phase (under 10).
 #
 # Prepare here (the TVM compiler, no GPU; ~4 minutes on 2 cores, ~10 MB):
 #   python benchmarks/wgsl_gemv_sweep.py compile --out scratch/gemv_sweep
 #   .whl/: cp312 wheels (apache-tvm repacked runtime-only, apache-tvm-ffi, platformdirs, wgpu, ...)
 #   .gl/:  the Vulkan loader and libglvnd .debs (as for benchmarks/run_h200_vulkan.sh)
-# Device tool: carry [".whl", ".gl", "scratch/gemv_sweep"], command
-#   bash benchmarks/run_h200_gemv_sweep.sh scratch/gemv_sweep "$OUT"
+#   and, for the whole-model A/B (optional; ~20-40 s each here, ~2 MB each):
+#   python benchmarks/gpu_decode.py compile --cache scratch/vk_sg/cache --arch wgsl-f16-wg49152-t256-sg32 \
+#       --presets llama2-7b --plain ""
+#   python benchmarks/gpu_decode.py compile --cache scratch/vk_sg/cache --arch sm_90 --presets llama2-7b --plain ""
+#   python benchmarks/gpu_decode.py compile --cache scratch/vk_plain/cache --arch wgsl-f16-wg49152-t256 \
+#       --presets llama2-7b --plain ""
+# Device tool (nvidia-h200): carry [".whl", ".gl", "scratch/gemv_sweep", "scratch/vk_sg", "scratch/vk_plain"],
+#   command  bash benchmarks/run_h200_gemv_sweep.sh scratch/gemv_sweep "$OUT"
+# Phases: the GEMV sweep (every variant checked against numpy, then timed); then, where the model
+# caches are there, Llama-2-7B decode on Vulkan with the -sg32 library (its logits checked against
+# the CUDA library of the same random weights), the plain-profile library, the -sg32 one again
+# (interleaved: the same session, A B A).
 set -u
 DIR=${1:-scratch/gemv_sweep}
 OUTDIR=${2:-${OUT:-bench-out}}
@@ -31,4 +41,16 @@ echo "sweep rc=$rc (full table: gemv_sweep.log)"
 grep "^adapter\|WRONG\|SKIPPED\|Error" "$OUTDIR/gemv_sweep.log" | head -20
 sed -n '/^launch floor/,$p' "$OUTDIR/gemv_sweep.log"
 [ $rc -ne 0 ] && tail -30 "$OUTDIR/gemv_sweep.log"
+
+decode() {  # NAME CACHE TIMEOUT [extra args]: Llama-2-7B decode tok/s on Vulkan from CACHE's library
+  local name=$1 cache=$2 limit=$3; shift 3
+  [ -f "$cache/manifest.json" ] || { echo "no $cache/manifest.json: $name skipped"; return; }
+  timeout "$limit" python3 benchmarks/gpu_decode.py run --backend vulkan --cache "$cache" --presets llama2-7b \
+    --plain "" --prompt 0 --repeats 2 --check-steps 8 --out "$OUTDIR/decode_$name.json" "$@" \
+    > "$OUTDIR/decode_$name.log" 2>&1
+  echo "decode $name rc=$?"; grep RESULT "$OUTDIR/decode_$name.log" | cut -c1-700
+}
+decode sg32 scratch/vk_sg/cache 200 --reference cuda
+decode plain scratch/vk_plain/cache 120
+decode sg32_again scratch/vk_sg/cache 120
 exit "$rc"

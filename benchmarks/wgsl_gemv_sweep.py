@@ -15,7 +15,9 @@ do not tile, more than 48 KiB of workgroup memory) are left out of it, with the 
 
 Here (the TVM compiler, no GPU):
     python benchmarks/wgsl_gemv_sweep.py compile --out scratch/gemv_sweep
-On the H200 (device tool; carry .whl .gl scratch/gemv_sweep; runtime-only TVM, NVIDIA's Vulkan driver):
+On the H200 (device tool, kind nvidia-h200, timeout_s 600; carry [".whl", ".gl", "scratch/gemv_sweep"]
+and, for the script's optional whole-model A/B, "scratch/vk_sg", "scratch/vk_plain" (its header
+says how to build them); runtime-only TVM, NVIDIA's Vulkan driver):
     bash benchmarks/run_h200_gemv_sweep.sh scratch/gemv_sweep "$OUT"
 which installs the carried wheels and Vulkan loader, builds llmchat's add-on, then runs
     python3 benchmarks/wgsl_gemv_sweep.py run --dir scratch/gemv_sweep --out "$OUT/gemv_sweep.json"
