@@ -374,6 +374,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         speedup = f"{cur['us'] / r['us']:.2f}x current" if cur else ""
         figures = f"{r['us']:9.2f} µs {r['GBps']:8.1f} GB/s"
         print(f"  {shape:8s} {r['profile']:28s} {r['variant']:24s} {figures}  {speedup}")
+    print("\nbest per shape and profile (the current schedule of that profile after it):")
+    for shape in best_per_shape:
+        for profile in PROFILES:
+            mine = [r for r in results if r["shape"] == shape and r["profile"] == profile]
+            if not mine:
+                continue
+            r = min(mine, key=lambda row: row["us"])
+            cur = current.get((shape, profile))
+            tail = f"current {cur['us']:9.2f} µs" if cur else ""
+            print(
+                f"  {shape:8s} {profile:28s} {r['variant']:24s} {r['us']:9.2f} µs {r['GBps']:8.1f} GB/s  {tail}"
+            )
     report = {
         "adapter": adapter.as_dict(),
         "launches": launches,
