@@ -383,9 +383,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             r = min(mine, key=lambda row: row["us"])
             cur = current.get((shape, profile))
             tail = f"current {cur['us']:9.2f} µs" if cur else ""
-            print(
-                f"  {shape:8s} {profile:28s} {r['variant']:24s} {r['us']:9.2f} µs {r['GBps']:8.1f} GB/s  {tail}"
-            )
+            figures = f"{r['us']:9.2f} µs {r['GBps']:8.1f} GB/s"
+            print(f"  {shape:8s} {profile:28s} {r['variant']:24s} {figures}  {tail}")
     report = {
         "adapter": adapter.as_dict(),
         "launches": launches,
