@@ -88,6 +88,12 @@ def test_targets_use_subgroups_only_for_a_sg_profile():
     assert plain["thread_warp_size"] == 1 and plain["supports_subgroups"] is False
     assert wgsl_subgroups.tir_pipeline(_target(SG32)) == wgsl_subgroups.PIPELINE
     assert wgsl_subgroups.tir_pipeline(_target(PLAIN)) == "default"
+    # --arch with -sgN: the library's fingerprint (cache key, prebuilt label) carries the size
+    from app.inference import compiler
+    from app.inference.devices import DeviceSpec
+
+    assert compiler.device_fingerprint(DeviceSpec("vulkan", 0), SG32) == SG32
+    assert compiler.device_fingerprint(DeviceSpec("vulkan", 0), PLAIN) == PLAIN
 
 
 def _decode_gemv(in_f: int, out_f: int):
@@ -287,3 +293,26 @@ def test_doctor_says_what_the_adapter_offers_in_subgroups():
         assert f"subgroups {a.subgroup_min_size} wide" in line, line
     else:
         assert "not used: the size varies" in line, line
+
+
+def test_llmchat_build_takes_a_sg_profile(tiny_model_dir, tmp_path, capsys):
+    """``llmchat build --device vulkan --arch …-sg32`` (no such adapter needed) writes a bundle
+    labelled with the subgroup size; a size TVM cannot use is a clear error, nothing written."""
+    from app.cli import main
+
+    model = tiny_model_dir("llama", "q4f16_1")
+    bad = tmp_path / "bad"
+    assert (
+        main(["build", str(model), "--device", "vulkan", "--arch", SG32[:-4] + "sg48", "--out", str(bad)])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert "subgroups of 48" in err and "fix:" in err and "Traceback" not in err
+    assert not bad.exists() or list(bad.iterdir()) == []
+    out = tmp_path / "bundles"
+    assert main(["build", str(model), "--device", "vulkan", "--arch", SG32, "--out", str(out)]) == 0
+    (bundle,) = out.iterdir()
+    assert f"bundle for vulkan-{SG32}" in capsys.readouterr().err
+    assert SG32 in (bundle / "manifest.json").read_text()
+    libs = [p for p in bundle.iterdir() if p.suffix == ".so"]
+    assert libs and "enable subgroups;" in libs[0].read_bytes().decode("latin-1")
