@@ -46,15 +46,25 @@ def answers(engine) -> tuple[np.ndarray, list[int]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True,
-                        help="the model directory the bundle was built for")
-    parser.add_argument("--bundle", type=Path, required=True,
-                        help="the bundle folder (manifest.json, model.so)")
+    parser.add_argument(
+        "--model", type=Path, required=True, help="the model directory the bundle was built for"
+    )
+    parser.add_argument(
+        "--bundle", type=Path, required=True, help="the bundle folder (manifest.json, model.so)"
+    )
     parser.add_argument("--device", default="vulkan")
-    parser.add_argument("--reference", choices=("compile", "float64"), default="compile",
-                        help="what the bundle's answers are checked against")
-    parser.add_argument("--tol", type=float, default=1e-2,
-                        help="relative tolerance against the float64 reference (float16 compute: 1e-2)")
+    parser.add_argument(
+        "--reference",
+        choices=("compile", "float64"),
+        default="compile",
+        help="what the bundle's answers are checked against",
+    )
+    parser.add_argument(
+        "--tol",
+        type=float,
+        default=1e-2,
+        help="relative tolerance against the float64 reference (float16 compute: 1e-2)",
+    )
     args = parser.parse_args()
 
     from tests.hub_server import HubServer
@@ -84,10 +94,15 @@ vocab_size = 1
     files.update({f"libs/{args.bundle.name}/{p.name}": p.read_bytes() for p in args.bundle.iterdir()})
     hub = HubServer().start()
     hub.add_repo(REPO, files)
-    os.environ.update({"HF_ENDPOINT": hub.endpoint, "LLMCHAT_DATA_DIR": str(root / "data"),
-                       "LLMCHAT_CACHE_DIR": str(root / "fresh-cache"),
-                       "LLMCHAT_CONFIG_DIR": str(root / "config"),
-                       "HF_HOME": str(root / "hf-home")})
+    os.environ.update(
+        {
+            "HF_ENDPOINT": hub.endpoint,
+            "LLMCHAT_DATA_DIR": str(root / "data"),
+            "LLMCHAT_CACHE_DIR": str(root / "fresh-cache"),
+            "LLMCHAT_CONFIG_DIR": str(root / "config"),
+            "HF_HOME": str(root / "hf-home"),
+        }
+    )
     from app.inference import compiler
     from app.inference.downloads import download_model
     from app.inference.engine import load_engine
