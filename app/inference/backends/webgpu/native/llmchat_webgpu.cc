@@ -354,6 +354,9 @@ static Context* get_context(int index) {
   want.nextInChain = nullptr;
   std::vector<WGPUFeatureName> features;
   if (a.f16) features.push_back(WGPUFeatureName_ShaderF16);
+  // WGSL with `enable subgroups;` (a library built for a -sgN profile) needs the feature on the
+  // device; code built without subgroups runs the same with it
+  if (a.subgroups) features.push_back(WGPUFeatureName_Subgroups);
 
   WGPUDeviceDescriptor desc = {};
   std::string label = "llmchat";
@@ -641,7 +644,11 @@ class WebGPUDeviceAPI final : public DeviceAPI {
         *rv = static_cast<int64_t>(a.limits.maxComputeInvocationsPerWorkgroup);
         break;
       case tvm::runtime::kWarpSize:
-        *rv = static_cast<int64_t>(1);  // llmchat's WGSL kernels use no subgroup operations
+        // the subgroup size compiled code may assume: one fixed size (min == max), else 1
+        *rv = static_cast<int64_t>(a.subgroups && a.info.subgroupMinSize == a.info.subgroupMaxSize &&
+                                           a.info.subgroupMinSize > 0
+                                       ? a.info.subgroupMinSize
+                                       : 1);
         break;
       case tvm::runtime::kMaxSharedMemoryPerBlock:
         *rv = static_cast<int64_t>(a.limits.maxComputeWorkgroupStorageSize);
