@@ -92,6 +92,7 @@ struct Adapter {
   WGPULimits limits = WGPU_LIMITS_INIT;
   bool f16 = false;
   bool subgroups = false;
+  WGPUFeatureName subgroup_feature = WGPUFeatureName_Subgroups;  // the name this wgpu offers it by
 };
 
 static std::recursive_mutex& lock() {
@@ -149,7 +150,16 @@ static std::vector<Adapter>& adapters() {
       // broken, and the tests of the float32 fallback)
       const char* f16_env = getenv("LLMCHAT_WEBGPU_F16");
       a.f16 = wgpuAdapterHasFeature(h, WGPUFeatureName_ShaderF16) && !(f16_env && std::string(f16_env) == "0");
-      a.subgroups = wgpuAdapterHasFeature(h, WGPUFeatureName_Subgroups);
+      // wgpu-native 29 offers subgroups as its native feature "subgroup"; WebGPU's standard
+      // "subgroups" where a later version maps it
+      const auto native_subgroup = static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup);
+      if (wgpuAdapterHasFeature(h, WGPUFeatureName_Subgroups)) {
+        a.subgroups = true;
+        a.subgroup_feature = WGPUFeatureName_Subgroups;
+      } else if (wgpuAdapterHasFeature(h, native_subgroup)) {
+        a.subgroups = true;
+        a.subgroup_feature = native_subgroup;
+      }
       out.push_back(a);
     }
     std::stable_sort(out.begin(), out.end(),
@@ -356,7 +366,7 @@ static Context* get_context(int index) {
   if (a.f16) features.push_back(WGPUFeatureName_ShaderF16);
   // WGSL with `enable subgroups;` (a library built for a -sgN profile) needs the feature on the
   // device; code built without subgroups runs the same with it
-  if (a.subgroups) features.push_back(WGPUFeatureName_Subgroups);
+  if (a.subgroups) features.push_back(a.subgroup_feature);
 
   WGPUDeviceDescriptor desc = {};
   std::string label = "llmchat";
