@@ -943,9 +943,21 @@ class WebGPUModule final : public ffi::ModuleObj {
     pld.bindGroupLayouts = &k->layout;
     WGPUPipelineLayout playout = wgpuDeviceCreatePipelineLayout(ctx->device, &pld);
 
+    // TVM writes `enable subgroups;` before subgroup operations; wgpu-native 29's WGSL parser
+    // (naga) rejects that directive ("not yet supported") but takes the operations themselves on
+    // a device with its native "subgroup" feature: the directive goes, the operations stay
+    std::string source = code;
+    const std::string directive = "enable subgroups;";
+    for (size_t at = source.find(directive); at != std::string::npos; at = source.find(directive)) {
+      if (!ctx->adapter->subgroups) {
+        LLMCHAT_FAIL("kernel " << fname << " uses subgroup operations; this adapter offers none "
+                               << "(rebuild the model library for this adapter)");
+      }
+      source.erase(at, directive.size());
+    }
     WGPUShaderSourceWGSL wgsl = {};
     wgsl.chain.sType = WGPUSType_ShaderSourceWGSL;
-    wgsl.code = view(code);
+    wgsl.code = view(source);
     WGPUShaderModuleDescriptor smd = {};
     smd.nextInChain = &wgsl.chain;
     WGPUShaderModule sm = wgpuDeviceCreateShaderModule(ctx->device, &smd);
