@@ -322,18 +322,11 @@ def decode_reference(q, pages, indptr, values, lengths, sm_scale):
 
 
 def decode_attention_case(
-    h_q: int,
-    h_kv: int,
-    d: int,
-    batches: list[list[int]],
-    max_cluster: int = 0,
-    seed: int = 0,
-    cluster_heads: int = 1,
+    h_q: int, h_kv: int, d: int, batches: list[list[int]], max_cluster: int = 0, seed: int = 0
 ) -> Case:
     """``llmchat::decode_attention`` in place of TVM's ``batch_decode_paged_kv``: chunks merged
-    through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90) of blocks with
-    ``cluster_heads`` query heads each; one build, a run per batch of sequence lengths. The CPU
-    runs llmchat's CPU kernel of the same signature."""
+    through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90); one build, a
+    run per batch of sequence lengths. The CPU runs llmchat's CPU kernel of the same signature."""
 
     def build(target: Any) -> Any:
         from tvm.relax.frontend.nn.llm.kv_cache import _attention_decode
@@ -341,7 +334,7 @@ def decode_attention_case(
         if not is_cuda(target):
             return cpu_attention.decode_attention_kernel(h_kv, h_q, d, "float16", False, PAGE)
         func = cuda_attention.split_decode_attention(
-            _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster, cluster_heads
+            _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster
         )
         assert func is not None, "split_decode_attention did not take TVM's decode attention"
         return func
@@ -378,7 +371,6 @@ def decode_attention_case(
         return Run(label, args, (7, 8), check)
 
     kind = f"cluster{max_cluster}" if max_cluster else "global"
-    kind += f"_heads{cluster_heads}" if max_cluster and cluster_heads > 1 else ""
     return Case(f"decode_attention_{h_q}_{h_kv}_{d}_{kind}", build, [partial(run, b) for b in batches])
 
 

@@ -65,18 +65,10 @@ def small_op_cases() -> list[kernels.Case]:
 
 
 def decode_attention_cases(max_cluster: int) -> list[kernels.Case]:
-    cases = [
+    return [
         kernels.decode_attention_case(h_q, h_kv, d, KEY_BATCHES, max_cluster)
         for h_q, h_kv, d in ATTENTION_SHAPES
     ]
-    if max_cluster:  # blocks of 2 and 4 query heads sharing one kv head (LLMCHAT_CUDA_ATTN_HEADS)
-        cases += [
-            kernels.decode_attention_case(h_q, h_kv, d, KEY_BATCHES, max_cluster, cluster_heads=heads)
-            for h_q, h_kv, d in ATTENTION_SHAPES
-            for heads in (2, 4)
-            if (h_q // h_kv) % heads == 0
-        ]
-    return cases
 
 
 def prefill_cases() -> list[kernels.Case]:

@@ -59,18 +59,6 @@ def heads_per_block(group: int) -> int:
     return 2 if group % 2 == 0 else 1
 
 
-def cluster_heads_per_block(group: int) -> int:
-    """Query heads one block of a cluster handles: ``LLMCHAT_CUDA_ATTN_HEADS`` (1, 2 or 4, where
-    it divides ``group``; every block of a head group reads the kv head's keys once), else 1."""
-    import os
-
-    choice = os.environ.get("LLMCHAT_CUDA_ATTN_HEADS", "").strip()
-    want = int(choice) if choice in ("1", "2", "4") else 1
-    while group % want:
-        want //= 2
-    return want
-
-
 def num_chunks(head_blocks: int) -> int:
     """Chunks per sequence and head block: a power of two near TARGET_BLOCKS / head_blocks, 1..32."""
     chunks = 1
@@ -86,12 +74,11 @@ def _address(buf: Any) -> Any:
     return tirx.address_of(tirx.BufferLoad(buf, [tirx.IntImm("int32", 0)] * len(buf.shape)))
 
 
-def split_decode_attention(func: Any, max_cluster: int = 0, cluster_heads: int = 0) -> Any | None:
+def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     """``func`` (TVM's ``batch_decode_paged_kv``) with llmchat's kernel in front, or None when
     its shapes are not the ones the kernel handles. ``max_cluster`` > 0 (sm_90 and later: 8, or
-    16 where non-portable clusters are known to work): ``cluster_heads`` query heads per block (0:
-    :func:`cluster_heads_per_block`), and the chunks of a head group form a thread-block cluster
-    that merges them through distributed shared memory."""
+    16 where non-portable clusters are known to work): one query head per block, and the chunks
+    of a head form a thread-block cluster that merges them through distributed shared memory."""
     from tvm import tirx
 
     names = [str(p) for p in func.params]
@@ -126,13 +113,8 @@ def split_decode_attention(func: Any, max_cluster: int = 0, cluster_heads: int =
     if None in (h_qo, d, h_kv, page) or h_qo % h_kv or d % 8 or d // 8 not in (1, 2, 4, 8, 16, 32):
         return None
     cluster = max_cluster > 0
-    group = h_qo // h_kv
-    if cluster:
-        per_block = cluster_heads if cluster_heads and group % cluster_heads == 0 else 0
-        per_block = per_block or cluster_heads_per_block(group)
-    else:
-        per_block = heads_per_block(group)
-    chunks = cluster_chunks(h_qo // per_block, max_cluster) if cluster else num_chunks(h_qo // per_block)
+    per_block = 1 if cluster else heads_per_block(h_qo // h_kv)
+    chunks = cluster_chunks(h_qo, max_cluster) if cluster else num_chunks(h_qo // per_block)
     warps = CLUSTER_WARPS if cluster else 4
     batch = q.shape[0]
 

@@ -265,10 +265,10 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   const int start = c * chunk;
   const int end = min(len, start + chunk);
 
-  // steps per batch: their page lookups and K/V loads are all in flight together (registers: 4
-  // steps for GH <= 2 query heads per block, 2 for GH = 4)
-  constexpr int UK = GH <= 2 ? 4 : 2;
-  static_assert(GH <= 4, "more query heads per block need fewer steps per batch");
+  // steps per batch: their page lookups and K/V loads are all in flight together (registers: fine
+  // for GH <= 2 query heads per block)
+  constexpr int UK = 4;
+  static_assert(GH <= 2, "more query heads per block need fewer steps per batch");
   constexpr int BATCH = UK * WARPS * KPW;  // keys per batch of the block
   uint4 kr[UK], vr[UK];
   auto load_batch = [&](int base0) {
