@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="GB/S",
-        help="memory bandwidth for the roofline (default: from the hardware probe)",
+        help="memory bandwidth for the roofline (default: the device's copy bandwidth, measured once)",
     )
     add_engine_argument(parser)
     from app.cli import add_prebuilt_argument
