@@ -332,9 +332,24 @@ def test_gpu_decode_run_and_depth_measure_through_bench_measure(tmp_path, monkey
     assert by_shape[(16, 0, 0)]["decode_tok_s"] is None  # a prefill-only pass decodes nothing
 
 
+#: what the GPU machine's Python does without: gpu_decode.py's run and copy-bw must not need it
+GPU_MACHINE_RUN = """
+import runpy, sys
+BLOCKED = {"torch", "textual", "huggingface_hub", "openai", "starlette", "uvicorn", "keyring"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not installed on the GPU machine")
+sys.meta_path.insert(0, Block())
+sys.argv = ["benchmarks/gpu_decode.py", *sys.argv[1:]]
+runpy.run_path("benchmarks/gpu_decode.py", run_name="__main__")
+"""
+
+
 def test_gpu_decode_run_needs_only_tvms_runtime(tmp_path):
-    """``run`` on a TVM without its compiler (TVM_USE_RUNTIME_LIB=1, as the H200's runtime-only
-    wheel): the library compiled beforehand, the copy bandwidth measured by the product's code."""
+    """``run`` and ``copy-bw`` on a TVM without its compiler (TVM_USE_RUNTIME_LIB=1, as the H200's
+    runtime-only wheel) and without PyTorch or the UI's packages: the library compiled beforehand, the
+    copy bandwidth measured by the product's code."""
     import os
     import subprocess
     import sys
@@ -365,27 +380,12 @@ def test_gpu_decode_run_needs_only_tvms_runtime(tmp_path):
     )
     assert compiled.returncode == 0, compiled.stderr[-2000:]
     out = tmp_path / "run.json"
+    gpu_machine = {**env, "TVM_USE_RUNTIME_LIB": "1"}
+    run = ["run", "--backend", "cpu", *common, "--gen", "8", "--prompt", "4", "--repeats", "1"]
     ran = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/gpu_decode.py",
-            "run",
-            "--backend",
-            "cpu",
-            *common,
-            "--gen",
-            "8",
-            "--prompt",
-            "4",
-            "--repeats",
-            "1",
-            "--check-steps",
-            "2",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-c", GPU_MACHINE_RUN, *run, "--check-steps", "2", "--out", str(out)],
         cwd=root,
-        env={**env, "TVM_USE_RUNTIME_LIB": "1"},
+        env=gpu_machine,
         capture_output=True,
         text=True,
         timeout=600,
@@ -398,6 +398,16 @@ def test_gpu_decode_run_needs_only_tvms_runtime(tmp_path):
     assert res["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0 and res["prompt_tokens"] == 4
     assert result["copy_bw_source"] == "measured (copy_bandwidth)" and result["copy_bw_TBps"] > 0
     assert res["roofline_pct"] is not None
+    copied = subprocess.run(
+        [sys.executable, "-c", GPU_MACHINE_RUN, "copy-bw", "--device", "cpu"],
+        cwd=root,
+        env=gpu_machine,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert copied.returncode == 0, copied.stderr[-2000:]
+    assert 1e-4 < float(copied.stdout.strip()) < 2  # TB/s of RAM
 
 
 def test_measure_reports_no_prefill_from_a_one_token_prompt(tiny_engine):
