@@ -4,7 +4,10 @@ Two passes, like ``llama-bench -p N`` and ``-n G -d D``: a prompt of ``--prompt-
 is prefilled and timed (prefill tok/s; a 1-token "prefill" measures nothing, so 0 skips the pass);
 then ``--depth`` tokens of context are prefilled untimed and ``--gen`` greedy tokens are decoded and
 timed (decode tok/s at that depth; depth 0 is MLC's protocol: a 1-token prompt, then 512 tokens).
-:func:`measure` is the code both this command and ``benchmarks/cpu_depth.py`` run."""
+:func:`measure` is the code this command, ``benchmarks/gpu_decode.py`` and ``benchmarks/cpu_depth.py``
+run. The roofline divides the decode speed by weight bytes ÷ the device's copy bandwidth, measured
+once per device and kept (``app.inference.hardware.copy_bandwidth``); where no copy can be measured,
+the datasheet's figure, and the output says which of the two (or ``--bandwidth``) it shows."""
 
 from __future__ import annotations
 
@@ -140,7 +143,8 @@ def roofline_bandwidth(
             if log is not None:
                 when = f"kept from {measured.date}" if measured.cached else "measured now"
                 log(f"copy bandwidth of {measured.device}: {measured.bytes_per_s / 1e9:,.1f} GB/s, {when}")
-            return Bandwidth(measured.bytes_per_s, "measured", measured.date), None
+            gpu_name = _probe_bandwidth(backend)[1] if backend != "cpu" else None
+            return Bandwidth(measured.bytes_per_s, "measured", measured.date), gpu_name
     sheet, gpu_name = _probe_bandwidth(backend)
     return (Bandwidth(sheet, "datasheet") if sheet else None), gpu_name
 
