@@ -417,3 +417,29 @@ def test_measure_reports_no_prefill_from_a_one_token_prompt(tiny_engine):
         measure(tiny_engine, 1, 0, 8, warmup=0)
     figures = measure(tiny_engine, 0, 0, 8, warmup=0)  # decode only: no prefill figure at all
     assert figures["prefill_tok_s"] is None and figures["prefill_runs"] == [] and figures["decode_tok_s"] > 0
+
+
+def test_roofline_falls_back_to_the_datasheet_only_where_no_copy_can_be_measured(copy_cache, monkeypatch):
+    from pathlib import Path
+
+    import app.inference.hardware as hardware
+    from app.commands.bench import roofline_bandwidth
+    from app.inference.hardware import copy_bandwidth
+
+    sysroot = Path(__file__).resolve().parents[1] / "fixtures" / "sysroots" / "amd-rx7900xtx"
+    report = hardware.probe(sysroot=sysroot, tvm_runtimes={"vulkan", "cpu"})  # a real Radeon's sysfs
+    assert report.gpu.bandwidth_bytes_per_s  # the datasheet's figure for that card
+    monkeypatch.setattr(hardware, "shared_probe", lambda: report)
+    said = []
+    # no device to copy on (another engine's GPU): the datasheet's figure, labelled so
+    got, name = roofline_bandwidth(None, None, report.backend, said.append)
+    assert got.source == "datasheet" and got.bytes_per_s == report.gpu.bandwidth_bytes_per_s
+    assert name == report.gpu.name and got.label.startswith("datasheet bandwidth (")
+    # a copy that cannot be made (a size below what measures memory): said, and no figure is invented
+    monkeypatch.setattr(copy_bandwidth, "CPU_COPY_BYTES", 1 << 20)
+    got, name = roofline_bandwidth(None, None, "cpu", said.append)
+    assert got is None and name is None and not copy_cache.exists()
+    assert said and said[-1].startswith("copy bandwidth not measured: Cannot measure the copy bandwidth")
+    # given: neither measured nor looked up
+    got, _ = roofline_bandwidth(123.0, None, "cpu", said.append)
+    assert got.source == "given" and got.bytes_per_s == 123e9
