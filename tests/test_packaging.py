@@ -12,6 +12,8 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 APP_STARTS = textwrap.dedent(
@@ -68,6 +70,9 @@ def test_the_wheel_ships_the_stylesheet_and_the_app_starts_with_it(tmp_path):
         text=True,
         timeout=600,
     )
+    offline = "No matching distribution" in built.stderr or "Could not find a version" in built.stderr
+    if built.returncode != 0 and offline:  # CI reaches PyPI (and fails on any skip)
+        pytest.skip(f"pip cannot fetch the build's setuptools/wheel here: {built.stderr.strip()[-300:]}")
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = dist.glob("llmchat-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
