@@ -615,6 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--vocab-dir", required=True, help="llama.cpp's models/ directory")
     g.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    prompts = [args.prompt] if args.cmd == "run" else (
+        [int(x) for x in args.prompts.split(",") if x] if args.cmd == "depth" else [])
+    if 1 in prompts:  # a 1-token "prefill" measures nothing (as llmchat bench refuses it)
+        ap.error("a prefill figure needs a prompt of 2 tokens or more (--prompt 0 skips the prefill pass)")
     return {"compile": cmd_compile, "run": cmd_run, "copy-bw": cmd_copy_bw,
             "make-gguf": cmd_make_gguf, "wgsl-copy": cmd_wgsl_copy, "depth": cmd_depth}[args.cmd](args)
 

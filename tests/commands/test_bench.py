@@ -443,3 +443,13 @@ def test_roofline_falls_back_to_the_datasheet_only_where_no_copy_can_be_measured
     # given: neither measured nor looked up
     got, _ = roofline_bandwidth(123.0, None, "cpu", said.append)
     assert got.source == "given" and got.bytes_per_s == 123e9
+
+
+@pytest.mark.parametrize("argv", [["run", "--prompt", "1"], ["depth", "--prompts", "512,1"]])
+def test_gpu_decode_refuses_a_one_token_prefill(argv, tmp_path, capsys):
+    from benchmarks import gpu_decode
+
+    with pytest.raises(SystemExit) as stop:
+        gpu_decode.main([*argv, "--cache", str(tmp_path), "--out", str(tmp_path / "out.json")])
+    assert stop.value.code == 2 and "2 tokens or more" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
