@@ -37,7 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.inference.pipelines.cuda_argmax import CudaArgmax
-from app.inference.pipelines.cuda_attention import prefill_attention_pass, split_decode_attention_pass
+from app.inference.pipelines.cuda_attention import (
+    prefill_attention_pass,
+    prefill_paged_attention_pass,
+    split_decode_attention_pass,
+)
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
@@ -535,7 +539,16 @@ def attention_passes(target: Any) -> list[Any]:
     passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]
     if _arch_at_least(target, MIN_ARCH_PROMPT_ATTENTION):
         passes.append(prefill_attention_pass())
+        if use_cuda_paged_prefill():
+            passes.append(prefill_paged_attention_pass())
     return passes
+
+
+def use_cuda_paged_prefill() -> bool:
+    """Whether a prompt chunk's attention to the cached keys uses llmchat's tensor-core kernel
+    (:func:`.cuda_attention.prefill_paged_attention`) where the prompt attention does: unless
+    ``LLMCHAT_CUDA_PAGED_PREFILL=tvm`` (TVM's ``batch_prefill_paged_kv``, for comparisons)."""
+    return os.environ.get("LLMCHAT_CUDA_PAGED_PREFILL", "").strip().lower() != "tvm"
 
 
 def fuse_rope_append(target: Any) -> bool:
