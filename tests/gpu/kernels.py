@@ -485,11 +485,17 @@ def paged_prefill_reference(q, pages, indptr, values, q_lens, kv_lens, causal, s
 
 
 def paged_prefill_attention_case(
-    h_q: int, h_kv: int, d: int, batches: list[tuple[list[int], list[int], bool]], seed: int = 0
+    h_q: int,
+    h_kv: int,
+    d: int,
+    batches: list[tuple[list[int], list[int], bool]],
+    pipelined: bool = False,
+    seed: int = 0,
 ) -> Case:
-    """``llmchat::prefill_paged_attention`` in place of TVM's ``batch_prefill_paged_kv`` (sm_80):
-    one build, a run per (query lengths, cached key lengths, causal); the pages of each sequence
-    scattered over the pool, its last page partly full. The CPU runs TVM's CPU kernel."""
+    """``llmchat::prefill_paged_attention`` in place of TVM's ``batch_prefill_paged_kv`` (sm_80),
+    its key tiles loaded through registers or (``pipelined``) by cp.async: one build, a run per
+    (query lengths, cached key lengths, causal); the pages of each sequence scattered over the
+    pool, its last page partly full. The CPU runs TVM's CPU kernel."""
 
     def build(target: Any) -> Any:
         from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill_cpu
@@ -498,7 +504,7 @@ def paged_prefill_attention_case(
         if not is_cuda(target):
             return _attention_prefill_cpu(h_kv, h_q, d, "float16", False, {}, page_size=PAGE)
         tvm_func = _attention_prefill(h_kv, h_q, d, "float16", False, {}, target, page_size=PAGE)
-        func = cuda_attention.prefill_paged_attention(tvm_func)
+        func = cuda_attention.prefill_paged_attention(tvm_func, pipelined)
         assert func is not None, "prefill_paged_attention did not take TVM's paged prompt attention"
         return func
 
@@ -539,7 +545,10 @@ def paged_prefill_attention_case(
         ]
         return Run(label, args, (8, 9), check)
 
-    return Case(f"paged_prefill_attention_{h_q}_{h_kv}_{d}", build, [partial(run, *b) for b in batches])
+    kind = "async" if pipelined else "sync"
+    return Case(
+        f"paged_prefill_attention_{h_q}_{h_kv}_{d}_{kind}", build, [partial(run, *b) for b in batches]
+    )
 
 
 # ------------------------------------------------------------------------------------------------

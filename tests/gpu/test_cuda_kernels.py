@@ -99,7 +99,8 @@ def paged_prefill_cases() -> list[kernels.Case]:
     """A prompt chunk after the first attending to the keys already cached (TVM calls it with
     causal 0; causal runs check the offsets of TVM's mask too): one query row, odd row counts,
     1 to 8,192 cached keys, partial last pages, several sequences (one without keys, one
-    without queries)."""
+    without queries); the kernel's key tiles loaded through registers (the engine's default) and
+    by cp.async (``LLMCHAT_CUDA_PAGED_PREFILL=async``)."""
     batches = [
         ([1], [1], False),
         ([1], [8192], False),
@@ -115,7 +116,9 @@ def paged_prefill_cases() -> list[kernels.Case]:
         ([128], [128], True),
     ]
     return [
-        kernels.paged_prefill_attention_case(h_q, h_kv, d, batches) for h_q, h_kv, d in PAGED_PREFILL_SHAPES
+        kernels.paged_prefill_attention_case(h_q, h_kv, d, batches, pipelined)
+        for pipelined in (False, True)
+        for h_q, h_kv, d in PAGED_PREFILL_SHAPES
     ]
 
 

@@ -252,12 +252,13 @@ PAGED_PREFILL_PARAMS = [
 ]
 
 
-def prefill_paged_attention(func: Any) -> Any | None:
+def prefill_paged_attention(func: Any, pipelined: bool = False) -> Any | None:
     """``func`` (TVM's ``batch_prefill_paged_kv``) as a launch of
     ``llmchat::prefill_paged_attention``, or None when its shapes are not the ones the kernel
     handles: float16 queries, pages and output, pages ``[pages, 2, kv heads, page size, head dim]``
     of static sizes, ``length_info`` of one value per sequence (the last page's length: no sliding
-    window), head dim a multiple of 16 up to 128 (as :func:`prefill_attention`)."""
+    window), head dim a multiple of 16 up to 128 (as :func:`prefill_attention`). ``pipelined``:
+    the key tiles copied with cp.async behind the work on the previous one (the kernel's ASYNC)."""
     from tvm import tirx
 
     if [str(p) for p in func.params] != PAGED_PREFILL_PARAMS:
@@ -279,7 +280,8 @@ def prefill_paged_attention(func: Any) -> Any | None:
     if page <= 0 or h_qo % h_kv or d % 16 or d > 128:
         return None
     rows, batch = q.shape[0], q_indptr.shape[0] - 1
-    name = f"llmchat::prefill_paged_attention<{h_qo}, {h_kv}, {d}, {page}>"
+    flag = ", true" if pipelined else ""
+    name = f"llmchat::prefill_paged_attention<{h_qo}, {h_kv}, {d}, {page}{flag}>"
     buffers = (q, q_indptr, pages, page_indptr, page_values, length_info, output, lse)
     call = tirx.call_extern(
         "int32", name, *(_address(b) for b in buffers), batch, causal, rotary_mode, sm_scale
@@ -290,8 +292,10 @@ def prefill_paged_attention(func: Any) -> Any | None:
     return func.with_body(kernel)
 
 
-def prefill_paged_attention_pass() -> Any:
+def prefill_paged_attention_pass(pipelined: bool = False) -> Any:
     """Module pass: :func:`prefill_paged_attention` on TVM's paged prompt attention PrimFunc."""
     return _replace_kernel_pass(
-        "llmchat_prefill_paged_attention", PAGED_PREFILL_ATTENTION, prefill_paged_attention
+        "llmchat_prefill_paged_attention",
+        PAGED_PREFILL_ATTENTION,
+        lambda func: prefill_paged_attention(func, pipelined),
     )

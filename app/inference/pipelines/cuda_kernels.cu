@@ -740,6 +740,31 @@ __device__ __forceinline__ uint32_t pack_halves(half lo, half hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// 16 bytes global -> shared without registers (cp.async, sm_80), committed and waited for in groups
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// wait until at most N of this thread's committed groups are still in flight
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // Keys and values of TVM's ragged layout: sequence b's are rows kv_indptr[b] .. kv_indptr[b + 1].
 template <int H_KV, int D>
 struct RaggedKeys {
@@ -780,7 +805,10 @@ struct PagedKeys {
   }
 };
 
-template <int H_QO, int H_KV, int D, typename Keys>
+// ASYNC: the key tiles are copied with cp.async, each behind the work on the tile before it (V of tile
+// t while its scores are computed, K of tile t + 1 during its softmax and P.V); otherwise every tile
+// is loaded through registers, then computed.
+template <int H_QO, int H_KV, int D, bool ASYNC, typename Keys>
 __device__ __forceinline__ void prefill_attention_tiles(const half* __restrict__ q, const int* __restrict__ q_indptr,
                                                         Keys keys, half* __restrict__ out, float* __restrict__ lse,
                                                         int batch, int causal, int rotary_mode, float sm_scale) {
@@ -833,16 +861,39 @@ __device__ __forceinline__ void prefill_attention_tiles(const half* __restrict__
   const int last_row = min(row0 + BQ, q_len) - 1;
   const int shift = kv_len - q_len;  // causal: row r sees keys < shift + r + 1
   const int k_end = causal ? min(kv_len, shift + last_row + 1) : kv_len;
-  for (int k0 = 0; k0 < k_end; k0 += BK) {
+  // ASYNC: queue the copy of rows k0 .. k0 + BK of K (values false) or V into `tile` (rows past the
+  // sequence's keys: zeros, stored directly) as one group
+  auto stage = [&](half* tile, int k0, bool values) {
     for (int i = tid; i < BK * VEC; i += 128) {
       const int r = i / VEC, c = (i % VEC) * 8, kr = k0 + r;
-      uint4 kv4 = make_uint4(0u, 0u, 0u, 0u), vv4 = kv4;
+      half* dst = tile + r * LD + c;
       if (kr < kv_len) {
-        kv4 = *reinterpret_cast<const uint4*>(keys.key(kr, kvh) + c);
-        vv4 = *reinterpret_cast<const uint4*>(keys.value(kr, kvh) + c);
+        cp_async16(dst, (values ? keys.value(kr, kvh) : keys.key(kr, kvh)) + c);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
       }
-      *reinterpret_cast<uint4*>(&ks[r][c]) = kv4;
-      *reinterpret_cast<uint4*>(&vs[r][c]) = vv4;
+    }
+    cp_async_commit();
+  };
+  if constexpr (ASYNC) {
+    if (k_end > 0) stage(&ks[0][0], 0, false);  // groups in flight: K(0)
+  }
+  for (int k0 = 0; k0 < k_end; k0 += BK) {
+    const bool more = k0 + BK < k_end;
+    if constexpr (ASYNC) {
+      stage(&vs[0][0], k0, true);  // the previous tile's P.V is done (barrier at the loop's end)
+      cp_async_wait<1>();          // in flight: K(t), V(t) -> K(t) has arrived
+    } else {
+      for (int i = tid; i < BK * VEC; i += 128) {
+        const int r = i / VEC, c = (i % VEC) * 8, kr = k0 + r;
+        uint4 kv4 = make_uint4(0u, 0u, 0u, 0u), vv4 = kv4;
+        if (kr < kv_len) {
+          kv4 = *reinterpret_cast<const uint4*>(keys.key(kr, kvh) + c);
+          vv4 = *reinterpret_cast<const uint4*>(keys.value(kr, kvh) + c);
+        }
+        *reinterpret_cast<uint4*>(&ks[r][c]) = kv4;
+        *reinterpret_cast<uint4*>(&vs[r][c]) = vv4;
+      }
     }
     __syncthreads();
     float s[BK / 8][4];
@@ -855,6 +906,10 @@ __device__ __forceinline__ void prefill_attention_tiles(const half* __restrict__
         mma_16816(s[n], qa[kk], *reinterpret_cast<const uint32_t*>(kp),
                   *reinterpret_cast<const uint32_t*>(kp + 8));
       }
+    }
+    if constexpr (ASYNC) {
+      __syncthreads();                              // every warp's scores are read out of ks
+      if (more) stage(&ks[0][0], k0 + BK, false);  // in flight: V(t), K(t + 1)
     }
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
@@ -892,6 +947,14 @@ __device__ __forceinline__ void prefill_attention_tiles(const half* __restrict__
       s[n][2] = exp2f(s[n][2] - base_hi); s[n][3] = exp2f(s[n][3] - base_hi);
       l_lo += s[n][0] + s[n][1];
       l_hi += s[n][2] + s[n][3];
+    }
+    if constexpr (ASYNC) {
+      if (more) {
+        cp_async_wait<1>();  // V(t) has arrived, K(t + 1) may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
     }
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
@@ -936,11 +999,11 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
                                                   const int* __restrict__ kv_indptr, half* __restrict__ out,
                                                   float* __restrict__ lse, int batch, int causal,
                                                   int rotary_mode, float sm_scale) {
-  prefill_attention_tiles<H_QO, H_KV, D>(q, q_indptr, RaggedKeys<H_KV, D>{k, v, kv_indptr}, out, lse, batch, causal,
-                                         rotary_mode, sm_scale);
+  prefill_attention_tiles<H_QO, H_KV, D, false>(q, q_indptr, RaggedKeys<H_KV, D>{k, v, kv_indptr}, out, lse, batch,
+                                                causal, rotary_mode, sm_scale);
 }
 
-template <int H_QO, int H_KV, int D, int PAGE>
+template <int H_QO, int H_KV, int D, int PAGE, bool ASYNC = false>
 __device__ __forceinline__ void prefill_paged_attention(const half* __restrict__ q, const int* __restrict__ q_indptr,
                                                         const half* __restrict__ pages,
                                                         const int* __restrict__ page_indptr,
@@ -948,8 +1011,9 @@ __device__ __forceinline__ void prefill_paged_attention(const half* __restrict__
                                                         const int* __restrict__ last_len, half* __restrict__ out,
                                                         float* __restrict__ lse, int batch, int causal,
                                                         int rotary_mode, float sm_scale) {
-  prefill_attention_tiles<H_QO, H_KV, D>(q, q_indptr, PagedKeys<H_KV, D, PAGE>{pages, page_indptr, page_values, last_len},
-                                         out, lse, batch, causal, rotary_mode, sm_scale);
+  prefill_attention_tiles<H_QO, H_KV, D, ASYNC>(q, q_indptr,
+                                                PagedKeys<H_KV, D, PAGE>{pages, page_indptr, page_values, last_len},
+                                                out, lse, batch, causal, rotary_mode, sm_scale);
 }
 
 }  // namespace llmchat
