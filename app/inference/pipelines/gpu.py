@@ -37,7 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.inference.pipelines.cuda_argmax import CudaArgmax
-from app.inference.pipelines.cuda_attention import prefill_attention_pass, split_decode_attention_pass
+from app.inference.pipelines.cuda_attention import (
+    prefill_attention_pass,
+    prefill_paged_attention_pass,
+    split_decode_attention_pass,
+)
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_kernels import prim_func_pass
@@ -545,7 +549,20 @@ def attention_passes(target: Any) -> list[Any]:
     passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]
     if _arch_at_least(target, MIN_ARCH_PROMPT_ATTENTION):
         passes.append(prefill_attention_pass())
+        paged = cuda_paged_prefill()
+        if paged != "tvm":
+            passes.append(prefill_paged_attention_pass(pipelined=paged == "async"))
     return passes
+
+
+def cuda_paged_prefill() -> str:
+    """How a prompt chunk's attention to the cached keys runs where llmchat's prompt attention
+    does (``LLMCHAT_CUDA_PAGED_PREFILL``): ``llmchat`` (default), llmchat's tensor-core kernel
+    (:func:`.cuda_attention.prefill_paged_attention`); ``async``, the same with its key tiles
+    copied by cp.async behind the work on the previous tile (not yet the default: to be measured
+    on the H200); ``tvm``, TVM's ``batch_prefill_paged_kv`` (for comparisons)."""
+    choice = os.environ.get("LLMCHAT_CUDA_PAGED_PREFILL", "").strip().lower()
+    return choice if choice in ("async", "tvm") else "llmchat"
 
 
 def fuse_rope_append(target: Any) -> bool:
