@@ -34,7 +34,7 @@ export LLMCHAT_CACHE_DIR=/tmp/llmchat-cache  # the add-on is built here, on this
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUTDIR/nvidia-smi.txt" 2>&1
 python3 -m app.inference.backends.webgpu.addon > "$OUTDIR/addon_build.log" 2>&1 || {
   echo "add-on build failed"; tail -20 "$OUTDIR/addon_build.log"; exit 1; }
-timeout 400 python3 benchmarks/wgsl_gemv_sweep.py run --dir "$DIR" --out "$OUTDIR/gemv_sweep.json" \
+timeout 400 python3 benchmarks/wgsl_gemv_sweep.py run --dir "$DIR" --out "$OUTDIR/gemv_sweep.json" ${SWEEP_ARGS:-} \
   > "$OUTDIR/gemv_sweep.log" 2>&1
 rc=$?
 echo "sweep rc=$rc (full table: gemv_sweep.log)"

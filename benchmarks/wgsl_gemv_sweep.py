@@ -253,6 +253,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     dev = webgpu.device(0)
     adapter = webgpu.adapters()[0]
     sg = webgpu.subgroup_size(adapter)
+    if not sg and args.assume_subgroup and adapter.subgroups:
+        sg = args.assume_subgroup
+        print(f"assuming {sg}-wide subgroups (--assume-subgroup): the adapter reports no fixed size")
     print(
         f"adapter: {adapter.name} ({adapter.driver}); subgroups {adapter.subgroups}, sizes "
         f"{adapter.subgroup_min_size}..{adapter.subgroup_max_size}; profile {webgpu.Profile.of(adapter)}"
@@ -426,6 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rotate-mb", type=int, default=256, help="weight copies rotated (MiB in all)")
     r.add_argument("--quick", action="store_true", help="few launches, one weight copy (lavapipe)")
     r.add_argument("--check-only", action="store_true", help="check every variant against numpy, no timing")
+    r.add_argument(
+        "--assume-subgroup",
+        type=int,
+        default=0,
+        help="run the -sgN kernels with this subgroup size where the adapter does not report one "
+        "(an experiment: every result is still checked against numpy)",
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     return {"compile": cmd_compile, "run": cmd_run}[args.cmd](args)

@@ -88,15 +88,16 @@ def _same_clear_picks(got: np.ndarray, ref: np.ndarray, tol: float) -> None:
             assert int(np.argmax(a)) == int(np.argmax(b)), f"greedy pick differs at row {row}"
 
 
-def check_device_greedy(engine: Any, steps: int = 24) -> list[int]:
+def check_device_greedy(engine: Any, steps: int = 24, start: list[int] | None = None) -> list[int]:
     """Greedy decoding through the library's argmax (one step per call, several per call with the
-    ids fed back on the device, and generation's batches: the chat's path) gives the tokens of
-    numpy's argmax of the host's logits. Those tokens."""
+    ids fed back on the device, and generation's batches: the chat's path) after the prompt
+    ``start`` (default three tokens) gives the tokens of numpy's argmax of the host's logits.
+    Those tokens."""
     from app.inference.api import SamplingParams
     from app.inference.generation import GenerationResult, generate
 
     rt = engine.runtime
-    start = [1, 2, 3]
+    start = start or [1, 2, 3]
 
     def first() -> int:
         rt.clear()
@@ -135,11 +136,27 @@ def check_device_greedy(engine: Any, steps: int = 24) -> list[int]:
     return host
 
 
+def long_prompt(vocab: int, prompt_len: int, seed: int = 11) -> list[int]:
+    """The fixed random prompt of the long-context checks."""
+    return np.random.default_rng(seed).integers(0, vocab, size=prompt_len).tolist()
+
+
+def long_context_logits(engine: Any, ids: list[int], prompt_len: int) -> np.ndarray:
+    """Logits after the prompt ``ids[:prompt_len]`` (read in the engine's prefill chunks) and after
+    each later id of ``ids``, decoded one at a time (teacher-forced)."""
+    rt = engine.runtime
+    rt.clear()
+    outs = [rt.prefill(ids[:prompt_len])]
+    outs += [rt.decode(t) for t in ids[prompt_len:]]
+    rt.clear()
+    return np.stack(outs)
+
+
 def check_long_context(engine: Any, model_dir: Path, prompt_len: int, steps: int, tol: float) -> float:
     """A long prompt (several prefill chunks), then greedy steps whose attention reads all its
     keys, against the float64 reference. The largest relative error."""
     config = json.loads((model_dir / "mlc-chat-config.json").read_text())
-    ids = np.random.default_rng(11).integers(0, config["vocab_size"], size=prompt_len).tolist()
+    ids = long_prompt(config["vocab_size"], prompt_len)
     rt = engine.runtime
     rt.clear()
     outs = [rt.prefill(ids)]
@@ -150,4 +167,28 @@ def check_long_context(engine: Any, model_dir: Path, prompt_len: int, steps: int
     ref = forward(config, load_numpy(model_dir), ids)[prompt_len - 1 :]
     rel = relative_errors(np.stack(outs), ref)
     assert rel.max() <= tol, f"long context: logits off by {rel.max():.2e} at step {int(rel.argmax())}"
+    return float(rel.max())
+
+
+def check_long_context_against_engine(
+    engine: Any, other: Any, vocab: int, prompt_len: int, steps: int, tol: float
+) -> float:
+    """A long prompt and ``steps`` greedy tokens of ``engine`` fed to both engines: the same logits
+    within ``tol`` after the prompt and after each token, and the same clear greedy picks. The
+    largest relative error."""
+    ids = long_prompt(vocab, prompt_len)
+    rt = engine.runtime
+    rt.clear()
+    logits = rt.prefill(ids)
+    for _ in range(steps):
+        ids.append(int(np.argmax(logits)))
+        logits = rt.decode(ids[-1])
+    got = long_context_logits(engine, ids, prompt_len)
+    ref = long_context_logits(other, ids, prompt_len)
+    assert np.isfinite(got).all()
+    rel = relative_errors(got, ref)
+    assert rel.max() <= tol, (
+        f"long context: logits off the other engine's by {rel.max():.2e} at step {int(rel.argmax())}"
+    )
+    _same_clear_picks(got, ref, tol)
     return float(rel.max())

@@ -281,7 +281,8 @@ def rms_norm_case(k: int, eps: float, seed: int = 0) -> Case:
 
 
 # ------------------------------------------------------------------------------------------------
-# attention: decode over the paged KV cache (2), a prompt over its own keys (5)
+# attention: decode over the paged KV cache (2), a prompt over its own keys and over the cached
+# pages (5)
 # ------------------------------------------------------------------------------------------------
 def paged_kv(lengths: list[int], h_kv: int, d: int, rng: np.random.Generator, spare: int = 3):
     """Pages ``[pages, 2 (K, V), kv head, slot, dim]`` holding sequences of ``lengths`` keys, each
@@ -447,6 +448,107 @@ def prefill_attention_case(
         return Run(label, args, (7, 8), check)
 
     return Case(f"prefill_attention_{h_q}_{h_kv}_{d}", build, [partial(run, *b) for b in batches])
+
+
+def paged_prefill_reference(q, pages, indptr, values, q_lens, kv_lens, causal, sm_scale):
+    """A prompt chunk's attention to the keys in the paged cache (TVM's ``batch_prefill_paged_kv``):
+    sequence ``b``'s ``q_lens[b]`` rows see its ``kv_lens[b]`` cached keys (causal: row r the first
+    kv_len - q_len + r + 1). Outputs ``[rows, h_q, d]`` and lse ``[rows, h_q]`` (log2), float64;
+    a sequence without keys gives TVM's zeros and lse -5e4. Vectorised per (sequence, head)."""
+    h_q, d = q.shape[1], q.shape[2]
+    h_kv = pages.shape[2]
+    out, lse = np.zeros(q.shape), np.zeros(q.shape[:2])
+    q0 = 0
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
+        rows = slice(q0, q0 + q_len)
+        q0 += q_len
+        if q_len == 0:
+            continue
+        if kv_len == 0:
+            lse[rows] = -5e4
+            continue
+        seq = values[indptr[b] : indptr[b + 1]]
+        k = pages[seq, 0].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :kv_len].astype(np.float64)
+        v = pages[seq, 1].transpose(1, 0, 2, 3).reshape(h_kv, -1, d)[:, :kv_len].astype(np.float64)
+        limit = kv_len - q_len + np.arange(q_len)[:, None] + 1 if causal else np.full((q_len, 1), kv_len)
+        visible = np.arange(kv_len)[None, :] < limit
+        assert visible.any(axis=1).all(), "every row must see a key (the reference has no empty rows)"
+        for h in range(h_q):
+            g = h // (h_q // h_kv)
+            s = np.where(visible, q[rows, h].astype(np.float64) @ k[g].T * sm_scale, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            total = p.sum(axis=1, keepdims=True)
+            out[rows, h] = p @ v[g] / total
+            lse[rows, h] = (m + np.log(total))[:, 0] / np.log(2)
+    return out, lse
+
+
+def paged_prefill_attention_case(
+    h_q: int,
+    h_kv: int,
+    d: int,
+    batches: list[tuple[list[int], list[int], bool]],
+    pipelined: bool = False,
+    seed: int = 0,
+) -> Case:
+    """``llmchat::prefill_paged_attention`` in place of TVM's ``batch_prefill_paged_kv`` (sm_80),
+    its key tiles loaded through registers or (``pipelined``) by cp.async: one build, a run per
+    (query lengths, cached key lengths, causal); the pages of each sequence scattered over the
+    pool, its last page partly full. The CPU runs TVM's CPU kernel."""
+
+    def build(target: Any) -> Any:
+        from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill_cpu
+        from tvm.relax.frontend.nn.llm.kv_cache import _attention_prefill
+
+        if not is_cuda(target):
+            return _attention_prefill_cpu(h_kv, h_q, d, "float16", False, {}, page_size=PAGE)
+        tvm_func = _attention_prefill(h_kv, h_q, d, "float16", False, {}, target, page_size=PAGE)
+        func = cuda_attention.prefill_paged_attention(tvm_func, pipelined)
+        assert func is not None, "prefill_paged_attention did not take TVM's paged prompt attention"
+        return func
+
+    rng = np.random.default_rng(seed)
+    sm_scale = d**-0.5
+
+    def run(q_lens: list[int], kv_lens: list[int], causal: bool) -> Run:
+        rows = sum(q_lens)
+        pages, indptr, values, last = paged_kv(kv_lens, h_kv, d, rng)
+        q = rng.standard_normal((rows, h_q, d)).astype(np.float16)
+        q_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        expected, expected_lse = paged_prefill_reference(
+            q, pages, indptr, values, q_lens, kv_lens, causal, sm_scale
+        )
+        label = f"queries {q_lens}, cached keys {kv_lens}, {'causal' if causal else 'not causal'}"
+
+        def check(outs: list[np.ndarray]) -> None:
+            what = f"paged prefill attention ({h_q}, {h_kv}, {d}) {label}"
+            _close(outs[0], expected, 4e-3, f"{what}: output")
+            _close(outs[1], expected_lse, 2e-3, f"{what}: lse")
+
+        args = [
+            q,
+            q_indptr,
+            pages,
+            indptr,
+            values,
+            last,
+            np.zeros(len(q_lens), np.int32),
+            np.zeros(rows, np.int32),
+            np.zeros(q.shape, np.float16),
+            np.zeros((rows, h_q), np.float32),
+            int(causal),
+            0,
+            1.0,
+            10000.0,
+            sm_scale,
+        ]
+        return Run(label, args, (8, 9), check)
+
+    kind = "async" if pipelined else "sync"
+    return Case(
+        f"paged_prefill_attention_{h_q}_{h_kv}_{d}_{kind}", build, [partial(run, *b) for b in batches]
+    )
 
 
 # ------------------------------------------------------------------------------------------------

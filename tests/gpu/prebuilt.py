@@ -62,7 +62,13 @@ def sources_digest() -> str:
     from app.inference import compiler
 
     h = hashlib.sha256(compiler._source_digest().encode())
-    for name in ("kernels.py", "test_cuda_kernels.py", "test_cuda_twin.py", "prebuilt.py"):
+    for name in (
+        "kernels.py",
+        "test_cuda_kernels.py",
+        "test_cuda_twin.py",
+        "test_engine_cuda.py",
+        "prebuilt.py",
+    ):
         h.update(name.encode())
         h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:24]
@@ -236,13 +242,13 @@ def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
     """Every tiny model the GPU suite loads: name -> (family, quantization, overrides, plain
     pipeline too)."""
     from benchmarks import twin_check
-    from tests.gpu.test_engine_cuda import MODELS
+    from tests.gpu.test_engine_cuda import LONG_MODELS, MODELS
 
     models = {
         name: (family, quant, overrides, False)
         for name, (family, quant, overrides) in twin_check.TINY.items()
     }
-    for name, (family, overrides) in MODELS.items():
+    for name, (family, overrides) in {**MODELS, **LONG_MODELS}.items():
         models[f"engine-{name}"] = (family, "q4f16_1", overrides, True)
     return models
 

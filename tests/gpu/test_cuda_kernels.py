@@ -1,8 +1,9 @@
 """llmchat's CUDA kernels (app/inference/pipelines/cuda_kernels.cu) on the GPU against numpy in
 float64, on edge shapes: odd sizes, one row, the largest layers of the supported models, 1 to 8,192
-keys, page and tile boundaries. Each family is built into one module (one nvcc run) by the harness
-of tests/gpu/kernels.py, whose CPU side runs in ``make test`` (test_harness_on_cpu.py); on a GPU
-machine without TVM's compiler they come from the prebuilt cache (tests/gpu/prebuilt.py)."""
+keys, page and tile boundaries, prompts over cached pages. Each family is built into one module (one
+nvcc run) by the harness of tests/gpu/kernels.py, whose CPU side runs in ``make test``
+(test_harness_on_cpu.py); on a GPU machine without TVM's compiler they come from the prebuilt cache
+(tests/gpu/prebuilt.py)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,38 @@ def prefill_cases() -> list[kernels.Case]:
     ]
 
 
+#: prompt attention over the cached pages: (query heads, kv heads, head dim) of Llama-2-7B (group
+#: 1), Llama-3-8B (4), Qwen2.5-3B (8), Qwen2.5-0.5B (7, head dim 64)
+PAGED_PREFILL_SHAPES = [(32, 32, 128), (32, 8, 128), (16, 2, 128), (14, 2, 64)]
+
+
+def paged_prefill_cases() -> list[kernels.Case]:
+    """A prompt chunk after the first attending to the keys already cached (TVM calls it with
+    causal 0; causal runs check the offsets of TVM's mask too): one query row, odd row counts,
+    1 to 8,192 cached keys, partial last pages, several sequences (one without keys, one
+    without queries); the kernel's key tiles loaded through registers (the engine's default) and
+    by cp.async (``LLMCHAT_CUDA_PAGED_PREFILL=async``)."""
+    batches = [
+        ([1], [1], False),
+        ([1], [8192], False),
+        ([7], [17], False),
+        ([63], [16], False),
+        ([65], [4095], False),
+        ([130], [2048], False),
+        ([200], [6001], False),
+        ([3, 64, 129], [1, 300, 4097], False),
+        ([4, 9], [0, 40], False),
+        ([0, 9], [33, 40], False),
+        ([33], [100], True),
+        ([128], [128], True),
+    ]
+    return [
+        kernels.paged_prefill_attention_case(h_q, h_kv, d, batches, pipelined)
+        for pipelined in (False, True)
+        for h_q, h_kv, d in PAGED_PREFILL_SHAPES
+    ]
+
+
 def unsplit_batch_cases() -> list[kernels.Case]:
     """More (sequence, head, chunk) states than the scratch area holds: every sequence unsplit."""
     batch = [[20 + i for i in range(40)]]  # 40 sequences x 32 heads x 8 chunks > 8,192 rows
@@ -109,6 +142,7 @@ def kernel_groups(facts: dict) -> dict[str, Callable[[], list[kernels.Case]]]:
         groups["decode_cluster"] = partial(decode_attention_cases, facts["max_cluster"])
     if facts["prompt_attention"]:
         groups["prefill"] = prefill_cases
+        groups["prefill_paged"] = paged_prefill_cases
     return groups
 
 
@@ -149,3 +183,9 @@ def test_prompt_attention_kernel(cuda, tmp_path):
     if not cuda.facts["prompt_attention"]:
         pytest.skip(f"llmchat's prompt attention needs sm_80, this GPU is {cuda.arch}")
     _check("prefill", cuda, tmp_path)
+
+
+def test_prompt_attention_over_the_cached_pages(cuda, tmp_path):
+    if not cuda.facts["prompt_attention"]:
+        pytest.skip(f"llmchat's prompt attention needs sm_80, this GPU is {cuda.arch}")
+    _check("prefill_paged", cuda, tmp_path)

@@ -51,6 +51,19 @@ def small_cases() -> list[kernels.Case]:
             32,
             [([1], [1], True), ([5, 64, 65], [5, 64, 65], True), ([3], [20], True), ([7], [9], False)],
         ),
+        kernels.paged_prefill_attention_case(
+            4,
+            2,
+            32,
+            [
+                ([1], [1], False),
+                ([7], [17], False),
+                ([3, 65], [1, 300], False),
+                ([4, 9], [0, 40], False),
+                ([0, 9], [33, 40], False),
+                ([33], [100], True),
+            ],
+        ),
     ]
 
 
@@ -69,6 +82,7 @@ def test_a_wrong_result_is_caught(tmp_path):
         kernels.rms_norm_case(64, 1e-5),
         kernels.decode_attention_case(4, 2, 64, [[40]]),
         kernels.prefill_attention_case(4, 2, 32, [([9], [9], True)]),
+        kernels.paged_prefill_attention_case(4, 2, 32, [([9], [40], False)]),
     ]
     for case in cases:
         for run in case.runs:
@@ -88,13 +102,20 @@ def test_every_cuda_case_is_built_from_llmchats_rules(with_cluster):
     from tests.gpu.test_cuda_kernels import (
         decode_attention_cases,
         matmul_cases,
+        paged_prefill_cases,
         prefill_cases,
         small_op_cases,
     )
 
     max_cluster = 16 if with_cluster else 0
     sm90 = tvm.target.Target(SM90)
-    cases = [*matmul_cases(), *small_op_cases(), *decode_attention_cases(max_cluster), *prefill_cases()]
+    cases = [
+        *matmul_cases(),
+        *small_op_cases(),
+        *decode_attention_cases(max_cluster),
+        *prefill_cases(),
+        *paged_prefill_cases(),
+    ]
     for case in cases:
         script = case.build(sm90).script()
         assert "llmchat::" in script, case.name
@@ -138,11 +159,17 @@ def test_engine_checks_on_the_cpu_pipeline(tiny_model_dir, monkeypatch):
         plain = load_engine(model_dir, device="cpu")
         try:
             assert engine_checks.check_against_engine(engine, plain, vocab, 1e-4) > 0
+            # the long-prompt checks: 200 tokens in 7 chunks of 32, then 4 greedy steps
+            assert engine_checks.check_long_context_against_engine(engine, plain, vocab, 200, 4, 1e-4) > 0
+            prompt = engine_checks.long_prompt(vocab, 200, seed=12)
+            assert len(engine_checks.check_device_greedy(engine, steps=6, start=prompt)) == 6
             # and a check that fails: another model's logits
             other = load_engine(tiny_model_dir("qwen2", "q4f16_1"), device="cpu")
             try:
                 with pytest.raises(AssertionError, match="off the other engine"):
                     engine_checks.check_against_engine(engine, other, vocab, 1e-2)
+                with pytest.raises(AssertionError, match="long context: logits off the other engine"):
+                    engine_checks.check_long_context_against_engine(engine, other, vocab, 100, 2, 1e-2)
             finally:
                 other.close()
         finally:

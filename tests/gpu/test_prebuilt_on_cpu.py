@@ -173,6 +173,7 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
         "decode_unsplit",
         "matmul",
         "prefill",
+        "prefill_paged",
         "small_ops",
     ]
     assert got["runs"] == 5 + 6 + 6 + 1 + 1 and got["shards"] >= 1  # argmax: 5 rows, 6 from 3 words

@@ -182,6 +182,63 @@ def test_prompt_attention_runs_on_tensor_cores(heads, kv_heads, dim):
     assert cuda_attention.prefill_attention(_prefill_attention(heads, kv_heads, 256)) is None
 
 
+def _paged_prefill_attention(num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: bool = False):
+    from tvm.relax.frontend.nn.llm.kv_cache import _attention_prefill
+
+    target = tvm.target.Target(CUDA_TARGET)
+    return _attention_prefill(num_kv_heads, num_heads, head_dim, "float16", sliding_window, {}, target)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(32, 32, 128), (32, 8, 128), (14, 2, 64)])
+def test_prompt_attention_to_the_cached_pages_runs_on_tensor_cores(heads, kv_heads, dim):
+    func = cuda_attention.prefill_paged_attention(_paged_prefill_attention(heads, kv_heads, dim))
+    script = func.script()
+    assert f"llmchat::prefill_paged_attention<{heads}, {kv_heads}, {dim}, 16>" in script
+    assert f'T.launch_thread("blockIdx.y", {heads})' in script
+    assert 'T.launch_thread("threadIdx.y", 4)' in script
+    # the cache's views are passed with their element offsets
+    for view in ("q_indptr", "pages", "page_indptr", "page_values", "length_info"):
+        assert f"T.address_of({view}[0" in script, view
+    assert "(total_len + 63) // 64 + (batch_size + 1 - 1)" in script  # 64-row tiles, a spare per sequence
+    # the arguments in the kernel's order: q, q_indptr, pages, page_indptr, page_values, last page
+    # lengths, output, lse, then batch, causal, rotary_mode, sm_scale
+    call = script[script.index("llmchat::prefill_paged_attention<") :]
+    order = [call.index(f"T.address_of({b}[") for b in ("q", "q_indptr", "pages", "page_indptr")]
+    order += [call.index(f"T.address_of({b}[") for b in ("page_values", "length_info", "output", "lse")]
+    assert order == sorted(order)
+    assert call.index("causal") < call.index("rotary_mode") < call.index("sm_scale")
+    # left alone: the sliding-window variant (length_info of 3 rows), other PrimFuncs, heads too
+    # wide for the kernel's shared-memory tiles
+    assert (
+        cuda_attention.prefill_paged_attention(_paged_prefill_attention(heads, kv_heads, dim, True)) is None
+    )
+    assert cuda_attention.prefill_paged_attention(_prefill_attention(heads, kv_heads, dim)) is None
+    assert cuda_attention.prefill_attention(_paged_prefill_attention(heads, kv_heads, dim)) is None
+    assert cuda_attention.prefill_paged_attention(_paged_prefill_attention(heads, kv_heads, 256)) is None
+
+
+def test_the_paged_prompt_kernel_can_be_switched_off(monkeypatch):
+    """``LLMCHAT_CUDA_PAGED_PREFILL=tvm`` keeps TVM's kernel for the cached pages (comparisons)
+    and is part of the library's cache key."""
+    from app.inference import compiler
+
+    sm90 = _cuda("sm_90")
+    monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
+    monkeypatch.delenv("LLMCHAT_CUDA_PAGED_PREFILL", raising=False)
+    names = [p.info.name for p in gpu.attention_passes(sm90)]
+    assert names[1:] == ["llmchat_prefill_attention", "llmchat_prefill_paged_attention"]
+    monkeypatch.setenv("LLMCHAT_CUDA_PAGED_PREFILL", "tvm")
+    assert [p.info.name for p in gpu.attention_passes(sm90)][1:] == ["llmchat_prefill_attention"]
+    assert compiler._kernel_switches()["LLMCHAT_CUDA_PAGED_PREFILL"] == "tvm"  # part of the cache key
+    assert gpu.cuda_paged_prefill() == "tvm"
+    monkeypatch.setenv("LLMCHAT_CUDA_PAGED_PREFILL", "sync")
+    assert gpu.cuda_paged_prefill() == "sync" and len(gpu.attention_passes(sm90)) == 3
+    monkeypatch.delenv("LLMCHAT_CUDA_PAGED_PREFILL")
+    assert gpu.cuda_paged_prefill() == "async"  # the default: cp.async, measured the faster
+    func = cuda_attention.prefill_paged_attention(_paged_prefill_attention(32, 8, 128), pipelined=True)
+    assert "llmchat::prefill_paged_attention<32, 8, 128, 16, true>" in func.script()
+
+
 def test_argmax_te_picks_the_first_maximum_on_cpu():
     """The exported argmax's TE (what every target compiles before CUDA swaps in its kernel)."""
     from tvm import te
@@ -225,7 +282,7 @@ def test_kernels_are_chosen_by_the_gpu_architecture(monkeypatch):
     assert gpu.cuda_arch(tvm.target.Target({"kind": "llvm"})) is None
     # Ampere and newer: every kernel; Turing: no prompt attention (mma.sync m16n8k16 needs sm_80);
     # Pascal: TVM's GEMV and GEMM (no L1::no_allocate loads, no WMMA), llmchat's decode attention
-    assert len(gpu.attention_passes(_cuda("sm_80"))) == 2
+    assert len(gpu.attention_passes(_cuda("sm_80"))) == 3  # decode, prompt, prompt over cached pages
     turing = _cuda("sm_75")
     assert gpu.use_cuda_kernel_gemv(turing) and gpu.use_cuda_gemm(turing)
     assert len(gpu.attention_passes(turing)) == 1
@@ -292,8 +349,10 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
         assert "llmchat::decode_attention<4, 2, 64, 16, 16, 1, 8, true, true>(" in source
     if arch == "sm_75":
         assert "llmchat::prefill_attention<" not in source  # TVM's prompt attention instead
+        assert "llmchat::prefill_paged_attention<" not in source
     else:
         assert "llmchat::prefill_attention<4, 2, 64>(" in source
+        assert "llmchat::prefill_paged_attention<4, 2, 64, 16>(" in source
         assert "(&(q_indptr_ptr[q_indptr_elem_offset]))" in source  # the view's offset reaches it
     assert "llmchat::argmax_f32<320>(" in source
     assert "llmchat::rms_norm_row<256>(" in source  # the decode RMSNorm

@@ -15,6 +15,12 @@ Prompt: TVM's ``batch_prefill_ragged_kv`` (a prompt chunk attending to its own k
 attention on CUDA cores (374 us per Llama-2-7B layer for a 512-token prompt on the H200, 15 % of
 the prompt's time); :func:`prefill_attention_pass` launches ``llmchat::prefill_attention`` instead,
 a FlashAttention-2 style kernel on tensor cores (41 us for the same shape).
+
+Prompt at depth: every chunk of a prompt after the first (and every later turn) also attends to the
+keys already in the paged KV cache, through TVM's ``batch_prefill_paged_kv`` (CUDA cores; TVM then
+merges it with the chunk's own attention by the two LSEs). :func:`prefill_paged_attention_pass`
+launches ``llmchat::prefill_paged_attention`` instead: the same tensor-core kernel, its keys and
+values read through the page table.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from app.inference.pipelines.tir_facts import static_int
 DECODE_ATTENTION = "batch_decode_paged_kv"
 #: the PrimFunc TVM's paged KV cache uses for a prompt chunk's attention to its own keys
 PREFILL_ATTENTION = "batch_prefill_ragged_kv"
+#: the PrimFunc TVM's paged KV cache uses for a prompt chunk's attention to the cached keys (no
+#: sliding window: that one is ``batch_prefill_paged_kv_sliding_window`` and stays TVM's)
+PAGED_PREFILL_ATTENTION = "batch_prefill_paged_kv"
 #: query rows per thread block of llmchat::prefill_attention
 PREFILL_ROWS = 64
 #: thread blocks the split aims at (a few waves on a large GPU)
@@ -222,3 +231,71 @@ def prefill_attention(func: Any) -> Any | None:
 def prefill_attention_pass() -> Any:
     """Module pass: :func:`prefill_attention` on TVM's prompt attention PrimFunc."""
     return _replace_kernel_pass("llmchat_prefill_attention", PREFILL_ATTENTION, prefill_attention)
+
+
+PAGED_PREFILL_PARAMS = [
+    "q",
+    "q_indptr",
+    "pages",
+    "page_indptr",
+    "page_values",
+    "length_info",
+    "k_rope_pos_offset",
+    "q_rope_position",
+    "output",
+    "lse",
+    "causal",
+    "rotary_mode",
+    "rope_scale",
+    "rope_theta",
+    "sm_scale",
+]
+
+
+def prefill_paged_attention(func: Any, pipelined: bool = False) -> Any | None:
+    """``func`` (TVM's ``batch_prefill_paged_kv``) as a launch of
+    ``llmchat::prefill_paged_attention``, or None when its shapes are not the ones the kernel
+    handles: float16 queries, pages and output, pages ``[pages, 2, kv heads, page size, head dim]``
+    of static sizes, ``length_info`` of one value per sequence (the last page's length: no sliding
+    window), head dim a multiple of 16 up to 128 (as :func:`prefill_attention`). ``pipelined``:
+    the key tiles copied with cp.async behind the work on the previous one (the kernel's ASYNC)."""
+    from tvm import tirx
+
+    if [str(p) for p in func.params] != PAGED_PREFILL_PARAMS:
+        return None
+    q, q_indptr, pages, page_indptr, page_values, length_info = func.params[:6]
+    output, lse = func.params[8:10]
+    causal, rotary_mode, _rope_scale, _rope_theta, sm_scale = func.params[10:]
+    if any(str(b.dtype) != "float16" for b in (q, pages, output)) or str(lse.dtype) != "float32":
+        return None
+    if len(q.shape) != 3 or len(output.shape) != 3 or len(pages.shape) != 5 or len(length_info.shape) != 1:
+        return None
+    if any(str(b.dtype) != "int32" for b in (q_indptr, page_indptr, page_values, length_info)):
+        return None
+    h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
+    two, h_kv, page, d_kv = (static_int(x) for x in pages.shape[1:])
+    h_out, d_out = static_int(output.shape[1]), static_int(output.shape[2])
+    if None in (h_qo, d, h_kv, page) or two != 2 or d_kv != d or (h_out, d_out) != (h_qo, d):
+        return None
+    if page <= 0 or h_qo % h_kv or d % 16 or d > 128:
+        return None
+    rows, batch = q.shape[0], q_indptr.shape[0] - 1
+    flag = ", true" if pipelined else ""
+    name = f"llmchat::prefill_paged_attention<{h_qo}, {h_kv}, {d}, {page}{flag}>"
+    buffers = (q, q_indptr, pages, page_indptr, page_values, length_info, output, lse)
+    call = tirx.call_extern(
+        "int32", name, *(_address(b) for b in buffers), batch, causal, rotary_mode, sm_scale
+    )
+    # as prefill_attention: one block per 64 query rows of every sequence
+    tiles = tirx.floordiv(rows + (PREFILL_ROWS - 1), PREFILL_ROWS) + batch
+    kernel = launch(call, {"blockIdx.x": tiles, "blockIdx.y": h_qo}, {"threadIdx.x": 32, "threadIdx.y": 4})
+    return func.with_body(kernel)
+
+
+def prefill_paged_attention_pass(pipelined: bool = False) -> Any:
+    """Module pass: :func:`prefill_paged_attention` on TVM's paged prompt attention PrimFunc."""
+    return _replace_kernel_pass(
+        "llmchat_prefill_paged_attention",
+        PAGED_PREFILL_ATTENTION,
+        lambda func: prefill_paged_attention(func, pipelined),
+    )

@@ -705,12 +705,20 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
 }  // namespace llmchat
 
 // ------------------------------------------------------------------------------------------------
-// 5. Prompt attention over the chunk's own keys (TVM's ragged layout: q [rows, H_QO, D], k and v
-//    [rows, H_KV, D], sequences delimited by q_indptr / kv_indptr), FlashAttention-2 style on
-//    tensor cores (mma.sync m16n8k16, fp16 inputs, fp32 accumulators): a block takes 64 query rows
-//    of one head (a warp 16 of them, its queries kept in registers as A fragments), streams the
-//    visible keys through shared memory 64 at a time, keeps the softmax state (log2 domain, as
-//    TVM's kernel) and the output in registers. Grid: (query tiles of all sequences, H_QO).
+// 5. Prompt attention, FlashAttention-2 style on tensor cores (mma.sync m16n8k16, fp16 inputs, fp32
+//    accumulators): a block takes 64 query rows of one head (a warp 16 of them, its queries kept in
+//    registers as A fragments), streams the visible keys through shared memory 64 at a time, keeps
+//    the softmax state (log2 domain, as TVM's kernels) and the output in registers. Grid: (query
+//    tiles of all sequences, H_QO). Queries: TVM's ragged layout (q [rows, H_QO, D], sequences
+//    delimited by q_indptr). The keys, by a key source (RaggedKeys, PagedKeys):
+//    - prefill_attention: the chunk's own keys (k and v [rows, H_KV, D], delimited by kv_indptr), in
+//      place of TVM's batch_prefill_ragged_kv;
+//    - prefill_paged_attention: the keys already in TVM's paged KV cache (pages [page, 2 (K, V),
+//      H_KV, PAGE, D]; sequence b's pages are page_values[page_indptr[b] .. page_indptr[b + 1]), all
+//      full but its last, which holds last_len[b] keys), in place of TVM's batch_prefill_paged_kv:
+//      a prompt chunk after the first attends to them (TVM merges the two results by their LSE).
+//    Both use TVM's mask: with `causal`, row r of a sequence's q_len rows sees its first
+//    kv_len - q_len + r + 1 keys, else all kv_len.
 // ------------------------------------------------------------------------------------------------
 namespace llmchat {
 
@@ -732,12 +740,78 @@ __device__ __forceinline__ uint32_t pack_halves(half lo, half hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-template <int H_QO, int H_KV, int D>
-__device__ __forceinline__ void prefill_attention(const half* __restrict__ q, const int* __restrict__ q_indptr,
-                                                  const half* __restrict__ k, const half* __restrict__ v,
-                                                  const int* __restrict__ kv_indptr, half* __restrict__ out,
-                                                  float* __restrict__ lse, int batch, int causal,
-                                                  int rotary_mode, float sm_scale) {
+// 16 bytes global -> shared without registers (cp.async, sm_80), committed and waited for in groups
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// wait until at most N of this thread's committed groups are still in flight
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Keys and values of TVM's ragged layout: sequence b's are rows kv_indptr[b] .. kv_indptr[b + 1].
+template <int H_KV, int D>
+struct RaggedKeys {
+  const half* __restrict__ k;
+  const half* __restrict__ v;
+  const int* __restrict__ indptr;
+  int start = 0, len = 0;
+  __device__ __forceinline__ void select(int b) {
+    start = indptr[b];
+    len = indptr[b + 1] - start;
+  }
+  // key r (0 <= r < len) of kv head kvh: its row of K and of V
+  __device__ __forceinline__ const half* key(int r, int kvh) const { return k + ((size_t)(start + r) * H_KV + kvh) * D; }
+  __device__ __forceinline__ const half* value(int r, int kvh) const { return v + ((size_t)(start + r) * H_KV + kvh) * D; }
+};
+
+// Keys and values in TVM's paged KV cache (the layout of batch_prefill_paged_kv without sliding
+// window): key r of sequence b is slot r % PAGE of page page_values[page_indptr[b] + r / PAGE]; the
+// sequence holds (pages - 1) * PAGE + last_len[b] keys, none when it has no page.
+template <int H_KV, int D, int PAGE>
+struct PagedKeys {
+  const half* __restrict__ pages;
+  const int* __restrict__ page_indptr;
+  const int* __restrict__ page_values;
+  const int* __restrict__ last_len;
+  int first = 0, len = 0;
+  __device__ __forceinline__ void select(int b) {
+    first = page_indptr[b];
+    const int n = page_indptr[b + 1] - first;
+    len = n > 0 ? (n - 1) * PAGE + last_len[b] : 0;
+  }
+  __device__ __forceinline__ const half* key(int r, int kvh) const {
+    const size_t page = (size_t)page_values[first + r / PAGE];
+    return pages + ((page * 2 * H_KV + kvh) * PAGE + r % PAGE) * D;  // [page, 0 (K), kvh, slot, :]
+  }
+  __device__ __forceinline__ const half* value(int r, int kvh) const {
+    return key(r, kvh) + (size_t)H_KV * PAGE * D;  // [page, 1 (V), kvh, slot, :]
+  }
+};
+
+// ASYNC: the key tiles are copied with cp.async, each behind the work on the tile before it (V of tile
+// t while its scores are computed, K of tile t + 1 during its softmax and P.V); otherwise every tile
+// is loaded through registers, then computed.
+template <int H_QO, int H_KV, int D, bool ASYNC, typename Keys>
+__device__ __forceinline__ void prefill_attention_tiles(const half* __restrict__ q, const int* __restrict__ q_indptr,
+                                                        Keys keys, half* __restrict__ out, float* __restrict__ lse,
+                                                        int batch, int causal, int rotary_mode, float sm_scale) {
   constexpr int BQ = 64, BK = 64, GROUP = H_QO / H_KV, LD = D + 8;  // rows padded: no bank conflicts
   constexpr int VEC = D / 8;                                          // 16-byte pieces per row
   static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128 (shared memory)");
@@ -756,7 +830,8 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
     t -= tiles;
   }
   if (b >= batch) return;
-  const int kv_start = kv_indptr[b], kv_len = kv_indptr[b + 1] - kv_start;
+  keys.select(b);
+  const int kv_len = keys.len;
   const int row0 = t * BQ;
   const int g = lane >> 2, tq = lane & 3;
   const int r_lo = row0 + warp * 16 + g, r_hi = r_lo + 8;  // the two query rows of this thread
@@ -786,17 +861,39 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
   const int last_row = min(row0 + BQ, q_len) - 1;
   const int shift = kv_len - q_len;  // causal: row r sees keys < shift + r + 1
   const int k_end = causal ? min(kv_len, shift + last_row + 1) : kv_len;
-  for (int k0 = 0; k0 < k_end; k0 += BK) {
+  // ASYNC: queue the copy of rows k0 .. k0 + BK of K (values false) or V into `tile` (rows past the
+  // sequence's keys: zeros, stored directly) as one group
+  auto stage = [&](half* tile, int k0, bool values) {
     for (int i = tid; i < BK * VEC; i += 128) {
       const int r = i / VEC, c = (i % VEC) * 8, kr = k0 + r;
-      uint4 kv4 = make_uint4(0u, 0u, 0u, 0u), vv4 = kv4;
+      half* dst = tile + r * LD + c;
       if (kr < kv_len) {
-        const size_t off = ((size_t)(kv_start + kr) * H_KV + kvh) * D + c;
-        kv4 = *reinterpret_cast<const uint4*>(k + off);
-        vv4 = *reinterpret_cast<const uint4*>(v + off);
+        cp_async16(dst, (values ? keys.value(kr, kvh) : keys.key(kr, kvh)) + c);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
       }
-      *reinterpret_cast<uint4*>(&ks[r][c]) = kv4;
-      *reinterpret_cast<uint4*>(&vs[r][c]) = vv4;
+    }
+    cp_async_commit();
+  };
+  if constexpr (ASYNC) {
+    if (k_end > 0) stage(&ks[0][0], 0, false);  // groups in flight: K(0)
+  }
+  for (int k0 = 0; k0 < k_end; k0 += BK) {
+    const bool more = k0 + BK < k_end;
+    if constexpr (ASYNC) {
+      stage(&vs[0][0], k0, true);  // the previous tile's P.V is done (barrier at the loop's end)
+      cp_async_wait<1>();          // in flight: K(t), V(t) -> K(t) has arrived
+    } else {
+      for (int i = tid; i < BK * VEC; i += 128) {
+        const int r = i / VEC, c = (i % VEC) * 8, kr = k0 + r;
+        uint4 kv4 = make_uint4(0u, 0u, 0u, 0u), vv4 = kv4;
+        if (kr < kv_len) {
+          kv4 = *reinterpret_cast<const uint4*>(keys.key(kr, kvh) + c);
+          vv4 = *reinterpret_cast<const uint4*>(keys.value(kr, kvh) + c);
+        }
+        *reinterpret_cast<uint4*>(&ks[r][c]) = kv4;
+        *reinterpret_cast<uint4*>(&vs[r][c]) = vv4;
+      }
     }
     __syncthreads();
     float s[BK / 8][4];
@@ -809,6 +906,10 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
         mma_16816(s[n], qa[kk], *reinterpret_cast<const uint32_t*>(kp),
                   *reinterpret_cast<const uint32_t*>(kp + 8));
       }
+    }
+    if constexpr (ASYNC) {
+      __syncthreads();                              // every warp's scores are read out of ks
+      if (more) stage(&ks[0][0], k0 + BK, false);  // in flight: V(t), K(t + 1)
     }
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
@@ -847,6 +948,14 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
       l_lo += s[n][0] + s[n][1];
       l_hi += s[n][2] + s[n][3];
     }
+    if constexpr (ASYNC) {
+      if (more) {
+        cp_async_wait<1>();  // V(t) has arrived, K(t + 1) may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+    }
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
@@ -881,6 +990,30 @@ __device__ __forceinline__ void prefill_attention(const half* __restrict__ q, co
       lse[(size_t)(q_start + row) * H_QO + h] = l > 0.f ? m + log2f(l) : -5e4f;
     }
   }
+}
+
+
+template <int H_QO, int H_KV, int D>
+__device__ __forceinline__ void prefill_attention(const half* __restrict__ q, const int* __restrict__ q_indptr,
+                                                  const half* __restrict__ k, const half* __restrict__ v,
+                                                  const int* __restrict__ kv_indptr, half* __restrict__ out,
+                                                  float* __restrict__ lse, int batch, int causal,
+                                                  int rotary_mode, float sm_scale) {
+  prefill_attention_tiles<H_QO, H_KV, D, false>(q, q_indptr, RaggedKeys<H_KV, D>{k, v, kv_indptr}, out, lse, batch,
+                                                causal, rotary_mode, sm_scale);
+}
+
+template <int H_QO, int H_KV, int D, int PAGE, bool ASYNC = false>
+__device__ __forceinline__ void prefill_paged_attention(const half* __restrict__ q, const int* __restrict__ q_indptr,
+                                                        const half* __restrict__ pages,
+                                                        const int* __restrict__ page_indptr,
+                                                        const int* __restrict__ page_values,
+                                                        const int* __restrict__ last_len, half* __restrict__ out,
+                                                        float* __restrict__ lse, int batch, int causal,
+                                                        int rotary_mode, float sm_scale) {
+  prefill_attention_tiles<H_QO, H_KV, D, ASYNC>(q, q_indptr,
+                                                PagedKeys<H_KV, D, PAGE>{pages, page_indptr, page_values, last_len},
+                                                out, lse, batch, causal, rotary_mode, sm_scale);
 }
 
 }  // namespace llmchat
