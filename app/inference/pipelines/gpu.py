@@ -285,8 +285,16 @@ class DecodeGEMV:
         # the activation vector is staged in shared memory as float32 (converted once per block)
         accumulates_f32 = str(sch.get(block).writes[0].source.dtype) == "float32"
         stage_f32 = accumulates_f32 and str(vectors[0].dtype) == "float16"
-        vector_bytes = red * (4 if stage_f32 else vectors[0].dtype.bits // 8)
-        use_shared = vector_bytes <= self.shared_vector_bytes
+        element_bytes = 4 if stage_f32 else vectors[0].dtype.bits // 8
+        vector_bytes = red * element_bytes
+        # what staging takes in workgroup memory: padded chunks (see _schedule) are longer
+        chunk = values_per_word * words_per_thread
+        staged_bytes = vector_bytes
+        if self.pad_shared and red % chunk == 0:
+            stride = -(-max(chunk - 4, 0) // self.pad_words) * self.pad_words + 4
+            staged_bytes = red // chunk * max(stride, chunk) * element_bytes
+        max_shared = int(target.attrs.get("max_shared_memory_per_block", 49152))
+        use_shared = vector_bytes <= self.shared_vector_bytes and staged_bytes <= max_shared
         if stage_f32 and not use_shared:
             return None  # per-element fp16->fp32 conversions would bound it: dlight's GEMV is faster
         scale_buf = self._scale_buffer(sch, block, vectors[0], weight_index, red)

@@ -9,10 +9,17 @@ shuffles or through workgroup memory is not the variant's choice but the adapter
 ``-sgN`` profile (one fixed subgroup size) lowers the same schedule to subgroup shuffles
 (:mod:`.wgsl_subgroups`).
 
-The product compiles ``DecodeGEMV()``'s default layout (:data:`DEFAULT`), as before the sweep;
-``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first that fits a GEMV takes
-it; what none fits goes to dlight's GEMV), so a variant the sweep found fastest can be run in the
-whole model before it becomes the default. The switch is part of the library's cache key.
+The product compiles :data:`DEFAULT`, chosen by the sweep on the H200's Vulkan driver
+(``benchmarks/results/h200-2026-12-02-gemv-sweep``, each GEMV alone, 200 launches per submission,
+µs per launch, the ~6 µs launch floor included): 32 rows per workgroup of 8 threads with 16-byte
+loads, and for the 11008-wide down projection, which those do not tile, 8 threads per row with
+``u32`` loads and the vector unpadded (44 KiB of workgroup memory) where dlight's GEMV took it
+before. Llama-2-7B shape, against the layout before (``t32-b256-l16-u4``, down: dlight): qkv
+29.59 -> 24.86, o 13.65 -> 13.97, gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 ->
+52.84; the GEMVs of a decode step 4.49 -> 4.10 ms (sum of those, 32 layers). Not measured on an
+AMD GPU. ``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first that fits a GEMV
+takes it; what none fits goes to dlight's GEMV): ``t32-b256-l16-u4`` is the layout before. The
+switch is part of the library's cache key.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from app.errors import LlmchatError
 
 #: the switch naming the variants to use
 ENV = "LLMCHAT_WGSL_GEMV"
-#: ``DecodeGEMV()``'s layout on a 256-thread profile: what the product compiles by default
-DEFAULT = "t32-b256-l16-u4"
+#: the rules the product compiles by default, in order (the module's docstring has the figures)
+DEFAULT = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad")
+#: ``DecodeGEMV()``'s layout on a 256-thread profile: the default before the sweep
+PREVIOUS = "t32-b256-l16-u4"
 #: WGSL vectors have at most 4 lanes (the vector's staging stores)
 STAGE_LANES = 4
 #: workgroup memory for the staged activation vector: 44 KiB, for the 11008-wide down projection
@@ -81,16 +90,11 @@ def rule(name: str) -> Any:
 
 
 def chosen() -> list[str]:
-    """The variants ``LLMCHAT_WGSL_GEMV`` names, in order ([] when it is not set)."""
+    """The variants in use, in order: those ``LLMCHAT_WGSL_GEMV`` names, else :data:`DEFAULT`."""
     text = os.environ.get(ENV, "").strip().lower()
-    return [n.strip() for n in text.split(",") if n.strip()]
+    return [n.strip() for n in text.split(",") if n.strip()] or list(DEFAULT)
 
 
 def rules() -> list[Any]:
-    """The GEMV rules for a WGSL target: the chosen variants, or ``DecodeGEMV()`` (the default)."""
-    from app.inference.pipelines.gpu import DecodeGEMV
-
-    names = chosen()
-    if not names:
-        return [DecodeGEMV()]
-    return [rule(n) for n in names]
+    """The GEMV rules for a WGSL target (raises LlmchatError for an unknown variant name)."""
+    return [rule(n) for n in chosen()]

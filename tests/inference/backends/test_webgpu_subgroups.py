@@ -200,7 +200,14 @@ def test_gemv_variants_are_named_and_an_unknown_one_is_refused(monkeypatch):
     monkeypatch.delenv(wgsl_gemv.ENV, raising=False)
     target = _target(PLAIN)
     default = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
-    assert len(default) == 1 and default[0].load_bytes == 16 and default[0].max_threads_per_row == 32
+    # the sweep's choice: 8 threads per row, 16-byte loads; u32 loads for rows those do not tile
+    assert [(r.load_bytes, r.max_threads_per_row, r.min_blocks, r.pad_shared) for r in default] == [
+        (16, 8, 128, True),
+        (4, 8, 128, False),
+    ]
+    monkeypatch.setenv(wgsl_gemv.ENV, wgsl_gemv.PREVIOUS)
+    (previous,) = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
+    assert (previous.load_bytes, previous.max_threads_per_row, previous.min_blocks) == (16, 32, 512)
     monkeypatch.setenv(wgsl_gemv.ENV, "t32-b128-l4-u4-mb128-nopad, T16-b256-l16-u4")
     chosen = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
     assert [(r.load_bytes, r.max_threads_per_row, r.pad_shared) for r in chosen] == [
@@ -233,12 +240,33 @@ def test_the_adapter_here_reports_its_subgroups_consistently():
 
 SHAPES = [
     # variant, in features, out features (11008: the 7B down projection's width, which
-    # 16-byte loads by 32 threads do not tile)
+    # 16-byte loads by 32 threads do not tile); the first two are the default
+    ("t8-b256-l16-u4-mb128", 1024, 4096),
+    ("t8-b256-l4-u4-mb128-nopad", 11008, 4096),
     ("t32-b256-l16-u4", 1024, 4096),
     ("t32-b256-l4-u4-nopad", 1024, 4096),
     ("t32-b128-l4-u4-mb128-nopad", 11008, 1024),
     ("t16-b256-l8-u4-mb128", 2048, 2048),
 ]
+
+
+def test_a_staged_vector_larger_than_the_workgroup_memory_is_declined_not_a_failed_compile():
+    """The down projection's 11008-wide vector in fp32 takes 44 KiB unpadded, 66 KiB in padded
+    chunks of 8: a rule that would stage more than the profile's workgroup memory declines it
+    (dlight's GEMV then takes it) instead of TVM failing the whole build."""
+    _fmt, func, _named = _decode_gemv(11008, 4096)
+    for profile, variant, takes in [
+        (PLAIN, "t8-b256-l4-u4-mb128-nopad", True),
+        ("wgsl-f16-wg32768-t256", "t8-b256-l4-u4-mb128-nopad", False),
+        (PLAIN, "t32-b256-l4-u4", False),  # padded: 66 KiB
+    ]:
+        target = _target(profile)
+        with target:
+            sch = wgsl_gemv.rule(variant).apply(func, target, False)
+        assert (sch is not None) == takes, (profile, variant)
+        if sch is not None:  # and what it takes compiles within the profile's limit
+            src = _wgsl(sch.mod["main"], target, "default")
+            assert "var<workgroup>" in src
 
 
 @pytest.mark.parametrize(("variant", "in_f", "out_f"), SHAPES, ids=[s[0] for s in SHAPES])
