@@ -184,6 +184,8 @@ def _subgroups(a: dict[str, Any]) -> str:
     lo, hi = int(a.get("subgroup_min_size") or 0), int(a.get("subgroup_max_size") or 0)
     if not a.get("subgroups"):
         return "subgroups no"
-    if lo and lo == hi:
-        return f"subgroups {lo} wide"
+    if not lo or not hi:
+        return "subgroups yes, size not reported (not used)"
+    if lo == hi:
+        return f"subgroups {lo} wide" + ("" if lo == 32 else " (not used: llmchat's WGSL needs 32)")
     return f"subgroups {lo}-{hi} wide (not used: the size varies)"

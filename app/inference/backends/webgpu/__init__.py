@@ -159,9 +159,11 @@ def adapter(index: int) -> Adapter:
     return adapters()[index]
 
 
-#: subgroup sizes TVM's warp-shuffle reductions can use (powers of two up to a wave64); the
-#: adapter must report one fixed size, min == max
-SUBGROUP_SIZES = (4, 8, 16, 32, 64)
+#: subgroup sizes llmchat's WGSL may assume: TVM 0.27 lowers a WGSL reduction as for 32-wide
+#: warps whatever ``thread_warp_size`` says (a 16-thread sum shuffles down by 8, which an 8-wide
+#: subgroup does not have: NaNs on lavapipe's 8-wide subgroups), so only 32; the adapter must
+#: report one fixed size, min == max
+SUBGROUP_SIZES = (32,)
 
 
 @dataclass(frozen=True)
