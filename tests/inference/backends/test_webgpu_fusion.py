@@ -305,3 +305,22 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
         finally:
             engine.close()
         assert (after["dispatches"] - before["dispatches"]) / 6 == sum(counted.values()), (fusion, counted)
+
+
+def test_the_switch_is_part_of_the_library_key(monkeypatch):
+    """A library compiled with the fusion off is never reused with it on (and back)."""
+    from app.inference.compiler import library_key
+    from app.inference.random_model import preset_config
+
+    cfg = preset_config("tiny-llama", "q4f16_1")
+    monkeypatch.delenv(wgsl_fusion.FUSION_ENV, raising=False)
+    on = library_key(cfg, "vulkan", "wgsl-f16-wg49152-t256").digest()
+    monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "off")
+    off = library_key(cfg, "vulkan", "wgsl-f16-wg49152-t256").digest()
+    assert on != off
+    assert wgsl_fusion.use_wgsl_fusion(_target()) is False
+    monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "")
+    assert wgsl_fusion.use_wgsl_fusion(_target()) is True
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
+    assert wgsl_fusion.use_wgsl_fusion(cuda) is False
+    assert gpu.fusion_passes(cuda) == []
