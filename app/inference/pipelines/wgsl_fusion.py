@@ -237,7 +237,33 @@ def fused_func(prologue: Any, gemv: Any, rules: list[Any], target: Any) -> Any |
         return None
     if not _staged(scheduled, scheduled.params[0]) and _weights(gemv) > MAX_RECOMPUTED_WEIGHTS:
         return None
-    return graft_prologue(prologue, scheduled)
+    fused = graft_prologue(prologue, scheduled)
+    if fused is None:
+        return None
+    limit = int(target.attrs.get("max_shared_memory_per_block", 16384))
+    threads = int(target.attrs.get("max_num_threads", 256))
+    if shared_bytes(fused) + 2 * ALLREDUCE_BYTES * threads > limit:
+        return None  # the adapter would refuse the kernel: two kernels that it takes
+    return fused
+
+
+#: workgroup memory of one cross-thread reduction per thread (TVM's tree reduction, float32);
+#: the fused kernel has at most two (the prologue's sum of squares and the GEMV's own)
+ALLREDUCE_BYTES = 4
+
+
+def shared_bytes(func: Any) -> int:
+    """Workgroup memory ``func`` allocates in its blocks (``shared`` scope)."""
+    total = 0
+    for block in _blocks(func.body):
+        for buf in block.alloc_buffers:
+            if str(buf.scope()) != "shared":
+                continue
+            size = 1
+            for dim in buf.shape:
+                size *= int(dim)
+            total += size * max(1, buf.dtype.bits // 8)
+    return total
 
 
 def _fuse_block(block: Any, mod: Any, builder: Any, fused: dict[tuple[str, str], Any], make: Any) -> Any:

@@ -324,3 +324,18 @@ def test_the_switch_is_part_of_the_library_key(monkeypatch):
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
     assert wgsl_fusion.use_wgsl_fusion(cuda) is False
     assert gpu.fusion_passes(cuda) == []
+
+
+def test_a_kernel_over_the_workgroup_memory_limit_is_not_made():
+    """llmchat's GEMV stages a 4096-wide vector (16 KiB) in workgroup memory: with the fused
+    reduction's buffers that fits 48 KiB, but not an adapter limit just above the staging."""
+    _fmt, mod, _named = _pair_module("rms", "q4f16_1", 4096, 4096, False)
+    (_, prologue), (_, gemv) = _decode_calls(mod)
+    target = _target()
+    fused = wgsl_fusion.fused_func(prologue, gemv, gpu.schedule_rules(target), target)
+    assert fused is not None
+    used = wgsl_fusion.shared_bytes(fused)
+    assert 4096 * 4 <= used < 49152
+    tight = tvm.target.Target({**WEBGPU, "max_shared_memory_per_block": used + 64})
+    # the rules schedule the GEMV for this target as before; the fused reductions do not fit
+    assert wgsl_fusion.fused_func(prologue, gemv, gpu.schedule_rules(tight), tight) is None
