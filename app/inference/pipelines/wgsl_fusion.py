@@ -217,6 +217,27 @@ def _schedule_prologue(sch: Any, names: list[str], tx: int) -> Any:
     return out.with_attr("tirx.is_scheduled", True) if isinstance(out, tirx.PrimFunc) else None
 
 
+def is_gemv(func: Any) -> bool:
+    """Whether ``func`` reduces its first parameter (the vector) along its last axis against a
+    2-D weight parameter: a GEMV (what the fusion targets; an element-wise consumer of the
+    prologue's output is left alone)."""
+    vec = func.params[0]
+    width = int(vec.shape[-1])
+    if not any(hasattr(p, "shape") and len(p.shape) == 2 for p in func.params[1:]):
+        return False
+    for block in _blocks(func.body):
+        if not any(r.source.same_as(vec) for r in block.reads):
+            continue
+        extents = [
+            int(iv.dom.extent)
+            for iv in block.iter_vars
+            if int(iv.iter_type) != 0 and hasattr(iv.dom.extent, "value")
+        ]
+        if extents and extents[-1] == width:
+            return True
+    return False
+
+
 def _weights(gemv: Any) -> int:
     """Out features x in features of a GEMV (its vector and output lengths)."""
     vec, out = gemv.params[0], gemv.params[-1]
@@ -231,6 +252,8 @@ def fused_func(prologue: Any, gemv: Any, rules: list[Any], target: Any) -> Any |
     if shape is None or len(shape) != 3 or shape[:2] != [1, 1] or len(gemv.params) < 3:
         return None
     if static_shape(gemv.params[-1]) is None:
+        return None
+    if not is_gemv(gemv):
         return None
     scheduled = schedule_alone(gemv, rules, target)
     if scheduled is None:

@@ -339,3 +339,25 @@ def test_a_kernel_over_the_workgroup_memory_limit_is_not_made():
     tight = tvm.target.Target({**WEBGPU, "max_shared_memory_per_block": used + 64})
     # the rules schedule the GEMV for this target as before; the fused reductions do not fit
     assert wgsl_fusion.fused_func(prologue, gemv, gpu.schedule_rules(tight), tight) is None
+
+
+def test_an_element_wise_consumer_keeps_its_prologue():
+    """Only GEMVs take the prologue in: an element-wise kernel reading the norm's output (every
+    workgroup would recompute the sum of squares for a few elements) keeps two kernels."""
+    from tvm import te
+
+    from app.inference.pipelines.cuda_rms_norm import reference_rms_norm
+
+    one, k = tvm.tirx.const(1, "int64"), tvm.tirx.const(96, "int64")
+    x = te.placeholder((one, one, k), "float16", name="x")
+    r = te.placeholder((one, one, k), "float16", name="r")
+    add = te.compute((one, one, k), lambda a, b, c: x[a, b, c] + r[a, b, c], name="add")
+    consumer = te.create_prim_func([x, r, add])
+    target = _target()
+    assert not wgsl_fusion.is_gemv(consumer)
+    assert (
+        wgsl_fusion.fused_func(reference_rms_norm(96, EPS), consumer, gpu.schedule_rules(target), target)
+        is None
+    )
+    _fmt, mod, _named = _pair_module("rms", "q4f16_1", 96, 7, False)
+    assert wgsl_fusion.is_gemv(_decode_calls(mod)[1][1])
