@@ -169,7 +169,10 @@ def graft_prologue(prologue: Any, scheduled_gemv: Any) -> Any | None:
         return None
 
 
-#: where the scalars computed from a reduction live (one per workgroup)
+#: where the scalars computed from a reduction live (the rsqrt of the norm): one copy per
+#: workgroup, written by one thread before a barrier. Not "local": TVM then stored the rsqrt in
+#: the register of the lowered cross-thread sum, which aliases the reduction's workgroup buffer,
+#: so threads read a value other threads had already overwritten (seen in the generated WGSL).
 SCALAR_SCOPE = "shared"
 
 
@@ -191,8 +194,7 @@ def _schedule_prologue(sch: Any, names: list[str], tx: int) -> Any:
         size = 1
         for dim in stmt.writes[0].source.shape:
             size *= int(dim)
-        reduces = any(int(iv.iter_type) != 0 for iv in stmt.iter_vars)
-        if not reduces and size > 1:
+        if not reduces_block(stmt) and size > 1:
             sch.compute_inline(block)
             continue
         if kernel_loop is None:
@@ -208,7 +210,7 @@ def _schedule_prologue(sch: Any, names: list[str], tx: int) -> Any:
     for block in per_workgroup:
         stmt = sch.get(block)
         loops = sch.get_loops(block)[1:]  # under the workgroup loop
-        if any(int(iv.iter_type) != 0 for iv in stmt.iter_vars):
+        if reduces_block(stmt):
             red = loops[-1]
             _, inner = sch.split(red, factors=[None, tx], preserve_unit_iters=True)
             sch.bind(inner, "threadIdx.x")

@@ -361,3 +361,18 @@ def test_an_element_wise_consumer_keeps_its_prologue():
     )
     _fmt, mod, _named = _pair_module("rms", "q4f16_1", 96, 7, False)
     assert wgsl_fusion.is_gemv(_decode_calls(mod)[1][1])
+
+
+def test_the_norms_scale_is_one_workgroup_value_written_once():
+    """The rsqrt of the sum of squares lives in workgroup memory, written by one thread and read
+    after a barrier (in a register it aliased the reduction's buffer: a race between threads)."""
+    import re
+
+    _fmt, _named, _calls, fused = _fused("rms", "q4f16_1", 896, 1152, False)
+    lib = tvm.compile(tvm.IRModule({"main": fused.with_attr("global_symbol", "main")}), target=_target())
+    src = "\n".join(m.inspect_source() for m in lib.mod.imports)
+    store = re.search(r"if \(i32\(threadIdx\.x\) == 0i\) \{\s*(\w+)\[0i\] = \(1\.0+e\+00f / sqrt", src)
+    assert store, src[:3000]
+    assert re.search(rf"var<workgroup> {store.group(1)} : array<f32, 1>;", src)
+    after = src[store.end() :]
+    assert after.index("workgroupBarrier()") < after.index(f"{store.group(1)}[0i]")
