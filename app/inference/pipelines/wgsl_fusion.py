@@ -22,8 +22,8 @@ The arithmetic is the prologue's own (TVM's blocks, inlined; the float16 roundin
 normalized value is kept); only the sum of squares is added in another order. A prologue is only
 fused where it is TVM's own ``rms_norm`` or split-SiLU-multiply of a float16 ``[1, 1, K]`` row
 (structurally equal to what TVM's passes make of the Relax op), its output feeds nothing else,
-and the GEMV recomputes it cheaply (:data:`MAX_RECOMPUTED_WEIGHTS`). ``LLMCHAT_WGSL_FUSION=off``
-keeps the separate kernels.
+and the GEMV recomputes it cheaply (:data:`MAX_RECOMPUTED_WEIGHTS`; ``LLMCHAT_WGSL_FUSION=all``
+lifts that limit). ``LLMCHAT_WGSL_FUSION=off`` keeps the separate kernels.
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ def use_wgsl_fusion(target: Any) -> bool:
     ``LLMCHAT_WGSL_FUSION=off``."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return target.kind.name == "webgpu" and choice not in ("off", "0", "no", "tvm")
+
+
+def recompute_limit() -> int | None:
+    """:data:`MAX_RECOMPUTED_WEIGHTS`, or None (no limit) with ``LLMCHAT_WGSL_FUSION=all``: to
+    measure whether a GEMV recomputing its prologue per row still gains from one dispatch less
+    (the 3B and 7B down projections)."""
+    return None if os.environ.get(FUSION_ENV, "").strip().lower() == "all" else MAX_RECOMPUTED_WEIGHTS
 
 
 def is_rms_norm(func: Any) -> bool:
@@ -260,7 +267,8 @@ def fused_func(prologue: Any, gemv: Any, rules: list[Any], target: Any) -> Any |
     scheduled = schedule_alone(gemv, rules, target)
     if scheduled is None:
         return None
-    if not _staged(scheduled, scheduled.params[0]) and _weights(gemv) > MAX_RECOMPUTED_WEIGHTS:
+    limit = recompute_limit()
+    if limit is not None and not _staged(scheduled, scheduled.params[0]) and _weights(gemv) > limit:
         return None
     fused = graft_prologue(prologue, scheduled)
     if fused is None:

@@ -228,7 +228,7 @@ def test_both_gemv_schedules_are_covered():
     assert staged == {(4096, 4096): True, (896, 1152): False}
 
 
-def test_a_costly_recompute_keeps_two_kernels():
+def test_a_costly_recompute_keeps_two_kernels(monkeypatch):
     """A GEMV that reads its vector inside the reduction recomputes the prologue per row: over
     MAX_RECOMPUTED_WEIGHTS (the tied logits GEMV of a 150k vocabulary) the prologue stays apart."""
     target = _target()
@@ -240,6 +240,8 @@ def test_a_costly_recompute_keeps_two_kernels():
     try:
         wgsl_fusion.MAX_RECOMPUTED_WEIGHTS = 896 * 16000 - 1
         assert wgsl_fusion.fused_func(prologue, gemv, rules, target) is None
+        monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "all")  # no limit: fused again
+        assert wgsl_fusion.fused_func(prologue, gemv, rules, target) is not None
     finally:
         wgsl_fusion.MAX_RECOMPUTED_WEIGHTS = old
 
