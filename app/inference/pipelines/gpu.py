@@ -23,7 +23,9 @@ ROCm, Vulkan and Metal), plus:
   and appends it to the KV cache: ``cuda_rope_append``), the decode RMSNorm and the greedy argmax,
   each chosen by GPU generation;
 - on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
-  along the keys over many workgroups with a merge kernel (``wgsl_attention``).
+  along the keys over many workgroups with a merge kernel (``wgsl_attention``);
+- on WebGPU/Vulkan, the RMSNorm and SiLU-gate kernels folded into the GEMV after them, which
+  these rules schedule (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 On WGSL, cross-thread reductions use subgroup shuffles only for an adapter profile with one fixed
@@ -631,6 +633,14 @@ def schedule_rules(target: Any) -> list[Any]:
     ]
 
 
+def fusion_passes(target: Any) -> list[Any]:
+    """On WGSL: prologue kernels (RMSNorm, SiLU gate) folded into the GEMV after them, which
+    :func:`schedule_rules` schedules (:mod:`.wgsl_fusion`)."""
+    from app.inference.pipelines.wgsl_fusion import fuse_prologues_pass, use_wgsl_fusion
+
+    return [fuse_prologues_pass(schedule_rules(target), target)] if use_wgsl_fusion(target) else []
+
+
 def fast_decode_pass() -> Any:
     """Module pass: :func:`fast_small_uint_to_float` on every PrimFunc (exact; removes I2F)."""
     return prim_func_pass("llmchat_fast_uint4_decode", fast_small_uint_to_float, only_unscheduled=True)
@@ -653,11 +663,32 @@ def _backend_passes(target: Any) -> Any:
     return pipeline
 
 
+def schedule_passes(target: Any) -> list[Any]:
+    """The pipeline's passes up to scheduled kernels (before the backend's lowering): what
+    :mod:`.kernel_count` counts the launches of."""
+    from tvm import relax
+    from tvm.s_tir import dlight as dl
+
+    return [
+        *_backend_passes(target).library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        *([fuse_silu_gate_pass()] if use_cuda_kernel_gemv(target) else []),
+        *([mark_rope_append_pass()] if fuse_rope_append(target) else []),
+        fast_decode_pass(),
+        *fusion_passes(target),
+        *attention_passes(target),
+        dl.ApplyDefaultSchedule(*schedule_rules(target)),
+        *([skip_single_token_pass()] if fuse_rope_append(target) else []),
+    ]
+
+
 def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
     """The relax pipeline for a GPU ``target``, as ``tvm.compile(..., relax_pipeline=...)`` takes it."""
     import tvm
-    from tvm import relax
-    from tvm.s_tir import dlight as dl
 
     backend = _backend_passes(target)
     graph = uses_cuda_graph(target) if cuda_graph is None else cuda_graph
@@ -667,18 +698,7 @@ def gpu_pipeline(target: Any, cuda_graph: bool | None = None) -> Any:
         config = dict(ctx.config) if ctx.config is not None else {}
         config["relax.backend.use_cuda_graph"] = bool(graph)
         passes = [
-            *backend.library_dispatch_passes(target),
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            *([fuse_silu_gate_pass()] if use_cuda_kernel_gemv(target) else []),
-            *([mark_rope_append_pass()] if fuse_rope_append(target) else []),
-            fast_decode_pass(),
-            *attention_passes(target),
-            dl.ApplyDefaultSchedule(*schedule_rules(target)),
-            *([skip_single_token_pass()] if fuse_rope_append(target) else []),
+            *schedule_passes(target),
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
         ]

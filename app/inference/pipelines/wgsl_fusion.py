@@ -1,0 +1,385 @@
+"""Fewer dispatches per decode step on WGSL (WebGPU/Vulkan): a GEMV computes its own input.
+
+On Vulkan every dispatch costs a fixed few microseconds whatever it does (5.4 us on an H200 with
+NVIDIA's driver), and a decode step of a small model is mostly such costs. Two kernels of every
+layer only prepare the next GEMV's input vector:
+
+- the RMSNorm before the q/k/v and the gate/up projections (and the final norm before the
+  logits): ``half(rsqrt(sum(x^2) / K + eps) * x * w)``;
+- the SiLU gate before the down projection: ``silu(h[:n]) * h[n:]``.
+
+:func:`fuse_prologues` replaces each such pair (prologue kernel -> GEMV reading only its output)
+by one kernel. The GEMV is first scheduled alone by the rules :mod:`.gpu` applies to it (whatever
+GEMV rule that is: llmchat's ``DecodeGEMV`` or dlight's), then the prologue's blocks are put in
+front of it and scheduled into its workgroups (:func:`graft_prologue`):
+
+- element-wise blocks are inlined where the GEMV reads its vector (into the staging in
+  workgroup memory where the rule stages the vector, else into the reduction itself);
+- the sum of squares (a reduction) and the rsqrt after it are computed by every workgroup, the
+  sum spread over the workgroup's ``threadIdx.x`` threads (a cross-thread reduction).
+
+The arithmetic is the prologue's own (TVM's blocks, inlined; the float16 rounding of the
+normalized value is kept); only the sum of squares is added in another order. A prologue is only
+fused where it is TVM's own ``rms_norm`` or split-SiLU-multiply of a float16 ``[1, 1, K]`` row
+(structurally equal to what TVM's passes make of the Relax op), its output feeds nothing else,
+and the GEMV recomputes it cheaply (:data:`MAX_RECOMPUTED_WEIGHTS`; ``LLMCHAT_WGSL_FUSION=all``
+lifts that limit). ``LLMCHAT_WGSL_FUSION=off`` keeps the separate kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from app.inference.pipelines.cuda_rms_norm import reference_rms_norm
+from app.inference.pipelines.cuda_silu_gate import silu_gate_width
+from app.inference.pipelines.tir_facts import bare_prim_func, float_constants, static_shape, tir_call
+
+#: the switch (``off`` keeps the prologue kernels); part of the library cache key
+FUSION_ENV = "LLMCHAT_WGSL_FUSION"
+#: a GEMV whose schedule reads its vector inside the reduction (no staging) recomputes the
+#: prologue once per row it computes: fused only up to this many weights (out x in features).
+#: The Qwen2.5-0.5B GEMVs (at most 9,728 x 896) are below it, its tied 151,936-row logits GEMV
+#: and the 7B MLP's are not.
+MAX_RECOMPUTED_WEIGHTS = 16 << 20
+
+
+def use_wgsl_fusion(target: Any) -> bool:
+    """Whether :func:`fuse_prologues_pass` runs for ``target``: on webgpu unless
+    ``LLMCHAT_WGSL_FUSION=off``."""
+    choice = os.environ.get(FUSION_ENV, "").strip().lower()
+    return target.kind.name == "webgpu" and choice not in ("off", "0", "no", "tvm")
+
+
+def recompute_limit() -> int | None:
+    """:data:`MAX_RECOMPUTED_WEIGHTS`, or None (no limit) with ``LLMCHAT_WGSL_FUSION=all``: to
+    measure whether a GEMV recomputing its prologue per row still gains from one dispatch less
+    (the 3B and 7B down projections)."""
+    return None if os.environ.get(FUSION_ENV, "").strip().lower() == "all" else MAX_RECOMPUTED_WEIGHTS
+
+
+def is_rms_norm(func: Any) -> bool:
+    """Whether ``func`` is TVM's rms_norm of a float16 ``[1, 1, K]`` row (any epsilon)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    if not isinstance(func, tirx.PrimFunc) or len(func.params) != 3:
+        return False
+    x, w, out = func.params
+    shapes = [static_shape(b) if hasattr(b, "shape") else None for b in (x, w, out)]
+    if any(s is None for s in shapes) or any(str(b.dtype) != "float16" for b in (x, w, out)):
+        return False
+    xs, ws, os_ = shapes
+    if len(xs) != 3 or xs[:2] != [1, 1] or xs != os_ or ws != [xs[2]]:
+        return False
+    bare = bare_prim_func(func)
+    return any(
+        tvm_ffi.structural_equal(bare, bare_prim_func(reference_rms_norm(xs[2], eps)))
+        for eps in sorted(float_constants(func))
+    )
+
+
+def prologue_kind(name: str, func: Any) -> str | None:
+    """``"rms_norm"`` or ``"silu_gate"`` when ``func`` (called ``name``) is a prologue this
+    module fuses into the GEMV after it, else None."""
+    if silu_gate_width(name, func):
+        return "silu_gate"
+    if is_rms_norm(func):
+        return "rms_norm"
+    return None
+
+
+def _blocks(stmt: Any) -> list[Any]:
+    """Every block under ``stmt``, in order."""
+    import tvm_ffi
+    from tvm import s_tir
+
+    found: list[Any] = []
+    tvm_ffi.structural_walk(stmt, [(s_tir.SBlock, found.append)])
+    return found
+
+
+def _thread_extent(stmt: Any, tag: str) -> int | None:
+    """The extent of the first loop of ``stmt`` bound to ``tag`` (``threadIdx.x``), or None."""
+    import tvm_ffi
+    from tvm import tirx
+
+    found: list[int] = []
+
+    def visit(loop: Any) -> None:
+        binding = loop.thread_binding
+        if not found and binding is not None and str(binding.thread_tag) == tag:
+            extent = loop.extent
+            if isinstance(extent, tirx.IntImm):
+                found.append(int(extent.value))
+
+    tvm_ffi.structural_walk(stmt, [(tirx.For, visit)])
+    return found[0] if found else None
+
+
+def schedule_alone(func: Any, rules: list[Any], target: Any) -> Any | None:
+    """``func`` scheduled by ``rules`` (dlight's ApplyDefaultSchedule, as the pipeline runs
+    them), or None when no rule took it."""
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        out = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))["main"]
+    if out.attrs is None or not out.attrs.get("tirx.is_scheduled", False):
+        return None
+    return out
+
+
+def _staged(scheduled: Any, vec: Any) -> bool:
+    """Whether every block of ``scheduled`` that reads ``vec`` only copies it into workgroup
+    memory (the prologue then runs once per element and workgroup)."""
+    readers = [b for b in _blocks(scheduled.body) if any(r.source.same_as(vec) for r in b.reads)]
+    return bool(readers) and all(all(str(w.source.scope()) == "shared" for w in b.writes) for b in readers)
+
+
+def graft_prologue(prologue: Any, scheduled_gemv: Any) -> Any | None:
+    """One scheduled PrimFunc computing ``scheduled_gemv`` (a GEMV whose first parameter is the
+    vector, scheduled already) on ``prologue``'s output, with the prologue's work done inside
+    the GEMV's kernel; parameters: the prologue's inputs, then the GEMV's other parameters.
+    None when the GEMV is not one kernel over ``blockIdx.x`` or a schedule step fails."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+
+    vec, p_out = scheduled_gemv.params[0], prologue.params[-1]
+    if static_shape(vec) != static_shape(p_out) or str(vec.dtype) != str(p_out.dtype):
+        return None
+    tx = _thread_extent(scheduled_gemv.body, "threadIdx.x")
+    if tx is None:
+        return None
+    # the prologue's blocks write the GEMV's vector buffer (now an intermediate)
+    p_body = tvm_ffi.structural_map(prologue.body, [(type(p_out), lambda b: vec if b.same_as(p_out) else b)])
+    p_root, g_root = p_body.block, scheduled_gemv.body.block
+    p_names = [b.name_hint for b in _blocks(p_root.body)]
+    root = s_tir.SBlock(
+        [],
+        [],
+        [],
+        "root",
+        tirx.SeqStmt([p_root.body, g_root.body]),
+        alloc_buffers=[*p_root.alloc_buffers, vec, *g_root.alloc_buffers],
+    )
+    attrs = {k: v for k, v in (scheduled_gemv.attrs or {}).items() if k != "global_symbol"}
+    func = tirx.PrimFunc(
+        [*prologue.params[:-1], *scheduled_gemv.params[1:]], s_tir.SBlockRealize([], True, root)
+    ).with_attrs(attrs)
+    try:
+        return _schedule_prologue(s_tir.Schedule(func), p_names, tx)
+    except Exception as err:  # a structure this schedule does not handle: keep two kernels
+        from app.debug_log import log
+
+        log.debug("WGSL fusion kept the prologue kernel: %s: %s", type(err).__name__, err)
+        return None
+
+
+#: where the scalars computed from a reduction live (the rsqrt of the norm): one copy per
+#: workgroup, written by one thread before a barrier. Not "local": TVM then stored the rsqrt in
+#: the register of the lowered cross-thread sum, which aliases the reduction's workgroup buffer,
+#: so threads read a value other threads had already overwritten (seen in the generated WGSL).
+SCALAR_SCOPE = "shared"
+
+
+def reduces_block(stmt: Any) -> bool:
+    """Whether the block ``stmt`` has a reduction iterator."""
+    return any(int(iv.iter_type) != 0 for iv in stmt.iter_vars)
+
+
+def _schedule_prologue(sch: Any, names: list[str], tx: int) -> Any:
+    """Inline the prologue's element-wise blocks; compute its reductions (and what reads only
+    them) per workgroup, the reduction spread over ``tx`` threads."""
+    from tvm import tirx
+
+    kernel_loop = None
+    per_workgroup = []  # reductions and the scalars computed from them, producers first
+    for name in reversed(names):  # consumers first: inlining and compute_at go that way
+        block = sch.get_sblock(name)
+        stmt = sch.get(block)
+        size = 1
+        for dim in stmt.writes[0].source.shape:
+            size *= int(dim)
+        if not reduces_block(stmt) and size > 1:
+            sch.compute_inline(block)
+            continue
+        if kernel_loop is None:
+            consumer = sch.get_consumers(block)[0]
+            kernel_loop = next(
+                lp
+                for lp in sch.get_loops(consumer)
+                if sch.get(lp).thread_binding is not None
+                and str(sch.get(lp).thread_binding.thread_tag) == "blockIdx.x"
+            )
+        sch.compute_at(block, kernel_loop, preserve_unit_loops=True)
+        per_workgroup.append(block)
+    for block in per_workgroup:
+        stmt = sch.get(block)
+        loops = sch.get_loops(block)[1:]  # under the workgroup loop
+        if reduces_block(stmt):
+            red = loops[-1]
+            _, inner = sch.split(red, factors=[None, tx], preserve_unit_iters=True)
+            sch.bind(inner, "threadIdx.x")
+        sch.set_scope(block, 0, "local" if reduces_block(stmt) else SCALAR_SCOPE)
+    out = sch.mod["main"]
+    return out.with_attr("tirx.is_scheduled", True) if isinstance(out, tirx.PrimFunc) else None
+
+
+def is_gemv(func: Any) -> bool:
+    """Whether ``func`` reduces its first parameter (the vector) along its last axis against a
+    2-D weight parameter: a GEMV (what the fusion targets; an element-wise consumer of the
+    prologue's output is left alone)."""
+    vec = func.params[0]
+    width = int(vec.shape[-1])
+    if not any(hasattr(p, "shape") and len(p.shape) == 2 for p in func.params[1:]):
+        return False
+    for block in _blocks(func.body):
+        if not any(r.source.same_as(vec) for r in block.reads):
+            continue
+        extents = [
+            int(iv.dom.extent)
+            for iv in block.iter_vars
+            if int(iv.iter_type) != 0 and hasattr(iv.dom.extent, "value")
+        ]
+        if extents and extents[-1] == width:
+            return True
+    return False
+
+
+def _weights(gemv: Any) -> int:
+    """Out features x in features of a GEMV (its vector and output lengths)."""
+    vec, out = gemv.params[0], gemv.params[-1]
+    return int(vec.shape[-1]) * int(out.shape[-1])
+
+
+def fused_func(prologue: Any, gemv: Any, rules: list[Any], target: Any) -> Any | None:
+    """The scheduled one-kernel PrimFunc of ``gemv(prologue(...), ...)``, or None when it is
+    not worth it or not possible (the GEMV keeps its own kernel)."""
+    vec = gemv.params[0]
+    shape = static_shape(vec) if hasattr(vec, "shape") else None
+    if shape is None or len(shape) != 3 or shape[:2] != [1, 1] or len(gemv.params) < 3:
+        return None
+    if static_shape(gemv.params[-1]) is None:
+        return None
+    if not is_gemv(gemv):
+        return None
+    scheduled = schedule_alone(gemv, rules, target)
+    if scheduled is None:
+        return None
+    limit = recompute_limit()
+    if limit is not None and not _staged(scheduled, scheduled.params[0]) and _weights(gemv) > limit:
+        return None
+    fused = graft_prologue(prologue, scheduled)
+    if fused is None:
+        return None
+    limit = int(target.attrs.get("max_shared_memory_per_block", 16384))
+    threads = int(target.attrs.get("max_num_threads", 256))
+    if shared_bytes(fused) + 2 * ALLREDUCE_BYTES * threads > limit:
+        return None  # the adapter would refuse the kernel: two kernels that it takes
+    return fused
+
+
+#: workgroup memory of one cross-thread reduction per thread (TVM's tree reduction, float32);
+#: the fused kernel has at most two (the prologue's sum of squares and the GEMV's own)
+ALLREDUCE_BYTES = 4
+
+
+def shared_bytes(func: Any) -> int:
+    """Workgroup memory ``func`` allocates in its blocks (``shared`` scope)."""
+    total = 0
+    for block in _blocks(func.body):
+        for buf in block.alloc_buffers:
+            if str(buf.scope()) != "shared":
+                continue
+            size = 1
+            for dim in buf.shape:
+                size *= int(dim)
+            total += size * max(1, buf.dtype.bits // 8)
+    return total
+
+
+def _fuse_block(block: Any, mod: Any, builder: Any, fused: dict[tuple[str, str], Any], make: Any) -> Any:
+    """``block`` with its prologue + GEMV pairs fused, or None when it has none."""
+    from tvm import relax
+
+    users = relax.analysis.udchain(block)
+    values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+    bindings, dropped = [], set()
+    for binding in block.bindings:
+        call = tir_call(binding.value) if isinstance(binding, relax.VarBinding) else None
+        vec = call[1][0] if call is not None and call[1] else None
+        inner = tir_call(values.get(vec)) if isinstance(vec, relax.DataflowVar) else None
+        if (
+            inner is None
+            or len(users.get(vec, [])) != 1
+            or not prologue_kind(inner[0].name_hint, mod[inner[0]])
+        ):
+            bindings.append(binding)
+            continue
+        key = (inner[0].name_hint, call[0].name_hint)
+        if key not in fused:
+            prim = make(mod[inner[0]], mod[call[0]])
+            fused[key] = prim and builder.add_func(prim, f"{key[1]}_{key[0]}")
+        if fused[key] is None:
+            bindings.append(binding)
+            continue
+        args = relax.Tuple([*inner[1], *call[1][1:]])
+        value = builder.normalize(relax.call_tir(fused[key], args, binding.var.ty))
+        bindings.append(relax.VarBinding(binding.var, value))
+        dropped.add(vec)
+    if not dropped:
+        return None
+    return relax.DataflowBlock([b for b in bindings if b.var not in dropped])
+
+
+def fuse_prologues(mod: Any, rules: list[Any], target: Any) -> Any:
+    """``mod`` with every ``y = gemv(prologue(...), ...)`` in a Relax dataflow block (the
+    prologue's output used by nothing else) turned into one ``call_tir`` of
+    :func:`fused_func`; kernels nothing calls any more leave the module."""
+    import tvm
+    from tvm import relax
+
+    builder = relax.BlockBuilder(mod)
+    fused: dict[tuple[str, str], Any] = {}
+
+    def make(prologue: Any, gemv: Any) -> Any | None:
+        return fused_func(prologue, gemv, rules, target)
+
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        blocks = [
+            (_fuse_block(b, mod, builder, fused, make) if isinstance(b, relax.DataflowBlock) else None, b)
+            for b in func.body.blocks
+        ]
+        if all(new is None for new, _ in blocks):
+            continue
+        body = relax.SeqExpr([new if new is not None else old for new, old in blocks], func.body.body)
+        builder.update_func(
+            gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+        )
+    if not any(v is not None for v in fused.values()):
+        return mod
+    out = builder.get()
+    called = {
+        gv.name_hint
+        for f in out.functions.values()
+        if isinstance(f, relax.Function)
+        for gv in relax.analysis.all_global_vars(f)
+    }
+    unused = {name for pair in fused for name in pair} - called
+    kept = {gv: f for gv, f in out.functions.items() if gv.name_hint not in unused}
+    return tvm.IRModule(kept, attrs=out.attrs, global_infos=out.global_infos)
+
+
+def fuse_prologues_pass(rules: list[Any], target: Any) -> Any:
+    """Module pass: :func:`fuse_prologues` (after FuseTIR, before the dlight rules; ``rules``
+    are the ones the pipeline applies afterwards)."""
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_fuse_prologues")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        return fuse_prologues(mod, rules, target)
+
+    return _pass
