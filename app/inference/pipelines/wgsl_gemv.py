@@ -3,23 +3,25 @@ thread layouts, the same family ``benchmarks/wgsl_gemv_sweep.py`` times on a GPU
 
 Each variant is named by its layout: threads per row (``t``), threads per workgroup (``b``),
 bytes per weight load (``l``: 4 = ``u32``, 8 = ``vec2<u32>``, 16 = ``vec4<u32>``), loads in flight
-(``u``), the grid kept at ``mb`` workgroups or more (``mb``), the staged activation vector's chunks
-padded against bank conflicts or not (``nopad``). Whether the rows are summed by subgroup
-shuffles or through workgroup memory is not the variant's choice but the adapter profile's: a
-``-sgN`` profile (one fixed subgroup size) lowers the same schedule to subgroup shuffles
-(:mod:`.wgsl_subgroups`).
+(``u``), the grid kept at ``mb`` workgroups or more (``mb``), the staged activation vector's
+chunks padded against bank conflicts or not (``nopad``), only rows of K values or more (``kK``).
+Whether the rows are summed by subgroup shuffles or through workgroup memory is not the
+variant's choice but the adapter profile's: a ``-sg32`` profile (one fixed subgroup size) lowers
+the same schedule to subgroup shuffles (:mod:`.wgsl_subgroups`).
 
 The product compiles :data:`DEFAULT`, chosen by the sweep on the H200's Vulkan driver
 (``benchmarks/results/h200-2026-12-02-gemv-sweep``, each GEMV alone, 200 launches per submission,
 µs per launch, the ~6 µs launch floor included): 32 rows per workgroup of 8 threads with 16-byte
 loads, and for the 11008-wide down projection, which those do not tile, 8 threads per row with
 ``u32`` loads and the vector unpadded (44 KiB of workgroup memory) where dlight's GEMV took it
-before. Llama-2-7B shape, against the layout before (``t32-b256-l16-u4``, down: dlight): qkv
-29.59 -> 24.86, o 13.65 -> 13.97, gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 ->
-52.84; the GEMVs of a decode step 4.49 -> 4.10 ms (sum of those, 32 layers). Not measured on an
-AMD GPU. ``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first that fits a GEMV
-takes it; what none fits goes to dlight's GEMV): ``t32-b256-l16-u4`` is the layout before. The
-switch is part of the library's cache key.
+before (rows of 8192 or more only: narrower rows that 16-byte loads do not tile, such as
+Qwen2.5-0.5B's 896, keep dlight's GEMV; not measured against it). Llama-2-7B shape, against the
+layout before (``t32-b256-l16-u4``, down: dlight): qkv 29.59 -> 24.86, o 13.65 -> 13.97,
+gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 -> 52.84; the GEMVs of a decode step
+4.49 -> 4.10 ms (sum of those, 32 layers). The whole model not yet measured with it; not
+measured on an AMD GPU. ``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first
+that fits a GEMV takes it; what none fits goes to dlight's GEMV): ``t32-b256-l16-u4`` is the
+layout before. The switch is part of the library's cache key.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from app.errors import LlmchatError
 #: the switch naming the variants to use
 ENV = "LLMCHAT_WGSL_GEMV"
 #: the rules the product compiles by default, in order (the module's docstring has the figures)
-DEFAULT = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad")
+DEFAULT = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad-k8192")
 #: ``DecodeGEMV()``'s layout on a 256-thread profile: the default before the sweep
 PREVIOUS = "t32-b256-l16-u4"
 #: WGSL vectors have at most 4 lanes (the vector's staging stores)
@@ -63,6 +65,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "t32-b256-l4-u8-nopad": {"t": 32, "b": 256, "l": 4, "u": 8, "pad": False},
     "t16-b256-l8-u4-mb128-nopad": {"t": 16, "b": 256, "l": 8, "u": 4, "mb": 128, "pad": False},
     "t32-b256-l16-u4-nopad": {"t": 32, "b": 256, "l": 16, "u": 4, "pad": False},
+    # the one above for rows of 8192 or more only (the 7B down projection, where it was measured)
+    "t8-b256-l4-u4-mb128-nopad-k8192": {
+        "t": 8,
+        "b": 256,
+        "l": 4,
+        "u": 4,
+        "mb": 128,
+        "pad": False,
+        "kmin": 8192,
+    },
 }
 
 
@@ -86,6 +98,7 @@ def rule(name: str) -> Any:
         pad_shared=p.get("pad", True),
         stage_vector_lanes=STAGE_LANES,
         pad_words=min(32, p["l"] * 2),  # one chunk's values (a 16-byte load: 32), then 4 words of padding
+        min_reduction=p.get("kmin", 0),
     )
 
 

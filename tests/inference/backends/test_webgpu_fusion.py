@@ -339,8 +339,11 @@ def test_a_kernel_over_the_workgroup_memory_limit_is_not_made():
     used = wgsl_fusion.shared_bytes(fused)
     assert 4096 * 4 <= used < 49152
     tight = tvm.target.Target({**WEBGPU, "max_shared_memory_per_block": used + 64})
-    # the rules schedule the GEMV for this target as before; the fused reductions do not fit
-    assert wgsl_fusion.fused_func(prologue, gemv, gpu.schedule_rules(tight), tight) is None
+    # llmchat's GEMV would stage the vector in padded chunks (18 KiB), over this limit: it leaves
+    # the GEMV to dlight's, which reads the vector in the reduction, and what is fused stays
+    # within the limit (no staging)
+    tight_fused = wgsl_fusion.fused_func(prologue, gemv, gpu.schedule_rules(tight), tight)
+    assert tight_fused is not None and wgsl_fusion.shared_bytes(tight_fused) < 4096 * 4
 
 
 def test_an_element_wise_consumer_keeps_its_prologue():

@@ -209,6 +209,7 @@ def test_gemv_variants_are_named_and_an_unknown_one_is_refused(monkeypatch):
         (16, 8, 128, True),
         (4, 8, 128, False),
     ]
+    assert default[1].min_reduction == 8192  # rows of 8192 or more only (the 7B down projection)
     monkeypatch.setenv(wgsl_gemv.ENV, wgsl_gemv.PREVIOUS)
     (previous,) = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
     assert (previous.load_bytes, previous.max_threads_per_row, previous.min_blocks) == (16, 32, 512)
@@ -248,7 +249,7 @@ SHAPES = [
     # variant, in features, out features (11008: the 7B down projection's width, which
     # 16-byte loads by 32 threads do not tile); the first two are the default
     ("t8-b256-l16-u4-mb128", 1024, 4096),
-    ("t8-b256-l4-u4-mb128-nopad", 11008, 4096),
+    ("t8-b256-l4-u4-mb128-nopad-k8192", 11008, 4096),
     ("t32-b256-l16-u4", 1024, 4096),
     ("t32-b256-l4-u4-nopad", 1024, 4096),
     ("t32-b128-l4-u4-mb128-nopad", 11008, 1024),
@@ -262,7 +263,7 @@ def test_a_staged_vector_larger_than_the_workgroup_memory_is_declined_not_a_fail
     (dlight's GEMV then takes it) instead of TVM failing the whole build."""
     _fmt, func, _named = _decode_gemv(11008, 4096)
     for profile, variant, takes in [
-        (PLAIN, "t8-b256-l4-u4-mb128-nopad", True),
+        (PLAIN, "t8-b256-l4-u4-mb128-nopad-k8192", True),
         ("wgsl-f16-wg32768-t256", "t8-b256-l4-u4-mb128-nopad", False),
         (PLAIN, "t32-b256-l4-u4", False),  # padded: 66 KiB
     ]:
@@ -371,3 +372,13 @@ def test_tvm_lowers_wgsl_reductions_for_32_wide_subgroups_whatever_the_target_sa
     assert "subgroupShuffleDown(red_buf0[0i], u32(8i))" in src
     with pytest.raises(LlmchatError):
         webgpu.Profile.parse("wgsl-f16-wg49152-t256-sg8")
+
+
+def test_the_down_projection_rule_leaves_narrower_rows_to_dlight():
+    """The default's u32-load rule was measured on 11008-wide rows only: a 896-wide GEMV
+    (Qwen2.5-0.5B), which 16-byte loads by 8 threads do not tile either, keeps dlight's GEMV."""
+    target = _target(PLAIN)
+    _fmt, func, _named = _decode_gemv(896, 4864)
+    with target:
+        assert wgsl_gemv.rule("t8-b256-l4-u4-mb128-nopad-k8192").apply(func, target, False) is None
+        assert wgsl_gemv.rule("t8-b256-l4-u4-mb128-nopad").apply(func, target, False) is not None
