@@ -19,14 +19,14 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from app import chat_commands
+from app import chat_commands, paths
 from app.errors import LlmchatError
 from app.history import HistoryDamaged, HistoryStore
 from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
 from app.inference.model_defaults import ModelSampling, effective_params, model_sampling
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
-CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
+CSS_FILE = paths.asset("llmchat.tcss")
 
 
 def screenshot_dir() -> Path:

@@ -34,3 +34,12 @@ def config_dir() -> Path:
 def models_dir() -> Path:
     """One sub-directory per installed model."""
     return data_dir() / "models"
+
+
+def asset(name: str) -> Path:
+    """A file of the repository's ``assets/`` folder (the app's stylesheet): inside the package
+    (``app/assets``, where the build puts it: setup.py) when installed, ``assets/`` in a checkout
+    (an editable install too)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "assets" / name
+    return packaged if packaged.is_file() else here.parent / "assets" / name

@@ -11,7 +11,13 @@ Subcommands
   depth     on the GPU machine: prefill speed at prompt lengths N and decode speed after N tokens
             of context (llama-bench's -p N and -n 128 -d N), random prompt ids, a fresh sequence
             for every measured run. JSON to --out.
-  copy-bw   device-to-device copy bandwidth (bytes read + written per second), via PyTorch.
+  copy-bw   device-to-device copy bandwidth (bytes read + written per second, TB/s), measured as
+            ``llmchat bench`` measures it (app.inference.hardware.copy_bandwidth).
+
+run and depth measure through ``app.commands.bench.measure``, the code of ``llmchat bench``: the
+two cannot give different figures for the same library, context window and protocol (``--gen``
+counts the generated tokens, the first of which comes from the prefill, as in ``llmchat bench``).
+``--backend cpu`` (with ``compile --arch cpu``) runs the same path on the CPU, as the tests do.
   make-gguf a Llama-architecture GGUF with random Q4_0 weights of the same shapes, for llama.cpp.
 
 Presets (app.inference.random_model): llama2-7b, qwen2.5-3b, qwen2.5-0.5b, ...
@@ -53,8 +59,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from app.inference.random_model import preset_config
 
     backend = ("rocm" if args.arch.startswith("gfx") else "vulkan" if args.arch.startswith("wgsl")
-               else "cuda")
+               else "cpu" if args.arch == "cpu" else "cuda")
     device = DeviceSpec(backend, 0)
+    arch = None if backend == "cpu" else args.arch
     plain = set(filter(None, args.plain.split(",")))
     manifest_path = Path(args.cache) / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -66,7 +73,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
             cfg = preset_config(preset, args.quant, args.context)
             t0 = time.time()
-            lib = get_library(cfg, device, arch=args.arch)
+            lib = get_library(cfg, device, arch=arch)
             print(json.dumps({"preset": preset, "plain_pipeline": use_plain, "arch": args.arch,
                               "lib": str(lib.lib_path), "seconds": round(time.time() - t0, 1),
                               "lib_bytes": lib.lib_path.stat().st_size}), flush=True)
@@ -161,34 +168,35 @@ def _check_device_argmax(engine: Any, steps: int) -> dict[str, Any] | None:
 
 
 def _bench_engine(engine: Any, gen: int, prompt: int, repeats: int) -> dict[str, Any]:
-    import numpy as np
+    """Decode (``gen`` tokens after a 1-token prompt) and prefill (a ``prompt``-token prompt; 0: none),
+    the best of ``repeats`` each, measured by ``llmchat bench``'s own code."""
+    from app.commands.bench import measure
 
-    from app.inference.api import ReplyStats, SamplingParams
-
-    def run(prompt_ids: list[int], max_tokens: int) -> ReplyStats:
-        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=0)
-        for _ in engine.generate(prompt_ids, params, ignore_eos=True, detokenize=False):
-            pass
-        return engine.last_stats
-
-    run([1], 32)  # warm-up: module load, CUDA-graph capture
-    decode = [run([1], gen + 1) for _ in range(repeats)]  # the first token comes from prefill
-    best = max(decode, key=lambda s: s.decode_tok_s)
-    out: dict[str, Any] = {
-        "decode_tok_s": round(best.decode_tok_s, 1),
-        "decode_tok_s_runs": [round(s.decode_tok_s, 1) for s in decode],
-        "generated_tokens": best.generated_tokens,
-        "ms_per_token": round(1000 / best.decode_tok_s, 3) if best.decode_tok_s else None,
-    }
-    if prompt:
-        vocab = engine.config.vocab_size
-        ids = np.random.default_rng(1).integers(0, vocab, size=prompt).tolist()
-        run(ids, 1)
-        pre = [run(ids, 1) for _ in range(repeats)]
-        best_pre = max(pre, key=lambda s: s.prefill_tok_s)
-        out.update({"prefill_tokens": prompt, "prefill_tok_s": round(best_pre.prefill_tok_s, 1),
-                    "prefill_tok_s_runs": [round(s.prefill_tok_s, 1) for s in pre]})
+    out = measure(engine, prompt, 0, gen, runs=repeats, warmup=32)
+    decode = out["decode_tok_s"]
+    out["ms_per_token"] = round(1000 / decode, 3) if decode else None
     return out
+
+
+def _copy_bandwidth_tbps(device: Any, given: float | None) -> tuple[float | None, str]:
+    """The roofline's copy bandwidth in TB/s and where it comes from: ``--copy-bw`` when given (not
+    0), else measured now on ``device`` by ``llmchat bench``'s measuring code."""
+    if given:
+        return given, "--copy-bw"
+    from app.errors import LlmchatError
+    from app.inference.hardware import copy_bandwidth
+
+    try:
+        return round(copy_bandwidth.measure(device).bytes_per_s / 1e12, 4), "measured (copy_bandwidth)"
+    except LlmchatError as err:
+        print(f"copy bandwidth not measured: {err}", file=sys.stderr, flush=True)
+        return None, "not measured"
+
+
+def _roofline_pct(res: dict[str, Any], copy_tbps: float | None) -> float | None:
+    if not copy_tbps or not res.get("decode_tok_s"):
+        return None
+    return round(100 * res["decode_tok_s"] * res["weight_bytes"] / (copy_tbps * 1e12), 1)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -198,9 +206,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.backend == "vulkan":
         return cmd_run_vulkan(args)
-    from app.inference.cuda_support import prepare_cuda_runtime
+    if args.backend == "cuda":
+        from app.inference.cuda_support import prepare_cuda_runtime
 
-    prepare_cuda_runtime()
+        prepare_cuda_runtime()
     if args.forbid_nvcc:  # prove the libraries carry binary kernels
         import app.inference.cuda_support as cs
 
@@ -213,23 +222,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from app.inference.random_model import load_random_engine
 
     _use_manifest(Path(args.cache), args.quant, args.context)
-    dev = tvm.cuda(0)
-    results: dict[str, Any] = {"device": dev.device_name, "tvm": tvm.__version__,
-                               "compute_version": dev.compute_version, "runtime_only": _runtime_only(),
-                               "copy_bw_TBps": args.copy_bw, "presets": {}}
+    dev = tvm.device(args.backend, 0)
+    copy_tbps, copy_source = _copy_bandwidth_tbps(dev, args.copy_bw)
+    results: dict[str, Any] = {"device": dev.device_name if args.backend == "cuda" else args.backend,
+                               "tvm": tvm.__version__,
+                               "compute_version": dev.compute_version if args.backend == "cuda" else None,
+                               "runtime_only": _runtime_only(), "copy_bw_TBps": copy_tbps,
+                               "copy_bw_source": copy_source, "presets": {}}
     plain = set(filter(None, args.plain.split(",")))
     for preset in args.presets.split(","):
         res: dict[str, Any] = {}
         try:
             os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
             t0 = time.time()
-            engine = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
+            engine = load_random_engine(preset, args.quant, device=args.backend,
+                                        context_window=args.context)
             res["load_s"] = round(time.time() - t0, 1)
             res["weight_bytes"] = engine.info.weight_bytes
             res.update(_bench_engine(engine, args.gen, args.prompt, args.repeats))
-            if args.copy_bw:
-                res["roofline_pct"] = round(100 * res["decode_tok_s"] * res["weight_bytes"]
-                                            / (args.copy_bw * 1e12), 1)
+            res["roofline_pct"] = _roofline_pct(res, copy_tbps)
             res["device_argmax"] = _check_device_argmax(engine, args.check_steps)
             if preset in plain:
                 logits, toks = _teacher_forced_logits(engine, args.check_steps, None)
@@ -237,7 +248,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 engine.close()
                 del engine
                 os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
-                ref = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
+                ref = load_random_engine(preset, args.quant, device=args.backend,
+                                         context_window=args.context)
                 ref_logits, _ = _teacher_forced_logits(ref, args.check_steps, toks)
                 ref_prompt = _prompt_logits(ref, 4)
                 prompt_pairs = list(zip(prompt_logits, ref_prompt, strict=True))
@@ -272,55 +284,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fresh_prompt_runner(engine: Any, rng: Any) -> Any:
-    """``run(n, max_tokens)``: a greedy reply to n fresh random ids (no prefix to reuse); its stats."""
-    from app.inference.api import SamplingParams
-
-    vocab = engine.config.vocab_size
-
-    def run(n: int, max_tokens: int) -> Any:
-        ids = rng.integers(0, vocab, size=max(1, n)).tolist()
-        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=0)
-        for _ in engine.generate(ids, params, ignore_eos=True, detokenize=False):
-            pass
-        return engine.last_stats
-
-    return run
-
-
 def cmd_depth(args: argparse.Namespace) -> int:
-    """Prefill tok/s for each prompt length and decode tok/s after each depth, per preset."""
+    """Prefill tok/s for each prompt length and decode tok/s after each depth, per preset, measured by
+    ``llmchat bench``'s code (a fresh prompt of random ids for every run: no prefix is reused)."""
     _set_cache(args.cache)
-    import numpy as np
     import tvm
 
-    from app.inference.cuda_support import prepare_cuda_runtime
+    from app.commands.bench import measure
     from app.inference.random_model import load_random_engine
 
-    prepare_cuda_runtime()
+    if args.backend == "cuda":
+        from app.inference.cuda_support import prepare_cuda_runtime
+
+        prepare_cuda_runtime()
     _use_manifest(Path(args.cache), args.quant, args.context)
-    dev = tvm.cuda(0)
-    results: dict[str, Any] = {"device": dev.device_name, "tvm": tvm.__version__, "context": args.context,
+    dev = tvm.device(args.backend, 0)
+    results: dict[str, Any] = {"device": dev.device_name if args.backend == "cuda" else args.backend,
+                               "tvm": tvm.__version__, "context": args.context,
                                "gen": args.gen, "repeats": args.repeats, "presets": {}}
     prompts = [int(x) for x in args.prompts.split(",") if x]
     depths = [int(x) for x in args.depths.split(",") if x]
     for preset in args.presets.split(","):
         res: dict[str, Any] = {"prefill": {}, "decode_at_depth": {}}
         try:
-            engine = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
-            run = _fresh_prompt_runner(engine, np.random.default_rng(3))
-            run(1, 32)  # warm-up: module load, CUDA-graph capture
-            for d in depths:
-                stats = [run(d, args.gen + 1) for _ in range(args.repeats)]  # first token: prefill's
-                res["decode_at_depth"][str(d)] = {"tok_s": round(max(s.decode_tok_s for s in stats), 1),
-                                                  "runs": [round(s.decode_tok_s, 1) for s in stats],
-                                                  "generated": stats[0].generated_tokens}
+            engine = load_random_engine(preset, args.quant, device=args.backend, context_window=args.context)
+            measure(engine, 0, 0, 32, warmup=0, seed=3)  # warm-up: module load, CUDA-graph capture
+            for i, d in enumerate(depths):
+                got = measure(engine, 0, d, args.gen, runs=args.repeats, warmup=0, seed=10 + i)
+                res["decode_at_depth"][str(d)] = {"tok_s": got["decode_tok_s"], "runs": got["decode_runs"],
+                                                  "generated": got["generated_tokens"]}
                 print("DECODE", preset, d, res["decode_at_depth"][str(d)], flush=True)
-            for n in prompts:
-                run(n, 1)
-                stats = [run(n, 1) for _ in range(args.repeats)]
-                res["prefill"][str(n)] = {"tok_s": round(max(s.prefill_tok_s for s in stats), 1),
-                                          "runs": [round(s.prefill_tok_s, 1) for s in stats]}
+            for i, n in enumerate(prompts):  # a warm-up prompt of each length first
+                got = measure(engine, n, 0, 0, runs=args.repeats, warmup=1, seed=100 + i)
+                res["prefill"][str(n)] = {"tok_s": got["prefill_tok_s"], "runs": got["prefill_runs"]}
                 print("PREFILL", preset, n, res["prefill"][str(n)], flush=True)
             engine.close()
             del engine
@@ -365,9 +361,7 @@ def cmd_run_vulkan(args: argparse.Namespace) -> int:
             res["load_s"] = round(time.time() - t0, 1)
             res["weight_bytes"] = engine.info.weight_bytes
             res.update(_bench_engine(engine, args.gen, args.prompt, args.repeats))
-            if args.copy_bw:
-                res["roofline_pct"] = round(100 * res["decode_tok_s"] * res["weight_bytes"]
-                                            / (args.copy_bw * 1e12), 1)
+            res["roofline_pct"] = _roofline_pct(res, args.copy_bw)
             res["device_argmax"] = _check_device_argmax(engine, args.check_steps)
             res["webgpu_stats"] = webgpu.stats(0)
             if args.reference == "cuda":
@@ -486,27 +480,24 @@ def _preset_key(preset: str, quant: str, context: int) -> Any:
 
 
 def _runtime_only() -> bool:
+    """Whether this process runs TVM without its compiler (a runtime-only wheel, or
+    ``TVM_USE_RUNTIME_LIB=1``)."""
     import tvm
 
+    loaded = getattr(tvm.base, "_LOADED_LIBS", None)
+    if isinstance(loaded, dict):
+        return "tvm_compiler" not in loaded
     return not (Path(tvm.__file__).parent / "lib" / "libtvm_compiler.so").exists()
 
 
 def cmd_copy_bw(args: argparse.Namespace) -> int:
-    import torch
+    """The device's copy bandwidth in TB/s (bytes read + written), measured by ``llmchat bench``'s code."""
+    import tvm
 
-    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        y.copy_(x)
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / 20
-    print(round(2 * x.numel() / seconds / 1e12, 3))
+    from app.inference.hardware import copy_bandwidth
+
+    dev = None if args.device == "cpu" else tvm.device(args.device, 0)
+    print(round(copy_bandwidth.measure(dev).bytes_per_s / 1e12, 4))
     return 0
 
 
@@ -591,17 +582,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="presets also built/checked with TVM's plain pipeline (comma list)")
     c = sub.add_parser("compile", parents=[common])
     c.add_argument("--arch", default="sm_90",
-                   help="sm_90, gfx1100, or a WGSL profile (wgsl-f16-wg49152-t256)")
+                   help="sm_90, gfx1100, a WGSL profile (wgsl-f16-wg49152-t256), or cpu")
     r = sub.add_parser("run", parents=[common])
     r.add_argument("--gen", type=int, default=512)
     r.add_argument("--prompt", type=int, default=512, help="prefill benchmark prompt length (0: skip)")
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--check-steps", type=int, default=8)
-    r.add_argument("--copy-bw", type=float, default=None, help="measured copy bandwidth, TB/s")
+    r.add_argument("--copy-bw", type=float, default=None,
+                   help="copy bandwidth for the roofline, TB/s (default or 0: measured here, as "
+                        "llmchat bench measures it)")
     r.add_argument("--plain-prefill", action="store_true")
     r.add_argument("--forbid-nvcc", action="store_true")
     r.add_argument("--out", required=True)
-    r.add_argument("--backend", choices=("cuda", "vulkan"), default="cuda")
+    r.add_argument("--backend", choices=("cuda", "vulkan", "cpu"), default="cuda")
     r.add_argument("--reference", choices=("none", "cuda"), default="none",
                    help="vulkan: check the logits against the CUDA library of the same preset")
     d = sub.add_parser("depth", parents=[common])
@@ -610,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--gen", type=int, default=128)
     d.add_argument("--repeats", type=int, default=2)
     d.add_argument("--out", required=True)
-    sub.add_parser("copy-bw")
+    d.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    cb = sub.add_parser("copy-bw")
+    cb.add_argument("--device", choices=("cuda", "rocm", "cpu"), default="cuda")
     w = sub.add_parser("wgsl-copy")
     w.add_argument("--build", default=None, metavar="LIB")
     w.add_argument("--lib", default=None, metavar="LIB")
@@ -620,6 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--vocab-dir", required=True, help="llama.cpp's models/ directory")
     g.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    prompts = [args.prompt] if args.cmd == "run" else (
+        [int(x) for x in args.prompts.split(",") if x] if args.cmd == "depth" else [])
+    if 1 in prompts:  # a 1-token "prefill" measures nothing (as llmchat bench refuses it)
+        ap.error("a prefill figure needs a prompt of 2 tokens or more (--prompt 0 skips the prefill pass)")
     return {"compile": cmd_compile, "run": cmd_run, "copy-bw": cmd_copy_bw,
             "make-gguf": cmd_make_gguf, "wgsl-copy": cmd_wgsl_copy, "depth": cmd_depth}[args.cmd](args)
 

@@ -252,7 +252,7 @@ def check_model(args: argparse.Namespace, name: str, model: str, work: Path, ben
     if bench:
         n, t = native["bench"]["decode_tok_s"], twin["bench"]["decode_tok_s"]
         res["decode_tok_s"] = {"native": n, "twin": t, "twin_over_native": round(t / n, 3) if n else None}
-        if "prefill_tok_s" in native["bench"]:
+        if native["bench"].get("prefill_tok_s") is not None:  # None: no prefill pass (--prompt 0)
             pn, pt = native["bench"]["prefill_tok_s"], twin["bench"]["prefill_tok_s"]
             res["prefill_tok_s"] = {"native": pn, "twin": pt,
                                     "twin_over_native": round(pt / pn, 3) if pn else None}

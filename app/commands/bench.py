@@ -4,7 +4,10 @@ Two passes, like ``llama-bench -p N`` and ``-n G -d D``: a prompt of ``--prompt-
 is prefilled and timed (prefill tok/s; a 1-token "prefill" measures nothing, so 0 skips the pass);
 then ``--depth`` tokens of context are prefilled untimed and ``--gen`` greedy tokens are decoded and
 timed (decode tok/s at that depth; depth 0 is MLC's protocol: a 1-token prompt, then 512 tokens).
-:func:`measure` is the code both this command and ``benchmarks/cpu_depth.py`` run."""
+:func:`measure` is the code this command, ``benchmarks/gpu_decode.py`` and ``benchmarks/cpu_depth.py``
+run. The roofline divides the decode speed by weight bytes ÷ the device's copy bandwidth, measured
+once per device and kept (``app.inference.hardware.copy_bandwidth``); where no copy can be measured,
+the datasheet's figure, and the output says which of the two (or ``--bandwidth``) it shows."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from app.commands.ask import (
@@ -73,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="GB/S",
-        help="memory bandwidth for the roofline (default: from the hardware probe)",
+        help="memory bandwidth for the roofline (default: the device's copy bandwidth, measured once)",
     )
     add_engine_argument(parser)
     from app.cli import add_prebuilt_argument
@@ -83,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _probe_bandwidth(backend: str) -> tuple[float | None, str | None]:
-    """(bytes/s, device name) of the GPU the probe picked, when it matches ``backend``."""
+    """(bytes/s, device name) of the GPU the probe picked, when it matches ``backend``: the
+    datasheet's figure (pci_ids, amd_gpus)."""
     try:
         from app.inference.hardware import shared_probe
 
@@ -95,6 +100,53 @@ def _probe_bandwidth(backend: str) -> tuple[float | None, str | None]:
         return None, None
     bw = getattr(gpu, "bandwidth_bytes_per_s", None)
     return (float(bw) if bw else None), getattr(gpu, "name", None)
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """The roofline's memory bandwidth and where it comes from: ``measured`` (a copy on this device,
+    kept per device in the cache), ``datasheet`` (the probe's figure for the GPU model) or ``given``
+    (``--bandwidth``)."""
+
+    bytes_per_s: float
+    source: str
+    measured_on: str | None = None  # the day of the measurement (measured only)
+
+    @property
+    def label(self) -> str:
+        gb = self.bytes_per_s / 1e9
+        gb_s = f"{gb:,.0f} GB/s" if gb >= 100 else f"{gb:.1f} GB/s"
+        if self.source == "measured":
+            return f"measured copy bandwidth ({gb_s}, measured {self.measured_on})"
+        if self.source == "datasheet":
+            return f"datasheet bandwidth ({gb_s}, not measured here)"
+        return f"given bandwidth ({gb_s}, --bandwidth)"
+
+
+def roofline_bandwidth(
+    given_gb_s: float | None, device: Any, backend: str, log: Any = None
+) -> tuple[Bandwidth | None, str | None]:
+    """The bandwidth the roofline divides by, and the GPU's name where the probe gave it: the given
+    one; else the device's copy bandwidth (measured once per device, then kept); else, where the
+    copy cannot be measured, the datasheet's figure, labelled as such."""
+    if given_gb_s:
+        return Bandwidth(given_gb_s * 1e9, "given"), None
+    from app.inference.hardware import copy_bandwidth
+
+    if device is not None or backend == "cpu":
+        try:
+            measured = copy_bandwidth.cached(device)
+        except LlmchatError as err:
+            if log is not None:
+                log(f"copy bandwidth not measured: {err.problem}")
+        else:
+            if log is not None:
+                when = f"kept from {measured.date}" if measured.cached else "measured now"
+                log(f"copy bandwidth of {measured.device}: {measured.bytes_per_s / 1e9:,.1f} GB/s, {when}")
+            gpu_name = _probe_bandwidth(backend)[1] if backend != "cpu" else None
+            return Bandwidth(measured.bytes_per_s, "measured", measured.date), gpu_name
+    sheet, gpu_name = _probe_bandwidth(backend)
+    return (Bandwidth(sheet, "datasheet") if sheet else None), gpu_name
 
 
 def _device_memory_used(engine: Any) -> int | None:
@@ -179,10 +231,14 @@ def measure(
     log: Any = None,
 ) -> dict[str, Any]:
     """Prefill tok/s of a ``prompt_tokens`` prompt (None when 0) and decode tok/s of ``gen`` tokens
-    after ``depth`` tokens of context, the best of ``runs`` each, on random token ids; a warm-up
-    pass of each kind first (none with ``warmup=0``). The figures of the best runs."""
+    after ``depth`` tokens of context (None when ``gen`` is 0), the best of ``runs`` each, on random
+    token ids; a warm-up pass of each kind first (none with ``warmup=0``). The figures of the best
+    runs. The one measuring code of ``llmchat bench``, ``benchmarks/gpu_decode.py`` and
+    ``benchmarks/cpu_depth.py``: it needs TVM's runtime only."""
     import numpy as np
 
+    if prompt_tokens == 1 or prompt_tokens < 0 or gen == 1 or gen < 0 or depth < 0:
+        raise ValueError(f"measure: prompt_tokens {prompt_tokens}, depth {depth}, gen {gen} measure nothing")
     config = getattr(engine, "config", None)
     vocab = config.vocab_size if config is not None else 1000
     rng = np.random.default_rng(seed)
@@ -207,8 +263,9 @@ def measure(
         if prompt_tokens:
             say(f"warm-up: a {prompt_tokens}-token prompt")
             _run_once(engine, ids(prompt_tokens), 2)
-        say(f"warm-up: {warmup} tokens")
-        _run_once(engine, ids(1), max(2, warmup))
+        if gen:
+            say(f"warm-up: {warmup} tokens")
+            _run_once(engine, ids(1), max(2, warmup))
     out["warmup_s"] = round(time.perf_counter() - t0, 2)
     best_prefill: ReplyStats | None = None
     for _ in range(max(1, runs) if prompt_tokens else 0):
@@ -219,6 +276,10 @@ def measure(
     if best_prefill is not None:
         out["prefill_tok_s"] = round(best_prefill.prefill_tok_s, 2)
         out["time_to_first_token_s"] = round(best_prefill.time_to_first_token_s, 5)
+    out["decode_tok_s"] = None
+    out["decode_runs"] = []
+    if not gen:
+        return out
     best: ReplyStats | None = None
     decode_runs = []
     for _ in range(max(1, runs)):
@@ -241,6 +302,10 @@ def run(args: argparse.Namespace) -> int:
     progress = StderrProgress()
     mem_before = None
     engine = _load(args, progress, ctx)
+
+    def log(text: str) -> None:
+        print(f"[bench] {text}", file=sys.stderr, flush=True)
+
     try:
         window = int(engine.info.context_window)
         if window < max(args.prompt_tokens + 2, max(args.depth, 1) + args.gen + 1):
@@ -250,41 +315,38 @@ def run(args: argparse.Namespace) -> int:
                 f"keep --prompt-tokens below {window - 1} and --depth + --gen below {window}",
             )
         mem_before = _device_memory_used(engine)
-        print(f"[bench] on {engine.info.device}", file=sys.stderr, flush=True)
+        log(f"on {engine.info.device}")
         figures = measure(
-            engine,
-            args.prompt_tokens,
-            args.depth,
-            args.gen,
-            runs=args.runs,
-            warmup=args.warmup,
-            log=lambda text: print(f"[bench] {text}", file=sys.stderr, flush=True),
+            engine, args.prompt_tokens, args.depth, args.gen, runs=args.runs, warmup=args.warmup, log=log
         )
         mem_peak = _device_memory_used(engine)
-        bandwidth = args.bandwidth * 1e9 if args.bandwidth else None
-        gpu_name = None
-        if bandwidth is None:
-            bandwidth, gpu_name = _probe_bandwidth(engine.info.backend)
-        weight_bytes = int(engine.info.weight_bytes)
-        roofline = bandwidth / weight_bytes if bandwidth and weight_bytes else None
-        decode = figures["decode_tok_s"]
-        result = {
-            "model": engine.info.model_id,
-            "quantization": engine.info.quantization,
-            "device": engine.info.device,
-            "gpu": gpu_name,
-            **figures,
-            "weight_bytes": weight_bytes,
-            "engine_memory_bytes": engine.memory_in_use_bytes(),
-            "device_memory_used_bytes": mem_peak,
-            "device_memory_used_before_bench_bytes": mem_before,
-            "bandwidth_bytes_per_s": bandwidth,
-            "roofline_tok_s": round(roofline, 1) if roofline else None,
-            "roofline_percent": round(100 * decode / roofline, 1) if roofline else None,
-            "context_window": engine.info.context_window,
-        }
+        info = engine.info
+        engine_memory = engine.memory_in_use_bytes()
+        device = getattr(getattr(engine, "runtime", None), "device", None)
     finally:
         engine.close()
+    # after the engine is closed: the copy has the memory its weights and KV cache held
+    bandwidth, gpu_name = roofline_bandwidth(args.bandwidth, device, info.backend, log)
+    weight_bytes = int(info.weight_bytes)
+    roofline = bandwidth.bytes_per_s / weight_bytes if bandwidth and weight_bytes else None
+    decode = figures["decode_tok_s"]
+    result = {
+        "model": info.model_id,
+        "quantization": info.quantization,
+        "device": info.device,
+        "gpu": gpu_name,
+        **figures,
+        "weight_bytes": weight_bytes,
+        "engine_memory_bytes": engine_memory,
+        "device_memory_used_bytes": mem_peak,
+        "device_memory_used_before_bench_bytes": mem_before,
+        "bandwidth_bytes_per_s": bandwidth.bytes_per_s if bandwidth else None,
+        "bandwidth_source": bandwidth.source if bandwidth else None,
+        "bandwidth_measured_on": bandwidth.measured_on if bandwidth else None,
+        "roofline_tok_s": round(roofline, 1) if roofline else None,
+        "roofline_percent": round(100 * decode / roofline, 1) if roofline else None,
+        "context_window": info.context_window,
+    }
     if args.depth == 0:  # what the models screen's speed estimates for this machine start from
         from app.inference import bench_store
 
@@ -303,11 +365,16 @@ def run(args: argparse.Namespace) -> int:
         if mem
         else f"weights: {weight_bytes / 2**20:.1f} MiB"
     )
-    if roofline:
-        print(
-            f"roofline: {result['roofline_percent']:.1f}% of {roofline:.1f} tok/s "
-            f"({bandwidth / 1e9:.0f} GB/s / weight bytes)"
-        )
+    if bandwidth and roofline:
+        print(roofline_line(result["roofline_percent"], roofline, bandwidth))
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def roofline_line(percent: float, roofline_tok_s: float, bandwidth: Bandwidth) -> str:
+    """``roofline: 53.3% of measured copy bandwidth (4,268 GB/s, measured 2026-12-02) …``"""
+    return (
+        f"roofline: {percent:.1f}% of {bandwidth.label}: {roofline_tok_s:,.1f} tok/s "
+        "if every weight byte were read at that rate"
+    )

@@ -656,7 +656,9 @@ def _build(mod: Any, target: Any, pipeline: Any, out_path: Path, progress: Progr
         _scratch_tempdir(),
         tvm.transform.PassContext(opt_level=3, config=_pass_config(target)),
     ):
-        executable = tvm.compile(mod, target, relax_pipeline=pipeline)
+        from app.inference.pipelines.wgsl_subgroups import tir_pipeline
+
+        executable = tvm.compile(mod, target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline(target))
         if progress:
             progress(ProgressEvent("compile", "writing the library", 2, 3))
         try:

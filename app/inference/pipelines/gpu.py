@@ -177,6 +177,8 @@ class DecodeGEMV:
         unroll_steps: int = 4,
         shared_vector_bytes: int = 40960,
         pad_shared: bool = True,
+        stage_vector_lanes: int = 8,
+        pad_words: int = 32,
     ) -> None:
         self.load_bytes = load_bytes
         self.max_threads_per_row = max_threads_per_row
@@ -185,6 +187,10 @@ class DecodeGEMV:
         self.unroll_steps = unroll_steps
         self.shared_vector_bytes = shared_vector_bytes
         self.pad_shared = pad_shared
+        # lanes of the vector's unpadded staging stores (WGSL allows at most 4) and the word
+        # multiple each padded chunk starts at (before its 4 words of padding)
+        self.stage_vector_lanes = stage_vector_lanes
+        self.pad_words = pad_words
 
     # dlight's ApplyDefaultSchedule calls rules through this interface
     def is_target_available(self, target: Any) -> bool:
@@ -289,6 +295,8 @@ class DecodeGEMV:
             stage_f32 and use_shared,
             self.pad_shared,
             scale_buf,
+            self.stage_vector_lanes,
+            self.pad_words,
         )
         if stage_f32 and use_shared:
             return s_tir.Schedule(_drop_roundtrip_casts(sch.mod["main"]))
@@ -336,6 +344,8 @@ class DecodeGEMV:
         stage_f32: bool,
         pad_shared: bool = True,
         scale_buf: Any = None,
+        stage_vector_lanes: int = 8,
+        pad_words: int = 32,
     ) -> None:
         rows, threads = cfg.rows_per_block, cfg.threads_per_row
         batch, spatial, red, red_inner = sch.get_loops(block)
@@ -366,7 +376,7 @@ class DecodeGEMV:
             vloop = sch.get_loops(vload)[-1]
             total = static_int(sch.get(vloop).extent) or 0
             padded = pad_shared and total % values_per_thread == 0
-            vec_len = 4 if padded else 8
+            vec_len = 4 if padded else stage_vector_lanes
             while vec_len > 1 and total % (rows * threads * vec_len) != 0:
                 vec_len //= 2
             _, vy, vx, vv = sch.split(vloop, factors=[None, rows, threads, vec_len], preserve_unit_iters=True)
@@ -381,7 +391,7 @@ class DecodeGEMV:
                 sch.transform_layout(
                     vload, ("write", 0), lambda *idx: (*idx[:-1], idx[-1] // chunk, idx[-1] % chunk)
                 )
-                sch.storage_align(vload, 0, axis=ndim - 1, factor=32, offset=4)
+                sch.storage_align(vload, 0, axis=ndim - 1, factor=pad_words, offset=4)
             if stage_f32:
                 # per step: the thread's chunk of the vector into registers (16-byte shared loads)
                 shared_buf = sch.get(vload).writes[0].source

@@ -66,6 +66,8 @@ class Adapter:
             "device_id": self.device_id,
             "shader_f16": self.shader_f16,
             "subgroups": self.subgroups,
+            "subgroup_min_size": self.subgroup_min_size,
+            "subgroup_max_size": self.subgroup_max_size,
             "limits": dict(self.limits),
         }
 
@@ -157,48 +159,81 @@ def adapter(index: int) -> Adapter:
     return adapters()[index]
 
 
+#: subgroup sizes TVM's warp-shuffle reductions can use (powers of two up to a wave64); the
+#: adapter must report one fixed size, min == max
+SUBGROUP_SIZES = (4, 8, 16, 32, 64)
+
+
 @dataclass(frozen=True)
 class Profile:
-    """What of an adapter decides the compiled WGSL: shader-f16, workgroup memory, threads. Its
-    text form (``wgsl-f16-wg32768-t256``) is the library's device fingerprint and what
-    ``--arch`` takes to build for an adapter that is not here (a prebuilt library, a benchmark)."""
+    """What of an adapter decides the compiled WGSL: shader-f16, workgroup memory, threads, and
+    the subgroup size when the adapter has one fixed size. Its text form
+    (``wgsl-f16-wg32768-t256``, ``wgsl-f16-wg49152-t256-sg32``) is the library's device
+    fingerprint and what ``--arch`` takes to build for an adapter that is not here (a prebuilt
+    library, a benchmark)."""
 
     f16: bool
     workgroup_bytes: int
     threads: int
+    subgroup: int = 0  # 0: no subgroup operations in the compiled code
 
     def __str__(self) -> str:
-        return f"wgsl-{'f16' if self.f16 else 'f32'}-wg{self.workgroup_bytes}-t{self.threads}"
+        text = f"wgsl-{'f16' if self.f16 else 'f32'}-wg{self.workgroup_bytes}-t{self.threads}"
+        return f"{text}-sg{self.subgroup}" if self.subgroup else text
 
     @classmethod
     def of(cls, a: Adapter) -> Profile:
         shared = min(int(a.limits.get("max_compute_workgroup_storage_size", 16384)), 65536)
         threads = min(int(a.limits.get("max_compute_invocations_per_workgroup", 256)), MAX_THREADS)
-        return cls(a.shader_f16, shared, threads)
+        return cls(a.shader_f16, shared, threads, subgroup_size(a))
 
     @classmethod
     def parse(cls, text: str) -> Profile:
-        m = re.fullmatch(r"wgsl-(f16|f32)-wg(\d+)-t(\d+)", text.strip())
+        m = re.fullmatch(r"wgsl-(f16|f32)-wg(\d+)-t(\d+)(?:-sg(\d+))?", text.strip())
+        sizes = ", ".join(str(s) for s in SUBGROUP_SIZES)
         if not m:
             raise LlmchatError(
                 f"{text!r} is not a WGSL adapter profile.",
-                "use the form wgsl-f16-wg32768-t256 (see `llmchat doctor`)",
+                "use the form wgsl-f16-wg32768-t256, with -sgN for a fixed subgroup size N "
+                f"({sizes}; see `llmchat doctor`)",
             )
-        return cls(m.group(1) == "f16", int(m.group(2)), int(m.group(3)))
+        subgroup = int(m.group(4) or 0)
+        threads = int(m.group(3))
+        if m.group(4) is not None and (subgroup not in SUBGROUP_SIZES or subgroup > threads):
+            raise LlmchatError(
+                f"{text!r} asks for subgroups of {subgroup}, which llmchat's WGSL cannot use.",
+                f"use -sgN with N one of {sizes} (at most the thread count), or leave -sgN out",
+            )
+        return cls(m.group(1) == "f16", int(m.group(2)), threads, subgroup)
+
+
+def subgroup_size(a: Adapter) -> int:
+    """The subgroup size compiled code may assume on ``a``: its size when the adapter offers
+    subgroups with one fixed size (min == max) that TVM's reductions can use; else 0 (TVM assumes
+    a fixed warp size, so with sizes that vary a reduction or broadcast could read wrong lanes).
+    ``LLMCHAT_WGSL_SUBGROUPS=0`` turns them off."""
+    if os.environ.get("LLMCHAT_WGSL_SUBGROUPS", "").strip() == "0":
+        return 0
+    if not a.subgroups or a.subgroup_min_size != a.subgroup_max_size:
+        return 0
+    size = a.subgroup_min_size
+    threads = min(int(a.limits.get("max_compute_invocations_per_workgroup", 256)), MAX_THREADS)
+    return size if size in SUBGROUP_SIZES and size <= threads else 0
 
 
 def target_dict(index: int, host: dict[str, Any], profile: str | None = None) -> dict[str, Any]:
     """TVM's ``webgpu`` target sized to the adapter (or to ``profile``): workgroup memory and
     threads from its limits (TVM assumes 32 KiB; a prefill attention of a 1B model wants more
-    than WebGPU's default 16 KiB); subgroups stay off (TVM's shuffles assume 32-wide subgroups,
-    lavapipe's are 8 wide, RADV may use 64)."""
+    than WebGPU's default 16 KiB); subgroups only for a profile with a fixed subgroup size
+    (``-sgN``: TVM's shuffles assume one warp size; lavapipe offers none, RADV may run 32 or 64
+    wide), with ``thread_warp_size`` that size."""
     p = Profile.parse(profile) if profile else Profile.of(adapter(index))
     return {
         "kind": "webgpu",
         "max_num_threads": p.threads,
         "max_shared_memory_per_block": p.workgroup_bytes,
-        "thread_warp_size": 1,
-        "supports_subgroups": False,
+        "thread_warp_size": p.subgroup or 1,
+        "supports_subgroups": bool(p.subgroup),
         "host": host,
     }
 

@@ -92,6 +92,7 @@ struct Adapter {
   WGPULimits limits = WGPU_LIMITS_INIT;
   bool f16 = false;
   bool subgroups = false;
+  WGPUFeatureName subgroup_feature = WGPUFeatureName_Subgroups;  // the name this wgpu offers it by
 };
 
 static std::recursive_mutex& lock() {
@@ -149,7 +150,16 @@ static std::vector<Adapter>& adapters() {
       // broken, and the tests of the float32 fallback)
       const char* f16_env = getenv("LLMCHAT_WEBGPU_F16");
       a.f16 = wgpuAdapterHasFeature(h, WGPUFeatureName_ShaderF16) && !(f16_env && std::string(f16_env) == "0");
-      a.subgroups = wgpuAdapterHasFeature(h, WGPUFeatureName_Subgroups);
+      // wgpu-native 29 offers subgroups as its native feature "subgroup"; WebGPU's standard
+      // "subgroups" where a later version maps it
+      const auto native_subgroup = static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup);
+      if (wgpuAdapterHasFeature(h, WGPUFeatureName_Subgroups)) {
+        a.subgroups = true;
+        a.subgroup_feature = WGPUFeatureName_Subgroups;
+      } else if (wgpuAdapterHasFeature(h, native_subgroup)) {
+        a.subgroups = true;
+        a.subgroup_feature = native_subgroup;
+      }
       out.push_back(a);
     }
     std::stable_sort(out.begin(), out.end(),
@@ -354,6 +364,9 @@ static Context* get_context(int index) {
   want.nextInChain = nullptr;
   std::vector<WGPUFeatureName> features;
   if (a.f16) features.push_back(WGPUFeatureName_ShaderF16);
+  // WGSL with `enable subgroups;` (a library built for a -sgN profile) needs the feature on the
+  // device; code built without subgroups runs the same with it
+  if (a.subgroups) features.push_back(a.subgroup_feature);
 
   WGPUDeviceDescriptor desc = {};
   std::string label = "llmchat";
@@ -641,7 +654,11 @@ class WebGPUDeviceAPI final : public DeviceAPI {
         *rv = static_cast<int64_t>(a.limits.maxComputeInvocationsPerWorkgroup);
         break;
       case tvm::runtime::kWarpSize:
-        *rv = static_cast<int64_t>(1);  // llmchat's WGSL kernels use no subgroup operations
+        // the subgroup size compiled code may assume: one fixed size (min == max), else 1
+        *rv = static_cast<int64_t>(a.subgroups && a.info.subgroupMinSize == a.info.subgroupMaxSize &&
+                                           a.info.subgroupMinSize > 0
+                                       ? a.info.subgroupMinSize
+                                       : 1);
         break;
       case tvm::runtime::kMaxSharedMemoryPerBlock:
         *rv = static_cast<int64_t>(a.limits.maxComputeWorkgroupStorageSize);
@@ -926,9 +943,21 @@ class WebGPUModule final : public ffi::ModuleObj {
     pld.bindGroupLayouts = &k->layout;
     WGPUPipelineLayout playout = wgpuDeviceCreatePipelineLayout(ctx->device, &pld);
 
+    // TVM writes `enable subgroups;` before subgroup operations; wgpu-native 29's WGSL parser
+    // (naga) rejects that directive ("not yet supported") but takes the operations themselves on
+    // a device with its native "subgroup" feature: the directive goes, the operations stay
+    std::string source = code;
+    const std::string directive = "enable subgroups;";
+    for (size_t at = source.find(directive); at != std::string::npos; at = source.find(directive)) {
+      if (!ctx->adapter->subgroups) {
+        LLMCHAT_FAIL("kernel " << fname << " uses subgroup operations; this adapter offers none "
+                               << "(rebuild the model library for this adapter)");
+      }
+      source.erase(at, directive.size());
+    }
     WGPUShaderSourceWGSL wgsl = {};
     wgsl.chain.sType = WGPUSType_ShaderSourceWGSL;
-    wgsl.code = view(code);
+    wgsl.code = view(source);
     WGPUShaderModuleDescriptor smd = {};
     smd.nextInChain = &wgsl.chain;
     WGPUShaderModule sm = wgpuDeviceCreateShaderModule(ctx->device, &smd);
