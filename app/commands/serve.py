@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="least time between two chunks of a streamed reply: the text that comes meanwhile goes "
-        "in one chunk, fewer chunks leave the engine more CPU (default 0.03; 0: about one per token)",
+        "in one chunk, fewer chunks leave the engine more CPU (default 0.05; 0: about one per token)",
     )
     parser.add_argument(
         "--context-window",
@@ -77,7 +77,7 @@ def _interval(text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a time in seconds from 0 to 10 (e.g. 0.03)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time in seconds from 0 to 10 (e.g. 0.05)")
     return value
 
 

@@ -13,7 +13,7 @@ the meantime, and its end at once: the same text in fewer chunks when tokens com
 Each chunk costs the server and the client CPU time (an event-loop wake-up, an SSE event written,
 then read and parsed by the client — the ``openai`` package takes most of a millisecond per chunk);
 where they share the cores with the engine (a CPU model, a client on the same machine), that time
-came out of the decode: 0.81–0.88 of ``llmchat bench``'s decode speed with one chunk per token on
+comes out of the decode: 0.81–0.88 of ``llmchat bench``'s decode speed with one chunk per token on
 the 2-core box (BENCHMARKS.md).
 """
 
@@ -45,9 +45,12 @@ DEFAULT_MAX_QUEUE = 16
 #: most bytes of a request body
 MAX_BODY_BYTES = 4 << 20
 #: a streamed reply's text is sent at most this often (seconds; 0: a chunk as soon as the request's
-#: loop is free to send one, about one per token): a frame of a 30 Hz terminal, the same burst
-#: length as the engine's batches of greedy steps on a GPU (``generation.AHEAD_BURST_S``)
-DEFAULT_STREAM_INTERVAL_S = 0.03
+#: loop is free to send one, about one per token): 20 chunks/s, the rate at which llmchat's own chat
+#: screen pulls a local reply's text (``screens.chat.UI_REFRESH_S``). Each chunk wakes the server's
+#: loop and the client, and costs each about a millisecond of CPU on the 2-core box while the engine
+#: streams the weights through the caches (BENCHMARKS.md): one per token took ~12 % of a token's time
+#: at 130 tok/s
+DEFAULT_STREAM_INTERVAL_S = 0.05
 
 
 class ApiError(Exception):
