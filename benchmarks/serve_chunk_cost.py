@@ -167,7 +167,8 @@ def main() -> int:
             f"interval {interval!s:>7}: {row['chunks']:4d} chunks for {args.tokens} tokens; per token: "
             f"loop {row['loop_ms_per_token']:.3f} ms, client {row['client_ms_per_token']:.3f} ms "
             f"({100 * row['loop_and_client_share_of_token_time']:.1f} % of a token's "
-            f"{1000 * period:.1f} ms); engine thread (sleeps included) {row['engine_thread_ms_per_token']:.3f} ms",
+            f"{1000 * period:.1f} ms); engine thread (sleeps included) "
+            f"{row['engine_thread_ms_per_token']:.3f} ms",
             flush=True,
         )
     figures = {
