@@ -249,9 +249,10 @@ def main() -> int:
                     offset += clients * per
             for url in ours.values():  # warm every server up (the first request loads what it needs)
                 asyncio.run(through_server(url, MODEL_ID, 8))
-            for _ in range(args.overhead_rounds):
+            for round_ in range(args.overhead_rounds):
+                order = list(ours.items())[:: -1 if round_ % 2 else 1]  # ABBA: no server always first
                 served = {interval: asyncio.run(through_server(url, MODEL_ID, args.overhead_tokens))
-                          for interval, url in ours.items()}
+                          for interval, url in order}
                 tokens = served[intervals[0]]["tokens"]
                 bench = bench_in_process(args.device, tokens, env)
                 for interval, result in served.items():
