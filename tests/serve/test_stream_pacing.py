@@ -98,32 +98,47 @@ def test_chunks_come_at_most_once_per_interval_with_all_the_text(engine):
 
 
 def test_interval_zero_sends_text_as_soon_as_the_loop_takes_it(engine):
-    """``--stream-interval 0``: no gathering on purpose — a reply whose steps are slower than the
-    loop gets a chunk per step that made text."""
+    """``--stream-interval 0``: no gathering on purpose. Each decode step here waits (up to 5 s) for
+    the loop to take the text before it, so every piece of text is a chunk of its own; the wait
+    shows how long the server held the text: next to nothing with 0, the interval otherwise."""
+    import statistics
+
     model = engine.info.model_id
+    per_step = [
+        e.text for e in engine.complete([Message("user", "Hello!")], greedy(8)) if isinstance(e, TextDelta)
+    ]
+    assert len(per_step) > 2
     real = engine.runtime.decode
-    per_step: list[str] = []
 
-    def slow_decode(token):
-        time.sleep(0.15)  # far longer than the loop needs to send a chunk
-        return real(token)
+    def run(interval: float) -> tuple[list[str], list[float]]:
+        waits: list[float] = []
 
-    expected, _ = direct(engine, "Hello!", greedy(6))
-    for event in engine.complete([Message("user", "Hello!")], greedy(6)):
-        if isinstance(event, TextDelta):
-            per_step.append(event.text)
-    engine.runtime.decode = slow_decode
-    try:
-        with serving(engine, stream_interval=0) as served:
-            api = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
-            chunks = list(
-                api.chat.completions.create(
-                    model=model, messages=USER, temperature=0, top_p=1, max_tokens=6, stream=True
+        def handed_over(token):
+            job = served.state.scheduler.running
+            started = time.monotonic()
+            while job._text and time.monotonic() - started < 5:
+                time.sleep(0.002)
+            waits.append(time.monotonic() - started)
+            return real(token)
+
+        engine.runtime.decode = handed_over
+        try:
+            with serving(engine, stream_interval=interval) as served:
+                api = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
+                chunks = list(
+                    api.chat.completions.create(
+                        model=model, messages=USER, temperature=0, top_p=1, max_tokens=8, stream=True
+                    )
                 )
-            )
-    finally:
-        del engine.runtime.decode
-    assert content_chunks(chunks) == per_step and "".join(per_step) == expected
+        finally:
+            del engine.runtime.decode
+        return content_chunks(chunks), waits
+
+    texts, waits = run(0)
+    assert texts == per_step
+    assert statistics.median(waits) < 0.1  # taken as it came
+    held_texts, held = run(0.3)
+    assert held_texts == per_step and statistics.median(held) > 0.2  # the same, held for the interval
 
 
 # -- the mailbox -------------------------------------------------------------------------------
