@@ -47,9 +47,8 @@ MAX_BODY_BYTES = 4 << 20
 #: a streamed reply's text is sent at most this often (seconds; 0: a chunk as soon as the request's
 #: loop is free to send one, about one per token): 20 chunks/s, the rate at which llmchat's own chat
 #: screen pulls a local reply's text (``screens.chat.UI_REFRESH_S``). Each chunk wakes the server's
-#: loop and the client, and costs each about a millisecond of CPU on the 2-core box while the engine
-#: streams the weights through the caches (BENCHMARKS.md): one per token took ~12 % of a token's time
-#: at 130 tok/s
+#: loop and the client, and costs each 0.2–1.2 ms of CPU on the 2-core box (BENCHMARKS.md): a chunk
+#: per token took 9–12 % of a token's time at 130 tok/s, one per 0.05 s 4 %
 DEFAULT_STREAM_INTERVAL_S = 0.05
 
 
