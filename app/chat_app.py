@@ -209,7 +209,8 @@ def remote_services(endpoint: str, api_key: str | None = None) -> Services:
 
 
 class ChatCommandsProvider(Provider):
-    """The slash commands (and switching to an installed model) in the command palette."""
+    """The slash commands, switching to an installed model and to a saved server in the command
+    palette."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
         app: LlmchatApp = self.app  # type: ignore[assignment]
@@ -223,6 +224,14 @@ class ChatCommandsProvider(Provider):
         for model_id in installed:
             title = f"/model {model_id}"
             found.append((title, "switch to this installed model", _bind(app.start_model, model_id)))
+        for server in _saved_servers():
+            found.append(
+                (
+                    f"/model {server.ref}",
+                    f"chat with {server.model} on the saved server {server.endpoint}",
+                    _bind(app.start_model, server.ref),
+                )
+            )
         return found
 
     async def discover(self) -> Hits:
@@ -235,6 +244,17 @@ class ChatCommandsProvider(Provider):
             score = matcher.match(title)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), callback, help=help_text)
+
+
+def _saved_servers() -> list[Any]:
+    """The servers saved in the models screen ("add a server"); none when the file cannot be read (the
+    models screen says why)."""
+    from app.inference.saved_servers import load_servers
+
+    try:
+        return load_servers()
+    except LlmchatError:
+        return []
 
 
 def _bind(function: Callable[[Any], Any], arg: Any) -> Callable[[], Any]:

@@ -55,14 +55,16 @@ def context_window_arg(text: str) -> int:
     return value
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and ``--device`` of the commands that load a model (ask, bench, serve). SUPPRESS: a
-    value given before the subcommand (``llmchat --model X ask ...``) is kept."""
+def add_model_arguments(parser: argparse.ArgumentParser, saved_servers: bool = False) -> None:
+    """``--model`` and ``--device`` of the commands that load a model (ask, bench, serve; ``saved_servers``:
+    ``--model server:NAME`` connects to a saved server instead). SUPPRESS: a value given before the
+    subcommand (``llmchat --model X ask ...``) is kept."""
+    servers = ", or server:NAME for a server saved in the models screen" if saved_servers else ""
     parser.add_argument(
         "--model",
         default=argparse.SUPPRESS,
         metavar="ID_OR_PATH",
-        help="catalog id or model directory (default: the built-in default model)",
+        help=f"catalog id or model directory (default: the built-in default model){servers}",
     )
     parser.add_argument(
         "--device",
@@ -118,7 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Without a subcommand, starts the chat app.",
     )
     parser.add_argument("--version", action="version", version=f"llmchat {__version__}")
-    parser.add_argument("--model", help="catalog id or model directory to chat with")
+    parser.add_argument(
+        "--model",
+        help="catalog id or model directory to chat with, or server:NAME for a server saved in the "
+        "models screen",
+    )
     parser.add_argument(
         "--device",
         default="auto",

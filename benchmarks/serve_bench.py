@@ -1,7 +1,7 @@
 """``llmchat serve`` under load, next to llama.cpp's server on the same GGUF and machine.
 
     .venv/bin/python benchmarks/serve_bench.py [--device cpu] [--clients 1 4 16] [--max-tokens 64]
-        [--json OUT.json]
+        [--stream-interval S ...] [--overhead-only] [--json OUT.json]
 
 What it does (both servers run at once, each measurement alternates between them so that a busy
 machine slows both alike):
@@ -21,7 +21,10 @@ machine slows both alike):
 4. The HTTP path's overhead: one long streamed reply through ``llmchat serve`` (decode tok/s as the
    client sees it: tokens after the first over the time from the first to the last chunk) against
    ``llmchat bench`` on the same model and device decoding as many tokens in-process, alternated
-   ``--overhead-rounds`` times. The goal is ≥ 95 %.
+   ``--overhead-rounds`` times. The goal is ≥ 95 %. With several ``--stream-interval`` values, one
+   ``llmchat serve`` per value runs at once and each round streams through every one of them, then
+   runs bench (an A/B of the pacing on the same machine state); ``--overhead-only`` skips llama.cpp
+   and the load steps.
 
 Nothing here is a test: the figures go to BENCHMARKS.md with the command and the machine's load.
 """
@@ -129,7 +132,7 @@ async def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
                 first = first or last
                 chunks += 1
     tokens = int(usage.completion_tokens) if usage is not None else chunks
-    return {"ttft_s": (first or time.perf_counter()) - started, "tokens": tokens,
+    return {"ttft_s": (first or time.perf_counter()) - started, "tokens": tokens, "chunks": chunks,
             "decode_s": (last - first) if first and last else 0.0, "total_s": time.perf_counter() - started,
             "extra": dict(getattr(usage, "extra", None) or {}) if usage is not None else {}}
 
@@ -198,6 +201,11 @@ def main() -> int:
     parser.add_argument("--llama-cpp-repack", action="store_true",
                         help="leave llama.cpp's extra CPU buffer types (AMX, weight repacking) on; off by "
                         "default: on the 2-core VM they crash its batched prompt path (SIGSEGV)")
+    parser.add_argument("--stream-interval", type=float, nargs="+", default=None, metavar="S",
+                        help="llmchat serve's --stream-interval; several values: one server each, "
+                        "alternated in the overhead rounds (default: the server's default)")
+    parser.add_argument("--overhead-only", action="store_true",
+                        help="only the HTTP path's overhead against bench (no llama.cpp, no load steps)")
     parser.add_argument("--json", default=None, metavar="OUT", help="also write the figures here")
     args = parser.parse_args()
     env = dict(os.environ)
@@ -216,32 +224,46 @@ def main() -> int:
                      "--n_threads_batch", threads, "--model_alias", MODEL_ID, "--verbose", "False",
                      # its default lets a new request cut the running one short: queue them instead
                      "--interrupt_requests", "False"]
+        intervals = args.stream_interval or [None]
         figures: dict = {"machine": {"cores": os.cpu_count(), "loadavg_at_start": load_avg},
                          "threads": args.threads,
                          "llama_cpp_repack": args.llama_cpp_repack,
+                         "stream_intervals": intervals,
                          "max_tokens": args.max_tokens, "llmchat": [], "llama.cpp": [], "overhead": []}
-        with server(llmchat_cmd, r"listening on (http://\S+/v1)", "llmchat", env) as ours, \
-                server(llama_cmd, r"Uvicorn running on (http://\S+)", "llamacpp") as theirs_root:
-            theirs = theirs_root + "/v1"
-            offset = 0
-            for clients in args.clients:
-                per = args.requests_per_client or max(1, 8 // clients)
-                for name, url in (("llmchat", ours), ("llama.cpp", theirs)):
-                    row = asyncio.run(load(url, MODEL_ID, clients, per, args.max_tokens, offset))
-                    figures[name].append(row)
-                    print(f"{name:9s} {clients:2d} clients: {row}", flush=True)
-                offset += clients * per
-            for _ in range(args.overhead_rounds):
-                served = asyncio.run(through_server(ours, MODEL_ID, args.overhead_tokens))
-                bench = bench_in_process(args.device, served["tokens"], env)
-                engine_rate = float(served["extra"].get("decode_tokens_per_s", 0))
-                row = {"tokens": served["tokens"],
-                       "served_client_decode_tok_s": round(served["client_decode_tok_s"], 1),
-                       "served_engine_decode_tok_s": round(engine_rate, 1),
-                       "bench_decode_tok_s": round(bench, 1),
-                       "ratio": round(served["client_decode_tok_s"] / bench, 3) if bench else None}
-                figures["overhead"].append(row)
-                print(f"overhead: {row}", flush=True)
+        with contextlib.ExitStack() as stack:
+            ours = {}
+            for interval in intervals:
+                extra = [] if interval is None else ["--stream-interval", str(interval)]
+                ours[interval] = stack.enter_context(
+                    server([*llmchat_cmd, *extra], r"listening on (http://\S+/v1)", "llmchat", env))
+            if not args.overhead_only:
+                theirs = stack.enter_context(server(llama_cmd, r"Uvicorn running on (http://\S+)", "llamacpp"))
+                theirs += "/v1"
+                offset = 0
+                for clients in args.clients:
+                    per = args.requests_per_client or max(1, 8 // clients)
+                    for name, url in (("llmchat", ours[intervals[0]]), ("llama.cpp", theirs)):
+                        row = asyncio.run(load(url, MODEL_ID, clients, per, args.max_tokens, offset))
+                        figures[name].append(row)
+                        print(f"{name:9s} {clients:2d} clients: {row}", flush=True)
+                    offset += clients * per
+            for url in ours.values():  # warm every server up (the first request loads what it needs)
+                asyncio.run(through_server(url, MODEL_ID, 8))
+            for round_ in range(args.overhead_rounds):
+                order = list(ours.items())[:: -1 if round_ % 2 else 1]  # ABBA: no server always first
+                served = {interval: asyncio.run(through_server(url, MODEL_ID, args.overhead_tokens))
+                          for interval, url in order}
+                tokens = served[intervals[0]]["tokens"]
+                bench = bench_in_process(args.device, tokens, env)
+                for interval, result in served.items():
+                    engine_rate = float(result["extra"].get("decode_tokens_per_s", 0))
+                    row = {"stream_interval": interval, "tokens": result["tokens"], "chunks": result["chunks"],
+                           "served_client_decode_tok_s": round(result["client_decode_tok_s"], 1),
+                           "served_engine_decode_tok_s": round(engine_rate, 1),
+                           "bench_decode_tok_s": round(bench, 1),
+                           "ratio": round(result["client_decode_tok_s"] / bench, 3) if bench else None}
+                    figures["overhead"].append(row)
+                    print(f"overhead: {row}", flush=True)
         figures["machine"]["loadavg_at_end"] = os.getloadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

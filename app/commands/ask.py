@@ -17,7 +17,7 @@ HELP = "answer one prompt, streaming the reply to stdout"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import add_model_arguments, context_window_arg
 
-    add_model_arguments(parser)
+    add_model_arguments(parser, saved_servers=True)
     # sampling: unset flags take the model's defaults (see app/inference/model_defaults.py), as in the chat
     parser.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0.7)"
@@ -163,7 +163,16 @@ def check_device_first(args: argparse.Namespace) -> None:
 
 
 def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
-    """``--model`` or the default model (downloaded on first use)."""
+    """``--model`` or the default model (downloaded on first use); not a saved server (``ask`` and the
+    chat connect to those)."""
+    from app.inference.saved_servers import server_name_of
+
+    if server_name_of(model) is not None:
+        raise LlmchatError(
+            f"{model} is a saved server: this command runs a model on this machine.",
+            f"chat with it (llmchat --model {model}) or ask it (llmchat ask --model {model} ...), "
+            "or pass a local model's id",
+        )
     try:
         from app.inference.default_model import model_or_default
     except ImportError:
@@ -224,11 +233,23 @@ def sampling_for(engine: Any, overrides: dict[str, Any]) -> SamplingParams:
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.inference.saved_servers import server_name_of
+
     prompt = read_prompt(args.prompt)
     overrides = sampling_from_args(args)
     progress = StderrProgress()
     endpoint = getattr(args, "endpoint", None)
-    if endpoint:
+    saved = server_name_of(getattr(args, "model", None))
+    if saved is not None:  # a server saved in the models screen, as the chat's --model server:NAME
+        if endpoint:
+            raise LlmchatError(
+                f"--endpoint and --model {args.model} both name a server.",
+                f"drop --endpoint to ask the saved server, or pass --model NAME of a model on {endpoint}",
+            )
+        from app.inference.saved_servers import open_server
+
+        engine = open_server(saved)
+    elif endpoint:
         from app.inference.remote import RemoteEngine
 
         engine = RemoteEngine(

@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests that may wait behind the running one; more get 429 (default 16)",
     )
     parser.add_argument(
+        "--stream-interval",
+        type=_interval,
+        default=None,
+        metavar="SECONDS",
+        help="least time between two chunks of a streamed reply: the text that comes meanwhile goes "
+        "in one chunk, fewer chunks leave the engine more CPU (default 0.05; 0: about one per token)",
+    )
+    parser.add_argument(
         "--context-window",
         type=context_window_arg,
         default=None,
@@ -63,11 +71,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_prebuilt_argument(parser, default=argparse.SUPPRESS)
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time in seconds from 0 to 10 (e.g. 0.05)")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from app.commands.ask import StderrProgress, check_device_first, open_engine, resolve_model
     from app.errors import LlmchatError
     from app.serve.run import bind, run_server
-    from app.serve.server import check_bind, create_app
+    from app.serve.server import DEFAULT_STREAM_INTERVAL_S, check_bind, create_app
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_bind(args.host, api_key)
@@ -80,8 +98,13 @@ def run(args: argparse.Namespace) -> int:
         model = resolve_model(getattr(args, "model", None), progress)
         engine = open_engine(args, model, progress, args.context_window)  # --engine tvm or mlc
         try:
+            interval = args.stream_interval
             app = create_app(
-                engine, api_key=api_key, max_queue=args.max_queue, model_id=args.served_model_name
+                engine,
+                api_key=api_key,
+                max_queue=args.max_queue,
+                model_id=args.served_model_name,
+                stream_interval=DEFAULT_STREAM_INTERVAL_S if interval is None else interval,
             )
             # uvicorn shuts down on Ctrl+C / SIGTERM, then re-raises it
             with contextlib.suppress(KeyboardInterrupt):

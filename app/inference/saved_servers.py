@@ -149,11 +149,14 @@ def load_servers() -> list[SavedServer]:
 
 
 def get_server(name: str) -> SavedServer:
-    for server in load_servers():
+    servers = load_servers()
+    for server in servers:
         if server.name == name:
             return server
+    saved = ", ".join(s.name for s in servers) if servers else "none yet"
     raise LlmchatError(
-        f"There is no saved server {name!r}.", "add it in the models screen (F2, then a: add a server)"
+        f"There is no saved server {name!r} (saved: {saved}).",
+        "add it in llmchat's models screen (F2, then a: add a server)",
     )
 
 

@@ -6,6 +6,15 @@ Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1
 requests wait in arrival order (:mod:`app.serve.scheduler`); a full queue answers 429 with a
 ``Retry-After``; a client that disconnects stops its reply within one decode step. ``usage`` carries
 MLC's extra figures (``usage.extra``: prefill/decode tok/s, time to first token …).
+
+A streamed reply sends its first text at once, then at most one chunk per ``stream_interval``
+(``--stream-interval``, default :data:`DEFAULT_STREAM_INTERVAL_S`) with all the text that came in
+the meantime, and its end at once: the same text in fewer chunks when tokens come faster than that.
+Each chunk costs the server and the client CPU time (an event-loop wake-up, an SSE event written,
+then read and parsed by the client — the ``openai`` package takes most of a millisecond per chunk);
+where they share the cores with the engine (a CPU model, a client on the same machine), that time
+comes out of the decode: 0.81–0.88 of ``llmchat bench``'s decode speed with one chunk per token on
+the 2-core box (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -28,13 +37,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.errors import LlmchatError
-from app.inference.api import Message, ReplyStats, SamplingParams, TextDelta
+from app.inference.api import Message, ReplyStats, SamplingParams
 from app.serve.scheduler import Job, JobDone, QueueFull, Scheduler
 
 #: requests that may wait for the engine behind the running one (``--max-queue``)
 DEFAULT_MAX_QUEUE = 16
 #: most bytes of a request body
 MAX_BODY_BYTES = 4 << 20
+#: a streamed reply's text is sent at most this often (seconds; 0: a chunk as soon as the request's
+#: loop is free to send one, about one per token): 20 chunks/s, the rate at which llmchat's own chat
+#: screen pulls a local reply's text (``screens.chat.UI_REFRESH_S``). Each chunk wakes the server's
+#: loop and the client, and costs each 0.2–1.2 ms of CPU on the 2-core box (BENCHMARKS.md): a chunk
+#: per token took 9–12 % of a token's time at 130 tok/s, one per 0.05 s 4 %
+DEFAULT_STREAM_INTERVAL_S = 0.05
 
 
 class ApiError(Exception):
@@ -216,6 +231,7 @@ class ServerState:
     scheduler: Scheduler
     api_key: str | None
     created: int
+    stream_interval: float = DEFAULT_STREAM_INTERVAL_S
 
 
 def _sse(data: Any) -> str:
@@ -228,14 +244,19 @@ def create_app(
     api_key: str | None = None,
     max_queue: int = DEFAULT_MAX_QUEUE,
     model_id: str | None = None,
+    stream_interval: float = DEFAULT_STREAM_INTERVAL_S,
 ) -> Starlette:
-    """The ASGI app serving ``engine`` (an ``Engine`` with ``complete`` and ``count_prompt_tokens``)."""
+    """The ASGI app serving ``engine`` (an ``Engine`` with ``complete`` and ``count_prompt_tokens``);
+    ``stream_interval``: the least time between two text chunks of a streamed reply (seconds)."""
+    if not stream_interval >= 0:
+        raise ValueError("stream_interval must be 0 or more seconds")
     state = ServerState(
         engine=engine,
         model_id=model_id or engine.info.model_id,
         scheduler=Scheduler(engine, max_queue=max_queue),
         api_key=api_key or None,
         created=int(time.time()),
+        stream_interval=float(stream_interval),
     )
 
     def authorize(request: Request) -> None:
@@ -351,14 +372,24 @@ def create_app(
         if stream:
             first = None
             if prompt_tokens is None:  # a prompt the engine refuses is a 400, not a broken stream
-                first = await _first_event(request, job)
+                first = await _first_news(request, job)
                 if first is None:
                     return Response(status_code=499)  # the client left while it waited
-                if isinstance(first, JobDone) and first.error is not None:
-                    return _error_from(first.error).response()
+                end = first[1]
+                if end is not None and end.error is not None:
+                    return _error_from(end.error).response()
             return JobStream(
                 job,
-                _stream(job, request_id, created, state.model_id, prompt_tokens, include_usage, first),
+                _stream(
+                    job,
+                    request_id,
+                    created,
+                    state.model_id,
+                    prompt_tokens,
+                    include_usage,
+                    state.stream_interval,
+                    first,
+                ),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -424,9 +455,12 @@ async def _stream(
     model: str,
     prompt_tokens: int | None,
     include_usage: bool,
-    first_event: Any = None,
+    interval: float = 0.0,
+    first_news: tuple[str, JobDone | None] | None = None,
 ) -> AsyncIterator[str]:
-    """The reply as OpenAI's chat.completion.chunk events; leaving early (the client went) cancels it."""
+    """The reply as OpenAI's chat.completion.chunk events: the role when the reply starts, its text
+    (the first at once, then at most one chunk per ``interval`` seconds, each with all the text that
+    came since), its end at once; leaving early (the client went) cancels it."""
 
     def chunk(delta: dict, reason: str | None = None) -> dict:
         return {
@@ -437,25 +471,28 @@ async def _stream(
             "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
         }
 
+    loop = asyncio.get_running_loop()
+    role_sent = False
+    not_before = 0.0  # the loop's time before which new text waits for more
     try:
-        first = True
         while True:
-            if first_event is not None:
-                event, first_event = first_event, None
+            if first_news is not None:
+                (text, end), first_news = first_news, None
             else:
-                event = await job.events.get()
-            if first:
-                first = False
+                text, end = await job.take(not_before)
+            if not role_sent:  # the reply started: its prompt is being read, or its text came
+                role_sent = True
                 yield _sse(chunk({"role": "assistant", "content": ""}))
-            if isinstance(event, TextDelta):
-                yield _sse(chunk({"content": event.text}))
-            elif isinstance(event, JobDone):
-                if event.error is not None:
-                    yield _sse(_error_from(event.error).body())
+            if text:
+                yield _sse(chunk({"content": text}))
+                not_before = loop.time() + interval
+            if end is not None:
+                if end.error is not None:
+                    yield _sse(_error_from(end.error).body())
                 else:
-                    yield _sse(chunk({}, finish_reason(event.stats)))
+                    yield _sse(chunk({}, finish_reason(end.stats)))
                     if include_usage:
-                        done = {**chunk({}), "choices": [], "usage": usage(prompt_tokens, event.stats, job)}
+                        done = {**chunk({}), "choices": [], "usage": usage(prompt_tokens, end.stats, job)}
                         yield _sse(done)
                 yield "data: [DONE]\n\n"
                 return
@@ -470,15 +507,15 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def _first_event(request: Request, job: Job) -> Any:
-    """The job's first event (text or its end), or None when the client left first (then cancelled)."""
+async def _first_news(request: Request, job: Job) -> tuple[str, JobDone | None] | None:
+    """The job's first news (:meth:`Job.take`), or None when the client left first (then cancelled)."""
     gone = asyncio.ensure_future(_wait_disconnect(request))
-    getter = asyncio.ensure_future(job.events.get())
+    taker = asyncio.ensure_future(job.take())
     try:
-        finished, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in finished:
-            return getter.result()
-        getter.cancel()
+        finished, _ = await asyncio.wait({taker, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if taker in finished:
+            return taker.result()
+        taker.cancel()
         job.cancel.set()
         return None
     finally:
@@ -490,38 +527,34 @@ async def _complete(
 ) -> Response:
     """A non-streamed reply; a client that disconnects while it waits cancels it."""
     gone = asyncio.ensure_future(_wait_disconnect(request))
-    pieces: list[str] = []
+    taker = asyncio.ensure_future(job.take(text=False))  # the whole text comes with the end
     try:
-        while True:
-            getter = asyncio.ensure_future(job.events.get())
-            finished, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in finished:
-                getter.cancel()
-                job.cancel.set()
-                return Response(status_code=499)  # nobody reads it
-            event = getter.result()
-            if isinstance(event, TextDelta):
-                pieces.append(event.text)
-            elif isinstance(event, JobDone):
-                if event.error is not None:
-                    return _error_from(event.error).response()
-                return JSONResponse(
+        finished, _ = await asyncio.wait({taker, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if taker not in finished:
+            taker.cancel()
+            job.cancel.set()
+            return Response(status_code=499)  # nobody reads it
+        text, end = taker.result()
+        assert end is not None
+        if end.error is not None:
+            return _error_from(end.error).response()
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
                     {
-                        "id": request_id,
-                        "object": "chat.completion",
-                        "created": created,
-                        "model": model,
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": "".join(pieces)},
-                                "finish_reason": finish_reason(event.stats),
-                                "logprobs": None,
-                            }
-                        ],
-                        "usage": usage(prompt_tokens, event.stats, job),
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish_reason(end.stats),
+                        "logprobs": None,
                     }
-                )
+                ],
+                "usage": usage(prompt_tokens, end.stats, job),
+            }
+        )
     finally:
         gone.cancel()
         job.cancel.set()

@@ -251,3 +251,52 @@ def test_ask_prefill_progress_on_a_terminal_is_one_line_erased_before_the_reply(
     assert re.search(r"\r\x1b\[K" + PROGRESS_LINE, text), text
     assert text.rstrip("\r\n").endswith("\r\x1b[K")  # erased before the reply
     assert b"reading" not in out and out.endswith(b"\n") and len(out) > 1
+
+
+def test_ask_a_saved_server_by_name(tiny_engine, capsys, monkeypatch):
+    """``ask --model server:NAME`` as the chat's: the saved endpoint, model and key (kept in the 0600 file
+    here: no keyring), against a real ``llmchat serve`` that needs the key."""
+    from app.inference.api import Message, SamplingParams
+    from app.inference.saved_servers import save_server
+    from tests.serve.conftest import serving
+
+    monkeypatch.delenv("LLMCHAT_API_KEY", raising=False)
+    tiny_engine.set_system_prompt(None)
+    tiny_engine.reset()
+    params = SamplingParams(temperature=0, top_p=1, max_tokens=12, repetition_penalty=1)
+    expected = "".join(
+        e.text for e in tiny_engine.complete([Message("user", "Hello!")], params) if isinstance(e, TextDelta)
+    )
+    flags = ["--temperature", "0", "--top-p", "1", "--max-tokens", "12", "--repetition-penalty", "1"]
+    with serving(tiny_engine, api_key="s3cret") as served:
+        save_server("box", served.url, tiny_engine.info.model_id, "s3cret")
+        code = main(["ask", "--model", "server:box", *flags, "--stats", "Hello!"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert out == expected + "\n" and expected
+        assert "decode:" in err and "server: " in err and "12 completion tokens" in err
+        assert "s3cret" not in out + err
+        assert served.state.scheduler.completed == 1
+        # the model given before the subcommand, as with local models
+        assert main(["--model", "server:box", "ask", *flags, "Hello!"]) == 0
+        assert capsys.readouterr().out == expected + "\n"
+        # a name that is not saved: the saved ones are named, and where to add one
+        assert main(["ask", "--model", "server:nobody", "Hello!"]) == 1
+        err = capsys.readouterr().err
+        assert "There is no saved server 'nobody' (saved: box)." in err
+        assert "fix: add it in llmchat's models screen (F2, then a: add a server)" in err
+        # a saved server and --endpoint at once
+        assert main(["ask", "--model", "server:box", "--endpoint", served.url, "Hello!"]) == 1
+        err = capsys.readouterr().err
+        assert "--endpoint and --model server:box both name a server" in err and "fix: drop --endpoint" in err
+        assert served.state.scheduler.completed == 2
+    tiny_engine.reset()
+
+
+def test_local_only_commands_refuse_a_saved_server(capsys):
+    assert main(["bench", "--model", "server:box", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "server:box is a saved server: this command runs a model on this machine." in err
+    assert "llmchat ask --model server:box" in err
+    assert main(["serve", "--model", "server:box", "--device", "cpu", "--port", "0"]) == 1
+    assert "server:box is a saved server" in capsys.readouterr().err
