@@ -189,8 +189,10 @@ class DecodeGEMV:
         stage_vector_lanes: int = 8,
         pad_words: int = 32,
         min_reduction: int = 0,
+        min_rows: int = 0,
     ) -> None:
         self.min_reduction = min_reduction  # shorter rows are left to the next rule
+        self.min_rows = min_rows  # GEMVs of fewer output rows are left to the next rule
         self.load_bytes = load_bytes
         self.max_threads_per_row = max_threads_per_row
         self.min_blocks = min_blocks
@@ -255,7 +257,7 @@ class DecodeGEMV:
             return None
         batch, spatial, red_outer, red_inner = extents
         red = red_outer * red_inner
-        if batch != 1 or red < self.min_reduction:
+        if batch != 1 or red < self.min_reduction or spatial < self.min_rows:
             return None
         weight_index, weight = self._weight_buffer(sch, block, vectors[0])
         if weight is None:

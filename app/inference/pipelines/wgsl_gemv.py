@@ -14,14 +14,18 @@ The product compiles :data:`DEFAULT`, chosen by the sweep on the H200's Vulkan d
 µs per launch, the ~6 µs launch floor included): 32 rows per workgroup of 8 threads with 16-byte
 loads, and for the 11008-wide down projection, which those do not tile, 8 threads per row with
 ``u32`` loads and the vector unpadded (44 KiB of workgroup memory) where dlight's GEMV took it
-before (rows of 8192 or more only: narrower rows that 16-byte loads do not tile, such as
-Qwen2.5-0.5B's 896, keep dlight's GEMV; not measured against it). Llama-2-7B shape, against the
-layout before (``t32-b256-l16-u4``, down: dlight): qkv 29.59 -> 24.86, o 13.65 -> 13.97,
-gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 -> 52.84; the GEMVs of a decode step
-4.49 -> 4.10 ms (sum of those, 32 layers). The whole model not yet measured with it; not
-measured on an AMD GPU. ``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first
-that fits a GEMV takes it; what none fits goes to dlight's GEMV): ``t32-b256-l16-u4`` is the
-layout before. The switch is part of the library's cache key.
+before — only for rows of 8192 or more and 4096 output rows or more (narrower rows that 16-byte
+loads do not tile, such as Qwen2.5-0.5B's 896, keep dlight's GEMV). Llama-2-7B shape, each GEMV
+alone, against the layout before (``t32-b256-l16-u4``, down: dlight): qkv 29.59 -> 24.86, o 13.65
+-> 13.97, gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 -> 52.84 µs.
+
+The whole model on the H200 (``benchmarks/results/h200-2026-12-02-wgsl-gemv-model``, decode tok/s):
+Llama-2-7B 153.4 (layout before) -> 161.6 (the 16-byte rule alone) -> 164.2 (with the u32 down
+rule); Qwen2.5-3B 220.6 (before) -> 219.4 (16-byte rule alone) but 199.8 with the u32 rule on its
+11008 -> 2048 down projection (64 workgroups of 32 rows): hence the 4096-row floor. Not measured on
+an AMD GPU. ``LLMCHAT_WGSL_GEMV=NAME[,NAME...]`` picks variants instead (the first that fits a GEMV
+takes it; what none fits goes to dlight's GEMV): ``t32-b256-l16-u4`` is the layout before. The
+switch is part of the library's cache key.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from app.errors import LlmchatError
 #: the switch naming the variants to use
 ENV = "LLMCHAT_WGSL_GEMV"
 #: the rules the product compiles by default, in order (the module's docstring has the figures)
-DEFAULT = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad-k8192")
+DEFAULT = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad-k8192-n4096")
 #: ``DecodeGEMV()``'s layout on a 256-thread profile: the default before the sweep
 PREVIOUS = "t32-b256-l16-u4"
 #: WGSL vectors have at most 4 lanes (the vector's staging stores)
@@ -75,6 +79,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "pad": False,
         "kmin": 8192,
     },
+    # and only for 4096 output rows or more (the 7B down projection gained, 3B's 2048 rows lost)
+    "t8-b256-l4-u4-mb128-nopad-k8192-n4096": {
+        "t": 8,
+        "b": 256,
+        "l": 4,
+        "u": 4,
+        "mb": 128,
+        "pad": False,
+        "kmin": 8192,
+        "nmin": 4096,
+    },
 }
 
 
@@ -99,6 +114,7 @@ def rule(name: str) -> Any:
         stage_vector_lanes=STAGE_LANES,
         pad_words=min(32, p["l"] * 2),  # one chunk's values (a 16-byte load: 32), then 4 words of padding
         min_reduction=p.get("kmin", 0),
+        min_rows=p.get("nmin", 0),
     )
 
 

@@ -249,7 +249,7 @@ SHAPES = [
     # variant, in features, out features (11008: the 7B down projection's width, which
     # 16-byte loads by 32 threads do not tile); the first two are the default
     ("t8-b256-l16-u4-mb128", 1024, 4096),
-    ("t8-b256-l4-u4-mb128-nopad-k8192", 11008, 4096),
+    ("t8-b256-l4-u4-mb128-nopad-k8192-n4096", 11008, 4096),
     ("t32-b256-l16-u4", 1024, 4096),
     ("t32-b256-l4-u4-nopad", 1024, 4096),
     ("t32-b128-l4-u4-mb128-nopad", 11008, 1024),
@@ -263,7 +263,7 @@ def test_a_staged_vector_larger_than_the_workgroup_memory_is_declined_not_a_fail
     (dlight's GEMV then takes it) instead of TVM failing the whole build."""
     _fmt, func, _named = _decode_gemv(11008, 4096)
     for profile, variant, takes in [
-        (PLAIN, "t8-b256-l4-u4-mb128-nopad-k8192", True),
+        (PLAIN, "t8-b256-l4-u4-mb128-nopad-k8192-n4096", True),
         ("wgsl-f16-wg32768-t256", "t8-b256-l4-u4-mb128-nopad", False),
         (PLAIN, "t32-b256-l4-u4", False),  # padded: 66 KiB
     ]:
@@ -382,3 +382,15 @@ def test_the_down_projection_rule_leaves_narrower_rows_to_dlight():
     with target:
         assert wgsl_gemv.rule("t8-b256-l4-u4-mb128-nopad-k8192").apply(func, target, False) is None
         assert wgsl_gemv.rule("t8-b256-l4-u4-mb128-nopad").apply(func, target, False) is not None
+
+
+def test_the_down_projection_rule_leaves_fewer_rows_to_dlight():
+    """The default's u32-load rule gained on Llama-2-7B's 11008 -> 4096 down projection and lost
+    on Qwen2.5-3B's 11008 -> 2048 (64 workgroups of 32 rows; H200: 199.8 against 219.4 tok/s):
+    fewer than 4096 output rows keep dlight's GEMV."""
+    assert "t8-b256-l4-u4-mb128-nopad-k8192-n4096" in wgsl_gemv.DEFAULT
+    target = _target(PLAIN)
+    rule = wgsl_gemv.rule("t8-b256-l4-u4-mb128-nopad-k8192-n4096")
+    with target:
+        assert rule.apply(_decode_gemv(11008, 2048)[1], target, False) is None
+        assert rule.apply(_decode_gemv(11008, 4096)[1], target, False) is not None
