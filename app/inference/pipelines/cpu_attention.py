@@ -563,8 +563,14 @@ def decode_attention_kernel(
         part_o = T.alloc_buffer((B * H_kv * S, G, D), "float32")
         part_m = T.alloc_buffer((B * H_kv * S, G), "float32")
         part_l = T.alloc_buffer((B * H_kv * S, G), "float32")
+        # splits per KV head: S, or fewer when the longest sequence has fewer pages (no idle tasks)
+        most_pages = T.alloc_buffer((1,), "int32")
+        most_pages[0] = 1
+        for b0 in T.serial(B):
+            most_pages[0] = T.max(most_pages[0], page_table_indptr[b0 + 1] - page_table_indptr[b0])
+        n_split: T.let[T.int32] = T.min(most_pages[0], S)
 
-        for task in T.parallel(B * H_kv * S):
+        for task in T.parallel(B * H_kv * n_split):
             with T.sblock("attn"):
                 T.reads()
                 T.writes()
@@ -582,17 +588,17 @@ def decode_attention_kernel(
                 lsum = T.sblock_alloc_buffer((G,), "float32")
                 alpha = T.sblock_alloc_buffer((G,), "float32")
                 mx = T.sblock_alloc_buffer((1,), "float32")
-                b: T.let[T.int32] = task // (H_kv * S)
-                h_kv: T.let[T.int32] = task // S % H_kv
-                split: T.let[T.int32] = task % S
+                b: T.let[T.int32] = task // (H_kv * n_split)
+                h_kv: T.let[T.int32] = task // n_split % H_kv
+                split: T.let[T.int32] = task % n_split
                 begin: T.let[T.int32] = page_table_indptr[b]
                 end: T.let[T.int32] = page_table_indptr[b + 1]
                 kv_len: T.let[T.int32] = T.if_then_else(
                     begin != end, _get_kv_chunk_len(end - begin, P, b, length_info, sliding_window), 0)
                 n_chunks: T.let[T.int32] = (kv_len + P - 1) // P
                 # this task's chunks of P keys: an even share, the remainder spread one by one
-                c_first: T.let[T.int32] = split * n_chunks // S
-                c_last: T.let[T.int32] = (split + 1) * n_chunks // S
+                c_first: T.let[T.int32] = split * n_chunks // n_split
+                c_last: T.let[T.int32] = (split + 1) * n_chunks // n_split
                 for g in T.serial(G):
                     m[g] = T.float32(-5e4)
                     lsum[g] = T.float32(0)
@@ -709,14 +715,14 @@ def decode_attention_kernel(
                 st = T.sblock_alloc_buffer((3,), "float32", scope="local")  # max, sum, weight
                 b2: T.let[T.int32] = bh // H_qo
                 g2: T.let[T.int32] = bh % H_qo % G
-                first: T.let[T.int32] = (b2 * H_kv + bh % H_qo // G) * S
+                first: T.let[T.int32] = (b2 * H_kv + bh % H_qo // G) * n_split
                 st[0] = T.float32(-5e4)
                 st[1] = T.float32(0)
-                for s in T.serial(S):
+                for s in T.serial(n_split):
                     st[0] = T.max(st[0], part_m[first + s, g2])
                 for d in T.vectorized(D):
                     o_sum[d] = T.float32(0)
-                for s in T.serial(S):
+                for s in T.serial(n_split):
                     st[2] = fast_exp2(part_m[first + s, g2] - st[0])
                     st[1] = st[1] + part_l[first + s, g2] * st[2]
                     for d in T.vectorized(D):
