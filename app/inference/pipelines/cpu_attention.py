@@ -18,9 +18,9 @@ accumulators (vector lanes along the keys); the online softmax rescales the runn
 tile and uses a polynomial ``exp2`` that vectorizes; ``O += P @ V`` runs ``RB_O`` rows at a time
 with the lanes along the head dimension. Causal tiles past a block's last query are skipped.
 
-The decode kernel runs the (sequence, query head) pairs in parallel, each over all its pages (a
-page of keys at a time, vector loads, one rescale per page). Not done yet: splitting the keys of a
-pair over the threads and sharing a KV head's reads between its query heads. ``rotary_mode == 1`` (RoPE inside
+The decode kernel splits each sequence's pages over the threads (a task is one KV head and a share
+of the pages, its ``group`` query heads together, so each key and value is read once per step) and
+merges the tasks' partial softmaxes; see :func:`decode_attention_kernel`. ``rotary_mode == 1`` (RoPE inside
 attention, ``RopeMode.INLINE``) uses the plain RoPE formula; llmchat's models use
 ``RopeMode.NORMAL`` (keys rotated when appended), so that path only keeps the signature whole.
 """
