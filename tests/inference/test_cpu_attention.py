@@ -244,33 +244,111 @@ def _decode_case(rng, dtype, h_q, h_kv, lengths):
     return q, pages, indptr, values, last, keys, vals
 
 
-@pytest.mark.parametrize(("h_q", "h_kv"), HEADS)
-def test_decode_matches_numpy_short_and_long(target, h_q, h_kv):
-    """One query per sequence: a single key, a partial page, exactly a page and a long context
-    (94 pages, the online softmax rescaled across many pages)."""
-    rng = np.random.default_rng(4)
-    lengths = [1, 37, 16, 1500]
-    q, pages, indptr, values, last, keys, vals = _decode_case(rng, "float32", h_q, h_kv, lengths)
-    kernel = _build(decode_attention_kernel(h_kv, h_q, HEAD_DIM, "float32", False, PAGE), target)
-    out = _t(np.full(q.shape, np.nan, "float32"))
+def _run_decode(kernel, q, pages, indptr, values, length_info, rotary_mode=0, q_pos=None, k_offset=None):
+    n = len(q)
+    out = _t(np.full(q.shape, np.nan, q.dtype))
     lse = _t(np.full(q.shape[:2], np.nan, "float32"))
-    zeros = np.zeros(len(lengths), "int32")
+    zeros = np.zeros(n, "int32")
     kernel(
         _t(q),
         _t(pages),
         _t(indptr),
         _t(values),
-        _t(last),
-        _t(zeros),
-        _t(zeros),
+        _t(length_info),
+        _t(zeros if k_offset is None else k_offset),
+        _t(zeros if q_pos is None else q_pos),
         out,
         lse,
-        0,
+        rotary_mode,
         1.0,
         10000.0,
         HEAD_DIM**-0.5,
     )
-    for b in range(len(lengths)):
+    return out.numpy(), lse.numpy()
+
+
+# key counts: a single key, under a page, exactly a page, one past it, odd counts across many
+# pages (a split boundary inside the run of full pages), a long context (the online softmax over
+# hundreds of pages) and a sequence with no pages at all
+DECODE_LENGTHS = [1, 7, 16, 17, 33, 255, 1500, 0]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "wide", "h_q", "h_kv"),
+    [
+        *(("float32", True, h_q, h_kv) for h_q, h_kv in HEADS),
+        ("float16", True, 6, 2),
+        *(("float32", False, h_q, h_kv) for h_q, h_kv in HEADS[1:]),
+    ],
+)
+def test_decode_matches_numpy(target, dtype, wide, h_q, h_kv):
+    """One query per sequence, all of :data:`DECODE_LENGTHS` in one batch: the query heads of a KV
+    head computed together, each sequence's pages split over the tasks and merged. ``wide=False``:
+    8-lane vectors (AVX2 CPUs). A sequence without keys gives TVM's neutral result (zeros, a
+    log-sum-exp of -5e4)."""
+    rng = np.random.default_rng(4)
+    q, pages, indptr, values, last, keys, vals = _decode_case(rng, dtype, h_q, h_kv, DECODE_LENGTHS)
+    kernel = _build(decode_attention_kernel(h_kv, h_q, HEAD_DIM, dtype, False, PAGE, wide=wide), target)
+    out, lse = _run_decode(kernel, q, pages, indptr, values, last)
+    for b, n in enumerate(DECODE_LENGTHS):
+        if n == 0:
+            assert np.all(out[b] == 0) and np.all(lse[b] == -5e4)
+            continue
         ref, ref_lse = _reference(q[b : b + 1], keys[b], vals[b], causal=False)
-        _close(out.numpy()[b : b + 1], ref, "float32")
-        assert np.abs(lse.numpy()[b] - ref_lse[0]).max() <= 1e-3, b
+        _close(out[b : b + 1], ref, dtype)
+        assert np.abs(lse[b] - ref_lse[0]).max() <= 1e-3, b
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_decode_of_8k_keys_matches_numpy(target, splits):
+    """8,193 keys (512 full pages and one key): the tasks' partial softmaxes merged, whatever the
+    number of splits (one: no merge; three: uneven shares of the pages)."""
+    rng = np.random.default_rng(5)
+    lengths = [8193]
+    q, pages, indptr, values, last, keys, vals = _decode_case(rng, "float32", 9, 3, lengths)
+    q *= 4  # peaked softmaxes: the running maximum moves between pages and splits
+    kernel = _build(decode_attention_kernel(3, 9, HEAD_DIM, "float32", False, PAGE, splits=splits), target)
+    out, lse = _run_decode(kernel, q, pages, indptr, values, last)
+    ref, ref_lse = _reference(q, keys[0], vals[0], causal=False)
+    _close(out, ref, "float32")
+    assert np.abs(lse - ref_lse).max() <= 1e-3
+
+
+def test_decode_sliding_window_reads_the_sink_and_the_window(target):
+    """The sliding-window variant: length_info holds (last page length, window offset, sink size);
+    the query sees the sink's slots and the slots from the window offset on, not the ones between."""
+    rng = np.random.default_rng(6)
+    slots, sink, offset = 70, 4, 21  # slots 0..3 and 21..69 are attended
+    pages, indptr, values, last, keys, vals = _paged_cache(rng, "float32", 2, [slots])
+    q = rng.standard_normal((1, 6, HEAD_DIM)).astype("float32")
+    length_info = np.array([[last[0]], [offset], [sink]], "int32")
+    kernel = _build(decode_attention_kernel(2, 6, HEAD_DIM, "float32", True, PAGE), target)
+    out, lse = _run_decode(kernel, q, pages, indptr, values, length_info)
+    seen = np.r_[0:sink, offset:slots]
+    ref, ref_lse = _reference(q, keys[0][seen], vals[0][seen], causal=False)
+    _close(out, ref, "float32")
+    assert np.abs(lse - ref_lse).max() <= 1e-3
+
+
+def _rotate(x, positions):
+    """TVM's RoPE (rotate-half, theta 10000, scale 1) of x [n, heads, D] at ``positions``."""
+    half = HEAD_DIM // 2
+    inv = 1.0 / 10000.0 ** (np.arange(half, dtype=np.float64) * 2 / HEAD_DIM)
+    ang = np.asarray(positions, np.float64)[:, None, None] * np.concatenate([inv, inv])[None, None, :]
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], -1).astype(np.float64)
+    return x.astype(np.float64) * np.cos(ang) + rotated * np.sin(ang)
+
+
+def test_decode_with_inline_rope_matches_numpy(target):
+    """``rotary_mode == 1`` (RoPE inside attention): the query rotated at its position, every key
+    at its own; full pages then take the key-at-a-time path too."""
+    rng = np.random.default_rng(7)
+    lengths = [40]
+    q, pages, indptr, values, last, keys, vals = _decode_case(rng, "float32", 6, 2, lengths)
+    q_pos, k_offset = np.array([45], "int32"), np.array([5], "int32")
+    kernel = _build(decode_attention_kernel(2, 6, HEAD_DIM, "float32", False, PAGE), target)
+    out, lse = _run_decode(kernel, q, pages, indptr, values, last, 1, q_pos, k_offset)
+    k_rot = _rotate(keys[0], 5 + np.arange(40))
+    ref, ref_lse = _reference(_rotate(q, q_pos), k_rot, vals[0], causal=False)
+    _close(out, ref, "float32")
+    assert np.abs(lse - ref_lse).max() <= 1e-3

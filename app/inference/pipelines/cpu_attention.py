@@ -18,9 +18,9 @@ accumulators (vector lanes along the keys); the online softmax rescales the runn
 tile and uses a polynomial ``exp2`` that vectorizes; ``O += P @ V`` runs ``RB_O`` rows at a time
 with the lanes along the head dimension. Causal tiles past a block's last query are skipped.
 
-The decode kernel runs the (sequence, query head) pairs in parallel, each over all its pages (a
-page of keys at a time, vector loads, one rescale per page). Not done yet: splitting the keys of a
-pair over the threads and sharing a KV head's reads between its query heads. ``rotary_mode == 1`` (RoPE inside
+The decode kernel splits each sequence's pages over the threads (a task is one KV head and a share
+of the pages, its ``group`` query heads together, so each key and value is read once per step) and
+merges the tasks' partial softmaxes; see :func:`decode_attention_kernel`. ``rotary_mode == 1`` (RoPE inside
 attention, ``RopeMode.INLINE``) uses the plain RoPE formula; llmchat's models use
 ``RopeMode.NORMAL`` (keys rotated when appended), so that path only keeps the signature whole.
 """
@@ -36,6 +36,8 @@ from app.inference.pipelines.tir_facts import static_int
 KERNEL_KIND_ATTR = "llmchat.cpu_kernel"
 
 DECODE_SYMBOLS = ("batch_decode_paged_kv_cpu", "batch_decode_paged_kv_cpu_sliding_window")
+# tasks per KV head of a sequence in a decode step: its pages split this many ways over the threads
+DECODE_SPLITS = 16
 PREFILL_PAGED_SYMBOL = "batch_prefill_paged_kv_cpu"
 PREFILL_RAGGED_SYMBOL = "batch_prefill_ragged_kv"
 MERGE_SYMBOL = "merge_state_inplace_cpu"
@@ -436,17 +438,68 @@ def prefill_attention_kernel(
 # --------------------------------------------------------------------------------------------
 # Decode: one query per sequence against the cache's pages
 # --------------------------------------------------------------------------------------------
+def _shuffle(vectors: list[Any], indices: list[int]) -> Any:
+    from tvm.script import tirx as T
+
+    return T.Shuffle(vectors, [T.int32(i) for i in indices])
+
+
+def transposed_sum(vectors: list[Any]) -> Any:
+    """A vector whose lane ``j`` is the sum of the lanes of ``vectors[j]``: ``L`` float vectors of
+    ``L`` lanes (``L`` a power of two) reduced together in ``log2(L)`` rounds of two shuffles and
+    one add per pair (``L - 1`` adds in all, against ``L * log2(L)`` for one reduction per vector)."""
+    lanes = len(vectors)
+    vecs = list(vectors)
+    half = lanes // 2
+    while half >= 1:
+        n = len(vecs)
+        first: list[int] = []
+        second: list[int] = []
+        for o in range(0, lanes, 2 * half):
+            first += [*range(o, o + half), *range(lanes + o, lanes + o + half)]
+            second += [*range(o + half, o + 2 * half), *range(lanes + o + half, lanes + o + 2 * half)]
+        vecs = [
+            _shuffle([vecs[j], vecs[j + n // 2]], first) + _shuffle([vecs[j], vecs[j + n // 2]], second)
+            for j in range(n // 2)
+        ]
+        half //= 2
+    return vecs[0]
+
+
+def horizontal(vector: Any, lanes: int, combine: Any) -> Any:
+    """``combine`` folded over the ``lanes`` lanes of ``vector`` (a tree of shuffles): a scalar."""
+    while lanes > 1:
+        lanes //= 2
+        vector = combine(
+            _shuffle([vector], list(range(lanes))), _shuffle([vector], list(range(lanes, 2 * lanes)))
+        )
+    return vector
+
+
 def decode_attention_kernel(
-    num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, sliding_window: bool, page_size: int
+    num_kv_heads: int,
+    num_qo_heads: int,
+    head_dim: int,
+    dtype: str,
+    sliding_window: bool,
+    page_size: int,
+    *,
+    wide: bool = True,
+    splits: int = DECODE_SPLITS,
 ) -> Any:
     """A drop-in for TVM's ``batch_decode_paged_kv_cpu`` (same signature and results).
 
-    TVM's version walks the cache one position at a time with scalar loops and rescales the
-    output at every position. This one runs the (sequence, query head) pairs in parallel, reads
-    the cache a page at a time with vector loads, rescales once per page and folds the dot
-    products with a tree of vector adds. ``rotary_mode == 1`` (RoPE applied inside attention,
-    ``RopeMode.INLINE``) uses the plain RoPE formula; llmchat's models use ``RopeMode.NORMAL``,
-    where the cache rotates keys when they are appended and this kernel never rotates.
+    A task is one KV head of one sequence and a ``1/splits`` share of its pages; tasks run in
+    parallel and write unnormalized partial results, which a last loop merges per query head. So
+    the keys are split over the threads even when there are fewer KV heads than threads, and the
+    ``group`` query heads of a KV head are computed together: each key and value is read from
+    memory once for all of them. A full page of the cache (``L`` = 16 vector lanes with AVX-512,
+    else 8): per query head, ``L`` keys' dot products with the head dimension in vector lanes,
+    reduced together by :func:`transposed_sum` into one vector of ``L`` scores; the online softmax
+    on those vectors; ``O += P @ V`` a vector of ``O`` at a time over the page's keys, unrolled.
+    A partial last page (and the sliding-window variant, and ``rotary_mode == 1``: RoPE applied
+    inside attention, ``RopeMode.INLINE``, with the plain RoPE formula) takes a key-at-a-time
+    path. llmchat's models use ``RopeMode.NORMAL``: the cache rotates keys when they are appended.
     """
     from tvm.relax.frontend.nn.llm._kernel_common import (
         _declare_length_info,
@@ -456,12 +509,14 @@ def decode_attention_kernel(
     )
     from tvm.script import tirx as T
 
-    H_qo, H_kv, D, P = num_qo_heads, num_kv_heads, head_dim, page_size
-    group = num_qo_heads // num_kv_heads
-    lanes = 16
-    folds = D // lanes
-    log2e = math.log2(math.exp(1))
-    neg = -3.0e38
+    H_qo, H_kv, D, P, S = num_qo_heads, num_kv_heads, head_dim, page_size, splits
+    G = num_qo_heads // num_kv_heads
+    L = 16 if wide and P % 16 == 0 and D % 16 == 0 else 8
+    assert D % L == 0 and P % L == 0, "head_dim and page_size must be multiples of 8"
+    folds = D // L
+    fast_pages = 0 if sliding_window else 1  # full pages are read a page at a time
+    log2e = _LOG2E
+    neg = _NEG
     symbol = DECODE_SYMBOLS[1 if sliding_window else 0]
 
     # fmt: off
@@ -503,93 +558,193 @@ def decode_attention_kernel(
         output = T.match_buffer(output_handle, (B, H_qo, D), dtype)
         lse = T.match_buffer(lse_handle, (B, H_qo), "float32")
         length_info = _declare_length_info(var_length_info, B, sliding_window, length_info_elem_offset)
+        Pf = T.decl_buffer((max_num_pages * 2 * H_kv * P * D,), dtype, data=pages.data)
+        # the tasks' partial results: unnormalized output, running max and sum per query head
+        part_o = T.alloc_buffer((B * H_kv * S, G, D), "float32")
+        part_m = T.alloc_buffer((B * H_kv * S, G), "float32")
+        part_l = T.alloc_buffer((B * H_kv * S, G), "float32")
+        # splits per KV head: S, or fewer when the longest sequence has fewer pages (no idle tasks)
+        most_pages = T.alloc_buffer((1,), "int32")
+        most_pages[0] = 1
+        for b0 in T.serial(B):
+            most_pages[0] = T.max(most_pages[0], page_table_indptr[b0 + 1] - page_table_indptr[b0])
+        n_split: T.let[T.int32] = T.min(most_pages[0], S)
 
-        for bh in T.parallel(B * H_qo):
+        for task in T.parallel(B * H_kv * n_split):
             with T.sblock("attn"):
-                q_local = T.sblock_alloc_buffer((D,), "float32")
-                o_local = T.sblock_alloc_buffer((D,), "float32")
-                rot_dot = T.sblock_alloc_buffer((1,), "float32")
-                p16 = T.sblock_alloc_buffer((lanes,), "float32")
-                p8 = T.sblock_alloc_buffer((8,), "float32")
-                p4 = T.sblock_alloc_buffer((4,), "float32")
-                p2 = T.sblock_alloc_buffer((2,), "float32")
-                scores = T.sblock_alloc_buffer((P,), "float32")
-                state = T.sblock_alloc_buffer((4,), "float32")  # m, d, new m, rescale
-                kv_len = T.sblock_alloc_buffer((1,), "int32")
-                b: T.let[T.int32] = bh // H_qo
-                h_qo: T.let[T.int32] = bh % H_qo
-                h_kv: T.let[T.int32] = h_qo // group
+                T.reads()
+                T.writes()
+                # On the stack (CPU buffers of the global scope under 1 KiB): the register tiles,
+                # indexed by constants once unrolled, which LLVM keeps in registers, and the small
+                # arrays indexed at run time.
+                acc_lo = T.sblock_alloc_buffer((L // 2, L), "float32")
+                acc_hi = T.sblock_alloc_buffer((L // 2, L), "float32")
+                accg = T.sblock_alloc_buffer((G, L), "float32")
+                ov = T.sblock_alloc_buffer((G, L), "float32")
+                q_local = T.sblock_alloc_buffer((G, D), "float32")
+                o_acc = T.sblock_alloc_buffer((G, D), "float32")
+                sc = T.sblock_alloc_buffer((G, P), "float32")
+                m = T.sblock_alloc_buffer((G,), "float32")
+                lsum = T.sblock_alloc_buffer((G,), "float32")
+                alpha = T.sblock_alloc_buffer((G,), "float32")
+                mx = T.sblock_alloc_buffer((1,), "float32")
+                b: T.let[T.int32] = task // (H_kv * n_split)
+                h_kv: T.let[T.int32] = task // n_split % H_kv
+                split: T.let[T.int32] = task % n_split
                 begin: T.let[T.int32] = page_table_indptr[b]
                 end: T.let[T.int32] = page_table_indptr[b + 1]
-                kv_len[0] = T.if_then_else(
+                kv_len: T.let[T.int32] = T.if_then_else(
                     begin != end, _get_kv_chunk_len(end - begin, P, b, length_info, sliding_window), 0)
-                state[0] = T.float32(-5e4)
-                state[1] = T.float32(1.0)
-                for d in T.vectorized(D):
-                    o_local[d] = T.float32(0)
-                for d in T.serial(D):
-                    q_local[d] = T.Cast("float32", T.if_then_else(
-                        rotary_mode == 1,
-                        _rope(Q, q_rope_position[b], D, rope_theta, rope_scale, (b, h_qo, d), dtype, {}),
-                        Q[b, h_qo, d])) * (sm_scale * T.float32(log2e))
-                for chunk in T.serial((kv_len[0] + P - 1) // P):
-                    for j in T.serial(P):
-                        row: T.let[T.int32] = chunk * P + j
-                        if row < kv_len[0]:
-                            seq_offset: T.let[T.int32] = _get_seq_offset(row, b, length_info, sliding_window)
-                            page_no: T.let[T.int32] = page_table_values[begin + seq_offset // P]
-                            page_offset: T.let[T.int32] = seq_offset % P
-                            if rotary_mode == 1:
-                                rot_dot[0] = T.float32(0)
-                                for d in T.serial(D):
-                                    rot_dot[0] = rot_dot[0] + q_local[d] * T.Cast("float32", _rope(
-                                        pages, k_rope_pos_offset[b] + row, D, rope_theta, rope_scale,
-                                        (page_no, 0, h_kv, page_offset, d), dtype, {}))
-                                scores[j] = rot_dot[0]
+                n_chunks: T.let[T.int32] = (kv_len + P - 1) // P
+                # this task's chunks of P keys: an even share, the remainder spread one by one
+                c_first: T.let[T.int32] = split * n_chunks // n_split
+                c_last: T.let[T.int32] = (split + 1) * n_chunks // n_split
+                for g in T.serial(G):
+                    m[g] = T.float32(-5e4)
+                    lsum[g] = T.float32(0)
+                    for d in T.serial(D):
+                        o_acc[g, d] = T.float32(0)
+                        q_local[g, d] = T.Cast("float32", T.if_then_else(
+                            rotary_mode == 1,
+                            _rope(Q, q_rope_position[b], D, rope_theta, rope_scale, (b, h_kv * G + g, d),
+                                  dtype, {}),
+                            Q[b, h_kv * G + g, d])) * (sm_scale * T.float32(log2e))
+                for chunk in T.serial(c_first, c_last):
+                    n_keys: T.let[T.int32] = T.min(P, kv_len - chunk * P)
+                    if tirx_and(tirx_and(n_keys == P, rotary_mode != 1), T.int32(fast_pages) == 1):
+                        # a full page: its keys' scores, L at a time, per query head
+                        k_base: T.let[T.int32] = (page_table_values[begin + chunk] * 2 * H_kv + h_kv) * P * D
+                        for g in T.serial(G):  # (unrolled, LLVM would keep the page in registers)
+                            for jb in T.unroll(P // L):
+                                for j in T.unroll(L // 2):
+                                    for i in T.vectorized(L):
+                                        acc_lo[j, i] = q_local[g, i] * T.Cast(
+                                            "float32", Pf[k_base + (jb * L + j) * D + i])
+                                        acc_hi[j, i] = q_local[g, i] * T.Cast(
+                                            "float32", Pf[k_base + (jb * L + L // 2 + j) * D + i])
+                                    for c in T.unroll(1, folds):
+                                        for i in T.vectorized(L):
+                                            acc_lo[j, i] = acc_lo[j, i] + q_local[g, c * L + i] * T.Cast(
+                                                "float32", Pf[k_base + (jb * L + j) * D + c * L + i])
+                                            acc_hi[j, i] = acc_hi[j, i] + q_local[g, c * L + i] * T.Cast(
+                                                "float32", Pf[k_base + (jb * L + L // 2 + j) * D + c * L + i])
+                                sc[g, T.ramp(jb * L, 1, L)] = transposed_sum(
+                                    [acc_lo[j, T.ramp(0, 1, L)] for j in range(L // 2)]
+                                    + [acc_hi[j, T.ramp(0, 1, L)] for j in range(L // 2)])
+                    else:
+                        # a partial page, or keys that move (sliding window) or rotate (inline
+                        # RoPE): one key at a time
+                        for j in T.serial(P):
+                            if j < n_keys:
+                                seq_offset: T.let[T.int32] = _get_seq_offset(
+                                    chunk * P + j, b, length_info, sliding_window)
+                                page_no: T.let[T.int32] = page_table_values[begin + seq_offset // P]
+                                page_offset: T.let[T.int32] = seq_offset % P
+                                if rotary_mode == 1:
+                                    for g in T.serial(G):
+                                        mx[0] = T.float32(0)
+                                        for d in T.serial(D):
+                                            mx[0] = mx[0] + q_local[g, d] * T.Cast("float32", _rope(
+                                                pages, k_rope_pos_offset[b] + chunk * P + j, D, rope_theta,
+                                                rope_scale, (page_no, 0, h_kv, page_offset, d), dtype, {}))
+                                        sc[g, j] = mx[0]
+                                else:
+                                    for g in T.unroll(G):
+                                        for i in T.vectorized(L):
+                                            accg[g, i] = q_local[g, i] * T.Cast(
+                                                "float32", pages[page_no, 0, h_kv, page_offset, i])
+                                        for c in T.unroll(1, folds):
+                                            for i in T.vectorized(L):
+                                                accg[g, i] = accg[g, i] + q_local[g, c * L + i] * T.Cast(
+                                                    "float32", pages[page_no, 0, h_kv, page_offset, c * L + i]
+                                                )
+                                        sc[g, j] = horizontal(accg[g, T.ramp(0, 1, L)], L, T.Add)
                             else:
-                                for i in T.vectorized(lanes):
-                                    p16[i] = q_local[i] * T.Cast(
-                                        "float32", pages[page_no, 0, h_kv, page_offset, i])
-                                for c in T.serial(folds - 1):
-                                    for i in T.vectorized(lanes):
-                                        p16[i] = p16[i] + q_local[(c + 1) * lanes + i] * T.Cast(
-                                            "float32",
-                                            pages[page_no, 0, h_kv, page_offset, (c + 1) * lanes + i])
-                                for i in T.vectorized(8):
-                                    p8[i] = p16[i] + p16[i + 8]
-                                for i in T.vectorized(4):
-                                    p4[i] = p8[i] + p8[i + 4]
-                                for i in T.vectorized(2):
-                                    p2[i] = p4[i] + p4[i + 2]
-                                scores[j] = p2[0] + p2[1]
-                        else:
-                            scores[j] = T.float32(neg)
-                    state[2] = state[0]
-                    for j in T.serial(P):
-                        state[2] = T.max(state[2], scores[j])
-                    state[3] = fast_exp2(state[0] - state[2])
-                    state[1] = state[1] * state[3]
+                                for g in T.serial(G):
+                                    sc[g, j] = T.float32(neg)
+                    # one online-softmax step per query head, on vectors of the page's scores
+                    for g in T.serial(G):
+                        mx[0] = T.max(m[g], horizontal(
+                            _page_fold(sc, g, P, L, T.max), L, T.max))
+                        for j in T.vectorized(P):
+                            sc[g, j] = fast_exp2(sc[g, j] - mx[0])
+                        alpha[g] = fast_exp2(m[g] - mx[0])
+                        m[g] = mx[0]
+                        lsum[g] = lsum[g] * alpha[g] + horizontal(_page_fold(sc, g, P, L, T.Add), L, T.Add)
+                        for d in T.vectorized(D):
+                            o_acc[g, d] = o_acc[g, d] * alpha[g]
+                    # O += P @ V
+                    if tirx_and(n_keys == P, T.int32(fast_pages) == 1):
+                        v_page: T.let[T.int32] = page_table_values[begin + chunk]
+                        v_base: T.let[T.int32] = ((v_page * 2 + 1) * H_kv + h_kv) * P * D
+                        for c in T.unroll(folds):
+                            for g in T.unroll(G):
+                                for i in T.vectorized(L):
+                                    ov[g, i] = o_acc[g, c * L + i]
+                            for j in T.unroll(P):
+                                for g in T.unroll(G):
+                                    for i in T.vectorized(L):
+                                        ov[g, i] = ov[g, i] + sc[g, j] * T.Cast(
+                                            "float32", Pf[v_base + j * D + c * L + i])
+                            for g in T.unroll(G):
+                                for i in T.vectorized(L):
+                                    o_acc[g, c * L + i] = ov[g, i]
+                    else:
+                        for j in T.serial(P):
+                            if j < n_keys:
+                                seq_offset2: T.let[T.int32] = _get_seq_offset(
+                                    chunk * P + j, b, length_info, sliding_window)
+                                page_no2: T.let[T.int32] = page_table_values[begin + seq_offset2 // P]
+                                page_offset2: T.let[T.int32] = seq_offset2 % P
+                                for g in T.unroll(G):
+                                    for d in T.vectorized(D):
+                                        o_acc[g, d] = o_acc[g, d] + sc[g, j] * T.Cast(
+                                            "float32", pages[page_no2, 1, h_kv, page_offset2, d])
+                for g in T.serial(G):
+                    part_m[task, g] = m[g]
+                    part_l[task, g] = lsum[g]
                     for d in T.vectorized(D):
-                        o_local[d] = o_local[d] * state[3]
-                    state[0] = state[2]
-                    for j in T.serial(P):
-                        row2: T.let[T.int32] = chunk * P + j
-                        if row2 < kv_len[0]:
-                            seq_offset2: T.let[T.int32] = _get_seq_offset(
-                                row2, b, length_info, sliding_window)
-                            page_no2: T.let[T.int32] = page_table_values[begin + seq_offset2 // P]
-                            page_offset2: T.let[T.int32] = seq_offset2 % P
-                            scores[j] = fast_exp2(scores[j] - state[0])
-                            state[1] = state[1] + scores[j]
-                            for d in T.vectorized(D):
-                                o_local[d] = o_local[d] + scores[j] * T.Cast(
-                                    "float32", pages[page_no2, 1, h_kv, page_offset2, d])
+                        part_o[task, g, d] = o_acc[g, d]
+
+        # merge the partials of each query head
+        for bh in T.serial(B * H_qo):
+            with T.sblock("merge"):
+                T.reads()
+                T.writes()
+                o_sum = T.sblock_alloc_buffer((D,), "float32")
+                st = T.sblock_alloc_buffer((3,), "float32", scope="local")  # max, sum, weight
+                b2: T.let[T.int32] = bh // H_qo
+                g2: T.let[T.int32] = bh % H_qo % G
+                first: T.let[T.int32] = (b2 * H_kv + bh % H_qo // G) * n_split
+                st[0] = T.float32(-5e4)
+                st[1] = T.float32(0)
+                for s in T.serial(n_split):
+                    st[0] = T.max(st[0], part_m[first + s, g2])
                 for d in T.vectorized(D):
-                    output[b, h_qo, d] = T.Cast(dtype, o_local[d] / state[1])
-                lse[b, h_qo] = state[0] + T.log2(state[1])
+                    o_sum[d] = T.float32(0)
+                for s in T.serial(n_split):
+                    st[2] = fast_exp2(part_m[first + s, g2] - st[0])
+                    st[1] = st[1] + part_l[first + s, g2] * st[2]
+                    for d in T.vectorized(D):
+                        o_sum[d] = o_sum[d] + part_o[first + s, g2, d] * st[2]
+                if st[1] == T.float32(0):  # no keys: TVM's neutral result
+                    st[1] = T.float32(1)
+                for d in T.vectorized(D):
+                    output[b2, bh % H_qo, d] = T.Cast(dtype, o_sum[d] / st[1])
+                lse[b2, bh % H_qo] = st[0] + T.log2(st[1])
     # fmt: on
 
     return batch_decode_paged_kv
+
+
+def _page_fold(buf: Any, g: Any, page: int, lanes: int, combine: Any) -> Any:
+    """``combine`` of the ``page // lanes`` vectors of row ``g`` of ``buf``, lane by lane."""
+    from tvm.script import tirx as T
+
+    vec = buf[g, T.ramp(0, 1, lanes)]
+    for k in range(1, page // lanes):
+        vec = combine(vec, buf[g, T.ramp(k * lanes, 1, lanes)])
+    return vec
 
 
 # --------------------------------------------------------------------------------------------
@@ -681,4 +836,8 @@ def replacement_kernel(func: Any, target: Any = None) -> Any | None:
         return prefill_attention_kernel(
             h_kv, h_qo, d, dtype, paged=True, page_size=page, wide=_has_avx512(target)
         )
-    return decode_attention_kernel(h_kv, h_qo, d, dtype, symbol == DECODE_SYMBOLS[1], page)
+    if page % 8:
+        return None
+    return decode_attention_kernel(
+        h_kv, h_qo, d, dtype, symbol == DECODE_SYMBOLS[1], page, wide=_has_avx512(target)
+    )
