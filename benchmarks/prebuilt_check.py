@@ -79,9 +79,9 @@ vocab_size = 1
                        "LLMCHAT_CACHE_DIR": str(root / "fresh-cache"),
                        "LLMCHAT_CONFIG_DIR": str(root / "config"),
                        "HF_HOME": str(root / "hf-home")})
-    from app.inference import compiler
-    from app.inference.downloads import download_model
-    from app.inference.engine import load_engine
+    from app.inference.compile import compiler
+    from app.inference.store.downloads import download_model
+    from app.inference.engine.tvm_engine import load_engine
 
     out: dict = {"bundle": args.bundle.name, "device": args.device}
     try:

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(SHOTS):
         started = time.monotonic()
         if name == "chat":  # the default model, set up as `llmchat ask` would (a download on first use)
-            from app.inference.default_model import ensure_default_model
+            from app.inference.store.default_model import ensure_default_model
 
             ensure_default_model(lambda event: print(f"  [{event.stage}] {event.message}", file=sys.stderr))
         path = asyncio.run(take(name, args.out))

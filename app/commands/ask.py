@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import add_model_arguments, context_window_arg
 
     add_model_arguments(parser)
-    # sampling: unset flags take the model's defaults (see app/inference/model_defaults.py), as in the chat
+    # sampling: unset flags take the model's defaults (app/inference/engine/model_defaults.py), as in
+    # the chat
     parser.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0.7)"
     )
@@ -84,13 +85,13 @@ def open_engine(
     """The engine ``--engine`` names, loaded on ``--device``."""
     device = getattr(args, "device", None) or "auto"
     if getattr(args, "engine", "tvm") == "mlc":
-        from app.inference.engine import resolve_model_dir
-        from app.inference.mlc_engine import MLCLLMEngine
+        from app.inference.engine.mlc_engine import MLCLLMEngine
+        from app.inference.engine.tvm_engine import resolve_model_dir
 
         model_id, model_dir = resolve_model_dir(model)
         return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
     from app.cli import prebuilt_choice
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     return load_engine(
         model,
@@ -157,7 +158,7 @@ def check_device_first(args: argparse.Namespace) -> None:
     """Fail on an unusable ``--device`` before anything is downloaded or imported."""
     if getattr(args, "engine", "tvm") != "tvm":
         return
-    from app.inference.devices import resolve_device
+    from app.inference.hardware.device_spec import resolve_device
 
     resolve_device(getattr(args, "device", None) or "auto")
 
@@ -165,7 +166,7 @@ def check_device_first(args: argparse.Namespace) -> None:
 def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
     """``--model`` or the default model (downloaded on first use)."""
     try:
-        from app.inference.default_model import model_or_default
+        from app.inference.store.default_model import model_or_default
     except ImportError:
         if model:
             return model
@@ -209,7 +210,7 @@ SAMPLING_FLAGS = (
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags given on the command line, validated (they override the model's defaults)."""
-    from app.inference.sampling import validate_value
+    from app.inference.engine.sampling import validate_value
 
     given = {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
     return {key: validate_value(key, value) for key, value in given.items()}
@@ -217,7 +218,7 @@ def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def sampling_for(engine: Any, overrides: dict[str, Any]) -> SamplingParams:
     """The loaded model's sampling defaults with the command line's overrides on top."""
-    from app.inference.model_defaults import effective_params, model_sampling
+    from app.inference.engine.model_defaults import effective_params, model_sampling
 
     info = engine.info
     return effective_params(model_sampling(info.model_path, info.model_id).params, overrides)
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     progress = StderrProgress()
     endpoint = getattr(args, "endpoint", None)
     if endpoint:
-        from app.inference.remote import RemoteEngine
+        from app.inference.engine.remote import RemoteEngine
 
         engine = RemoteEngine(
             endpoint, api_key=getattr(args, "api_key", None), model=getattr(args, "model", None)

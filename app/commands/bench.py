@@ -29,7 +29,7 @@ HELP = "measure prefill speed on a real prompt and decode speed at a depth of co
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import add_model_arguments, context_window_arg
-    from app.inference.random_model import PRESETS
+    from app.inference.engine.random_model import PRESETS
 
     add_model_arguments(parser)
     parser.add_argument(
@@ -117,7 +117,7 @@ def _load(args: argparse.Namespace, progress: StderrProgress, ctx: int) -> Any:
             raise LlmchatError("--model and --random-weights exclude each other.", "pass one of them")
         if args.engine != "tvm":
             raise LlmchatError("--random-weights works with llmchat's own engine only.", "drop --engine")
-        from app.inference.random_model import load_random_engine
+        from app.inference.engine.random_model import load_random_engine
 
         return load_random_engine(
             args.random_weights,
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     if args.depth == 0:  # what the models screen's speed estimates for this machine start from
-        from app.inference import bench_store
+        from app.inference.store import bench_store
 
         bench_store.record(result)
 

@@ -68,7 +68,7 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.downloads import DownloadCancelled, download_model
+    from app.inference.store.downloads import DownloadCancelled, download_model
 
     bar = ProgressBar()
     cancel = threading.Event()
@@ -114,8 +114,8 @@ def library_step(model_dir, args: argparse.Namespace, progress, cancel: threadin
     from pathlib import Path
 
     from app.cli import prebuilt_choice
-    from app.inference.downloads import DownloadCancelled
-    from app.inference.prebuilt import prepare_library
+    from app.inference.compile.prebuilt import prepare_library
+    from app.inference.store.downloads import DownloadCancelled
 
     model_dir = Path(model_dir)
     try:

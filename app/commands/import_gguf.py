@@ -37,7 +37,7 @@ class _StderrProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.gguf_import import import_gguf
+    from app.inference.store.gguf_import import import_gguf
 
     started = time.monotonic()
     model_dir = import_gguf(args.path, name=args.name, progress=_StderrProgress())

@@ -78,7 +78,7 @@ def machine_target(timeout_s: float = PROBE_TIMEOUT_S, report: Any = None) -> tu
             backend = str(getattr(report, "backend", "cpu") or "cpu")
             arch = None
             if backend == "cpu":
-                from app.inference.compiler import cpu_level
+                from app.inference.compile.compiler import cpu_level
 
                 arch = cpu_level()
             result[0] = (backend, arch)
@@ -94,11 +94,11 @@ def machine_target(timeout_s: float = PROBE_TIMEOUT_S, report: Any = None) -> tu
 def collect(budget: int | None, context: int | None = None, report: Any = None) -> list[dict]:
     """One row per catalog entry plus installed models outside the catalog; ``report``: the hardware
     probe's, for the estimated decode speed (None: unknown)."""
-    from app.inference import fit
-    from app.inference.catalog import installed_model_path, list_installed, load_catalog
-    from app.inference.installed import quick_problem, repair_fix
-    from app.inference.prebuilt import catalog_status
-    from app.inference.speed import speed_function
+    from app.inference.compile.prebuilt import catalog_status
+    from app.inference.store import fit
+    from app.inference.store.catalog import installed_model_path, list_installed, load_catalog
+    from app.inference.store.installed import quick_problem, repair_fix
+    from app.inference.store.speed import speed_function
 
     speed = speed_function(report)
 

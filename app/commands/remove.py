@@ -15,7 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.cleanup import format_bytes
-    from app.inference.catalog import id_for_hf_repo, load_catalog, parse_hf_reference, remove_model_report
+    from app.inference.store.catalog import (
+        id_for_hf_repo,
+        load_catalog,
+        parse_hf_reference,
+        remove_model_report,
+    )
 
     model_id = args.model
     repo = parse_hf_reference(model_id)

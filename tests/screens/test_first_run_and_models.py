@@ -11,7 +11,7 @@ import pytest
 
 from app.chat_app import LlmchatApp, Services, StartOptions
 from app.errors import LlmchatError
-from app.inference.catalog import installed_model_path, list_installed
+from app.inference.store.catalog import installed_model_path, list_installed
 from app.screens.chat import ChatScreen
 from app.screens.first_run import FirstRunScreen
 from app.screens.loading import LoadingScreen
@@ -51,7 +51,7 @@ async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
     events = []
 
     def load_engine(model, device, progress):
-        from app.inference.engine import load_engine as real_load_engine
+        from app.inference.engine.tvm_engine import load_engine as real_load_engine
 
         def record(event):
             events.append(event)
@@ -134,7 +134,7 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
 async def test_models_screen_shows_a_broken_install_and_d_repairs_it(hub):
     """Issue 19 item 6: a shard deleted from an installed model shows as broken with the fix, and d
     (download) on it fetches only what is missing."""
-    from app.inference.downloads import download_model
+    from app.inference.store.downloads import download_model
 
     path = download_model(TINY_ID)
     (path / SHARD).unlink()

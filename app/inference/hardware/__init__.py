@@ -200,7 +200,7 @@ def _load_cuda_runtime() -> None:
     if "tvm" not in sys.modules or not os.path.exists("/proc/driver/nvidia/version"):
         return  # without TVM imported the probe reads its installed libraries: nothing to load
     try:
-        from app.inference.cuda_support import prepare_cuda_runtime
+        from app.inference.compile.cuda_support import prepare_cuda_runtime
 
         prepare_cuda_runtime()
     except Exception:  # no CUDA runtime: the probe says so

