@@ -68,7 +68,8 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.store.downloads import DownloadCancelled, download_model
+    from app.inference.store.downloads import download_model
+    from app.inference.store.hub import DownloadCancelled
 
     bar = ProgressBar()
     cancel = threading.Event()
@@ -115,7 +116,7 @@ def library_step(model_dir, args: argparse.Namespace, progress, cancel: threadin
 
     from app.cli import prebuilt_choice
     from app.inference.compile.prebuilt import prepare_library
-    from app.inference.store.downloads import DownloadCancelled
+    from app.inference.store.hub import DownloadCancelled
 
     model_dir = Path(model_dir)
     try:

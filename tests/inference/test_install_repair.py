@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.cli import main
 from app.errors import LlmchatError
-from app.inference.store import downloads
+from app.inference.store import hub as hub_files
 from app.inference.store.catalog import installed_model_path, list_installed
 from app.inference.store.downloads import download_model
 from app.inference.store.installed import quick_problem, verify
@@ -33,7 +33,7 @@ def hub(tmp_path, monkeypatch):
     server.add_repo(TINY_REPO, make_tiny_mlc_model())
     server.add_repo(OTHER_REPO, make_tiny_mlc_model(seed=3))
     use_hub(server, tmp_path, monkeypatch)
-    monkeypatch.setattr(downloads, "RETRY_DELAYS", (0.01, 0.02, 0.05))
+    monkeypatch.setattr(hub_files, "RETRY_DELAYS", (0.01, 0.02, 0.05))
     yield server
     server.stop()
 

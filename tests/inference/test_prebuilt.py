@@ -23,6 +23,7 @@ from app.errors import LlmchatError
 from app.inference.compile import compiler, prebuilt
 from app.inference.engine.tvm_engine import load_engine
 from app.inference.store import downloads
+from app.inference.store import hub as hub_files
 from tests.hub_server import HubServer, use_hub
 
 MODEL_REPO = "org/Tiny-Llama-q4f32_1-MLC"
@@ -97,7 +98,7 @@ def hub(tmp_path, monkeypatch):
     server = HubServer().start()
     use_hub(server, tmp_path, monkeypatch)
     (tmp_path / "config" / "models_registry.toml").write_text(registry())
-    monkeypatch.setattr(downloads, "RETRY_DELAYS", (0.01, 0.02, 0.05))
+    monkeypatch.setattr(hub_files, "RETRY_DELAYS", (0.01, 0.02, 0.05))
     monkeypatch.delenv(prebuilt.NO_PREBUILT_ENV, raising=False)
     server.root = tmp_path
     yield server
@@ -297,7 +298,7 @@ def test_cut_download_resumes(built, hub):
     hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(folder)})
     so = f"libs/{folder.name}/{prebuilt.LIBRARY}"
     size = (folder / prebuilt.LIBRARY).stat().st_size
-    hub.faults.cut_after[so] = (size // 2, downloads.MAX_ATTEMPTS)
+    hub.faults.cut_after[so] = (size // 2, hub_files.MAX_ATTEMPTS)
     model_dir = downloads.download_model(MODEL_ID)
     line = prebuilt.prepare_library(MODEL_ID, model_dir, "cpu")
     assert "compiles here on first use" in line and "breaking off" in line

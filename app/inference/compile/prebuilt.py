@@ -13,7 +13,7 @@ one is used only when every check passes, before anything is loaded:
 * **Where bundles come from**: a catalog entry's ``prebuilt_libs`` (repo + folder + the manifest's
   sha256, per target), and a model repo's ``libs/<digest>/`` folder (its listing is recorded at
   download time, so the check needs no request).  Files come through the weights' download code
-  (app/inference/store/downloads.py: resumable ``.part`` files, retries, size and sha256 checked before
+  (app/inference/store/hub.py: resumable ``.part`` files, retries, size and sha256 checked before
   the rename); the manifest's key is compared before any library byte is fetched.
 * **Installing** moves the verified library into the cache slot and writes the slot's metadata
   last (with the size and sha256 every later load checks).  Anything rejected is removed; a
@@ -318,7 +318,8 @@ def fetch_one(
 
     Raises BundleRejected (the staging folder is removed) or LlmchatError of the download (its
     partial files stay for a resume)."""
-    from app.inference.store.downloads import _staging_lock, list_repo_files
+    from app.inference.store.downloads import _staging_lock
+    from app.inference.store.hub import list_repo_files
 
     commit, listing = list_repo_files(candidate.repo, candidate.revision)
     inside = {f.name: f for f in listing if f.name.startswith(candidate.folder + "/")}
@@ -340,7 +341,7 @@ def _fetch_locked(
     cancel: threading.Event | None,
     label: str,
 ) -> CompiledModel:
-    from app.inference.store.downloads import fetch_verified
+    from app.inference.store.hub import fetch_verified
 
     manifest_name = f"{candidate.folder}/{MANIFEST}"
     try:
@@ -418,7 +419,7 @@ def fetch_bundle(
         except BundleRejected as why:
             reasons.append(f"{candidate.describe()}: {why}")
         except LlmchatError as err:
-            from app.inference.store.downloads import DownloadCancelled
+            from app.inference.store.hub import DownloadCancelled
 
             if isinstance(err, DownloadCancelled):
                 raise
