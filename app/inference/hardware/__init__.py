@@ -8,6 +8,9 @@
 Pure functions over files under a root directory (``/`` or a fixture tree): no GPU driver is
 loaded and nothing needs root. TVM is only asked when it is already imported in this process;
 otherwise its installed runtime libraries are inspected without importing it (fast).
+
+``device_spec`` turns the probe's choice or ``--device`` into the device a model runs on, checked
+against what the installed TVM runtime can drive (it asks TVM, so it is imported only when needed).
 """
 
 from __future__ import annotations
