@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.ask import StderrProgress, check_device_first, open_engine, resolve_model
+    from app.commands.ask import StderrProgress, check_device_first, open_engine, resolve_model, services_for
     from app.errors import LlmchatError
     from app.serve.run import bind, run_server
     from app.serve.server import check_bind, create_app
@@ -76,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)  # before the slow part: a taken port fails at once
     try:
         progress = StderrProgress()
-        check_device_first(args)
-        model = resolve_model(getattr(args, "model", None), progress)
-        engine = open_engine(args, model, progress, args.context_window)  # --engine tvm or mlc
+        services = services_for(args)  # --engine tvm or mlc
+        check_device_first(services, args)
+        model = resolve_model(services, getattr(args, "model", None), progress)
+        engine = open_engine(services, args, model, progress)
         try:
             app = create_app(
                 engine, api_key=api_key, max_queue=args.max_queue, model_id=args.served_model_name

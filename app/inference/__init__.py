@@ -4,6 +4,6 @@
 imports) → ``compile/`` (a model library for the device; its inputs ``models/``, ``quantization/``,
 ``pipelines/``) → ``engine/`` (load, generate; ``backends/`` are llmchat's device runtimes) → the UI.
 
-The UI and the CLI use the types in ``app.inference.api`` and the factory
-``app.inference.engine.tvm_engine.load_engine``; nothing outside this package imports TVM.
+The UI and the CLI call it through one facade, ``app.inference.services`` (``Services``), and
+program against the types in ``app.inference.api``; nothing outside this package imports TVM.
 """
