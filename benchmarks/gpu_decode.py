@@ -20,7 +20,7 @@ counts the generated tokens, the first of which comes from the prefill, as in ``
 ``--backend cpu`` (with ``compile --arch cpu``) runs the same path on the CPU, as the tests do.
   make-gguf a Llama-architecture GGUF with random Q4_0 weights of the same shapes, for llama.cpp.
 
-Presets (app.inference.random_model): llama2-7b, qwen2.5-3b, qwen2.5-0.5b, ...
+Presets (app.inference.engine.random_model): llama2-7b, qwen2.5-3b, qwen2.5-0.5b, ...
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def _set_cache(cache: str) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile (llmchat pipeline, and the plain TVM pipeline for --plain presets)."""
     _set_cache(args.cache)
-    from app.inference.compiler import get_library
-    from app.inference.devices import DeviceSpec
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import get_library
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.engine.random_model import preset_config
 
     backend = ("rocm" if args.arch.startswith("gfx") else "vulkan" if args.arch.startswith("wgsl")
                else "cpu" if args.arch == "cpu" else "cuda")
@@ -153,7 +153,7 @@ def _check_device_argmax(engine: Any, steps: int) -> dict[str, Any] | None:
     import threading
 
     from app.inference.api import SamplingParams
-    from app.inference.generation import GenerationResult, generate
+    from app.inference.engine.generation import GenerationResult, generate
 
     result = GenerationResult()
     for _ in generate(rt, [1], SamplingParams(temperature=0.0, max_tokens=steps + 1), kv_ids=[],
@@ -207,11 +207,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "vulkan":
         return cmd_run_vulkan(args)
     if args.backend == "cuda":
-        from app.inference.cuda_support import prepare_cuda_runtime
+        from app.inference.compile.cuda_support import prepare_cuda_runtime
 
         prepare_cuda_runtime()
     if args.forbid_nvcc:  # prove the libraries carry binary kernels
-        import app.inference.cuda_support as cs
+        import app.inference.compile.cuda_support as cs
 
         def _no_nvcc(*_a: Any, **_k: Any) -> bytes:
             raise RuntimeError("nvcc was called at run time")
@@ -219,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cs.compile_fatbin = _no_nvcc
     import tvm
 
-    from app.inference.random_model import load_random_engine
+    from app.inference.engine.random_model import load_random_engine
 
     _use_manifest(Path(args.cache), args.quant, args.context)
     dev = tvm.device(args.backend, 0)
@@ -291,10 +291,10 @@ def cmd_depth(args: argparse.Namespace) -> int:
     import tvm
 
     from app.commands.bench import measure
-    from app.inference.random_model import load_random_engine
+    from app.inference.engine.random_model import load_random_engine
 
     if args.backend == "cuda":
-        from app.inference.cuda_support import prepare_cuda_runtime
+        from app.inference.compile.cuda_support import prepare_cuda_runtime
 
         prepare_cuda_runtime()
     _use_manifest(Path(args.cache), args.quant, args.context)
@@ -344,7 +344,7 @@ def cmd_run_vulkan(args: argparse.Namespace) -> int:
     import tvm
 
     from app.inference.backends import webgpu
-    from app.inference.random_model import load_random_engine
+    from app.inference.engine.random_model import load_random_engine
 
     _use_manifest(Path(args.cache), args.quant, args.context)
     dev = webgpu.device(0)
@@ -369,7 +369,7 @@ def cmd_run_vulkan(args: argparse.Namespace) -> int:
                 prompt_logits = _prompt_logits(engine, 4)
                 engine.close()
                 del engine
-                from app.inference.cuda_support import prepare_cuda_runtime
+                from app.inference.compile.cuda_support import prepare_cuda_runtime
 
                 prepare_cuda_runtime()
                 ref = load_random_engine(preset, args.quant, device="cuda", context_window=args.context)
@@ -454,13 +454,13 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
     if not manifest_path.exists():
         return
     manifest = json.loads(manifest_path.read_text())
-    import app.inference.compiler as compiler
+    import app.inference.compile.compiler as compiler
 
     original = compiler.get_library
 
     def get_library(cfg: Any, device: Any, arch: str | None = None, progress: Any = None,
                     **kwargs: Any) -> Any:
-        from app.inference.random_model import PRESETS
+        from app.inference.engine.random_model import PRESETS
 
         plain = os.environ.get("LLMCHAT_TVM_PIPELINE") == "default"
         for preset in PRESETS:
@@ -474,7 +474,7 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
 
 
 def _preset_key(preset: str, quant: str, context: int) -> Any:
-    from app.inference.random_model import preset_config
+    from app.inference.engine.random_model import preset_config
 
     return preset_config(preset, quant, context).code_key()
 

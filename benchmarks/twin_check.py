@@ -128,7 +128,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         os.environ["LLMCHAT_GPU_RUNTIME"] = "twin"
     else:
         os.environ.pop("LLMCHAT_GPU_RUNTIME", None)
-    from app.inference.cuda_support import prepare_cuda_runtime
+    from app.inference.compile.cuda_support import prepare_cuda_runtime
     from tests.gpu import prebuilt
 
     prepare_cuda_runtime()
@@ -137,7 +137,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if prebuilt.cache_root() is not None:  # the GPU suite's prebuilt cache: load, never compile
         prebuilt.forbid_compiling(prebuilt.cache_root())
 
-    import app.inference.compiler as compiler
+    import app.inference.compile.compiler as compiler
     from benchmarks import gpu_decode
 
     built: list[str] = []
@@ -155,12 +155,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         t0 = time.time()
         if args.model.startswith("preset:"):
-            from app.inference.random_model import load_random_engine
+            from app.inference.engine.random_model import load_random_engine
 
             engine = load_random_engine(args.model.split(":", 1)[1], args.quant, device="cuda",
                                         context_window=args.context)
         else:
-            from app.inference.engine import load_engine
+            from app.inference.engine.tvm_engine import load_engine
 
             engine = load_engine(args.model.split(":", 1)[1], device="cuda")
         out["load_s"] = round(time.time() - t0, 2)

@@ -31,7 +31,7 @@ def main() -> int:
     import tvm
 
     from app.inference.backends import webgpu
-    from app.inference.random_model import load_random_engine
+    from app.inference.engine.random_model import load_random_engine
 
     dev = webgpu.device(0)
     if args.copy_lib:

@@ -27,11 +27,11 @@ def main() -> int:
     ap.add_argument("--quant", default="q4f16_1")
     ap.add_argument("--fusion", default="on,off", help="settings of LLMCHAT_WGSL_FUSION to count")
     args = ap.parse_args()
-    from app.inference.compiler import make_target
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile.compiler import make_target
+    from app.inference.hardware.device_spec import DeviceSpec
     from app.inference.pipelines.kernel_count import decode_step_kernels, scheduled_module
     from app.inference.pipelines.wgsl_fusion import FUSION_ENV
-    from app.inference.random_model import preset_config
+    from app.inference.engine.random_model import preset_config
 
     target = make_target(DeviceSpec("vulkan", 0), args.arch)
     for preset in args.presets.split(","):

@@ -173,7 +173,7 @@ def _isolated_dirs(_session_dirs: Path, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("LLMCHAT_CONFIG_DIR", str(tmp_path / "llmchat-config"))
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(_session_dirs / "cache"))
     # measured speeds (llmchat bench) live in the cache dir, shared by the session: one file per test
-    from app.inference import bench_store
+    from app.inference.store import bench_store
 
     monkeypatch.setattr(bench_store, "path", lambda: tmp_path / "llmchat-cache-bench_results.json")
 
@@ -232,9 +232,9 @@ def write_tiny_model(
     """A complete MLC-format model directory with random weights. Its parameter list comes from
     TVM's model exporter, or from the GPU suite's prebuilt cache where it runs from one
     (tests/gpu/prebuilt.py: the GPU machine has no TVM compiler)."""
-    from app.inference.config import ModelConfig
-    from app.inference.random_model import random_params
-    from app.inference.weights import write_tensor_cache
+    from app.inference.engine.random_model import random_params
+    from app.inference.store.config import ModelConfig
+    from app.inference.store.weights import write_tensor_cache
 
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out_dir)
@@ -294,7 +294,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir: Callable[..., Path], _session_dirs: Path) -> Iterator[Any]:
     """A loaded CPU engine on the tiny llama q4f32_1 model (shared: tests reset it first)."""
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="cpu")
     yield engine

@@ -42,7 +42,7 @@ def test_import_killed_with_sigkill_leaves_staging_that_clean_reclaims(tmp_path)
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q8_0")
     script = textwrap.dedent(f"""
         import os, signal
-        from app.inference.gguf_import import import_gguf
+        from app.inference.store.gguf_import import import_gguf
         def progress(event):
             if event.message.startswith("converting model.layers.1"):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -136,7 +136,7 @@ def test_remove_reclaims_the_models_temporaries_and_says_how_much(tmp_path):
     """`llmchat remove ID` also removes what interrupted runs left of that model: its import staging
     of a dead process and a half-removed copy (a remove killed mid-way), and says what it reclaimed."""
     from app.cli import main
-    from app.inference.catalog import remove_model_report
+    from app.inference.store.catalog import remove_model_report
 
     models = paths.models_dir()
     installed = models / "victim"

@@ -28,7 +28,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_the_probe_fallback_to_the_cpu_is_logged_and_printed_with_verbose(cache, monkeypatch, capsys):
-    from app.inference import devices, hardware
+    from app.inference import hardware
+    from app.inference.hardware import device_spec as devices
 
     def broken_probe(*args, **kwargs):
         raise RuntimeError("sysfs exploded")

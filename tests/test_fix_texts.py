@@ -53,7 +53,7 @@ def check_fix(fix: str) -> None:
 
 
 def _device_errors() -> list[tuple[str, LlmchatError]]:
-    from app.inference.devices import resolve_device
+    from app.inference.hardware.device_spec import resolve_device
 
     errors = []
     # (vulkan and rocm: their add-ons' fixes are swept below, without building the add-ons)
@@ -95,7 +95,7 @@ def test_the_metal_runtime_fix_is_not_a_wheel():
 def test_context_full_fixes(tiny_model_dir):
     """The prompt does not fit: shorten it or /system clear; a larger window only where the model has
     one, with an option the chat app and ask both take."""
-    from app.inference.engine import ContextLengthExceeded, _too_long_fix, load_engine
+    from app.inference.engine.tvm_engine import ContextLengthExceeded, _too_long_fix, load_engine
 
     at_max = _too_long_fix(5000, 4096, 4096)
     check_fix(at_max)
@@ -122,8 +122,8 @@ def test_a_missing_code_generator_fix(tiny_model_dir, tmp_path):
     """PyPI's apache-tvm has no Vulkan (SPIR-V) code generator: compiling for it says what to do."""
     import tvm
 
-    from app.inference.compiler import compile_library
-    from app.inference.config import ModelConfig
+    from app.inference.compile.compiler import compile_library
+    from app.inference.store.config import ModelConfig
 
     if tvm.get_global_func("target.build.vulkan", allow_missing=True) is not None:
         pytest.fail("this TVM has a Vulkan code generator: pick a target it lacks for this test")

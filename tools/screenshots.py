@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.chat_app import LlmchatApp, Services, StartOptions  # noqa: E402
+from app.chat_app import LlmchatApp, StartOptions  # noqa: E402
+from app.inference.services import LocalServices  # noqa: E402
 
 SYSROOTS = ROOT / "tests" / "fixtures" / "sysroots"
 SIZE = (110, 36)
@@ -64,9 +65,29 @@ async def settled(pilot) -> None:
     await pilot.pause()
 
 
-def no_models(probe_name: str) -> Services:
-    return Services(probe=fixture_probe(probe_name), list_installed=lambda: [],
-                    installed_model_path=lambda model_id: None)
+class FixtureServices(LocalServices):
+    """The real services on a recorded machine (a sysfs snapshot under tests/fixtures/sysroots)."""
+
+    def __init__(self, probe_name: str) -> None:
+        super().__init__()
+        self.report = fixture_probe(probe_name)()
+
+    def probe(self):
+        return self.report
+
+
+class NoModels(FixtureServices):
+    """... with nothing installed (a first run)."""
+
+    def list_installed(self) -> list[str]:
+        return []
+
+    def installed_model_path(self, model_id: str) -> Path | None:
+        return None
+
+
+def no_models(probe_name: str) -> NoModels:
+    return NoModels(probe_name)
 
 
 async def first_run(pilot) -> None:
@@ -153,7 +174,7 @@ async def chat(pilot) -> Callable[[], None]:
 SHOTS: dict[str, tuple[Callable[[], LlmchatApp], Callable[[object], Awaitable[object]]]] = {
     "first-run": (lambda: LlmchatApp(StartOptions(), no_models("amd-vangogh")), first_run),
     "chat": (lambda: LlmchatApp(StartOptions(model="smollm2-135m-instruct", device="cpu"),
-                                Services(probe=fixture_probe("amd-vangogh"))), chat),
+                                FixtureServices("amd-vangogh")), chat),
     "models": (lambda: LlmchatApp(StartOptions(), no_models("amd-rx7900xtx")), models),
     "hardware": (lambda: LlmchatApp(StartOptions(), no_models("amd-vangogh")), hardware),
 }
@@ -181,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(SHOTS):
         started = time.monotonic()
         if name == "chat":  # the default model, set up as `llmchat ask` would (a download on first use)
-            from app.inference.default_model import ensure_default_model
+            from app.inference.store.default_model import ensure_default_model
 
             ensure_default_model(lambda event: print(f"  [{event.stage}] {event.message}", file=sys.stderr))
         path = asyncio.run(take(name, args.out))

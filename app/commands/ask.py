@@ -6,10 +6,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import LlmchatError
-from app.inference.api import PrefillProgress, ProgressEvent, ReplyStats, SamplingParams, TextDelta
+from app.inference.api import Engine, PrefillProgress, ProgressEvent, ReplyStats, SamplingParams, TextDelta
+
+if TYPE_CHECKING:
+    from app.inference.services import LocalServices, Services
 
 HELP = "answer one prompt, streaming the reply to stdout"
 
@@ -18,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import add_model_arguments, context_window_arg
 
     add_model_arguments(parser, saved_servers=True)
-    # sampling: unset flags take the model's defaults (see app/inference/model_defaults.py), as in the chat
+    # sampling: unset flags take the model's defaults (app/inference/engine/model_defaults.py), as in
+    # the chat
     parser.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0.7)"
     )
@@ -78,28 +82,28 @@ def add_engine_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_engine(
-    args: argparse.Namespace, model: str | Path, progress: StderrProgress, context_window: int | None
-) -> Any:
-    """The engine ``--engine`` names, loaded on ``--device``."""
-    device = getattr(args, "device", None) or "auto"
-    if getattr(args, "engine", "tvm") == "mlc":
-        from app.inference.engine import resolve_model_dir
-        from app.inference.mlc_engine import MLCLLMEngine
+def services_for(args: argparse.Namespace) -> LocalServices:
+    """The facade the command's flags ask for: a server's models (``--endpoint``), or this machine's
+    with ``--engine``, ``--context-window``, ``--arch`` and ``--no-prebuilt``."""
+    from app.inference.services import LocalServices, RemoteServices
 
-        model_id, model_dir = resolve_model_dir(model)
-        return MLCLLMEngine(model_dir, device=device, model_id=model_id, progress=progress)
+    if getattr(args, "endpoint", None):
+        return RemoteServices(args.endpoint, getattr(args, "api_key", None))
     from app.cli import prebuilt_choice
-    from app.inference.engine import load_engine
 
-    return load_engine(
-        model,
-        device=device,
-        progress=progress,
-        context_window=context_window,
-        arch=getattr(args, "arch", None),
+    return LocalServices(
+        engine="mlc" if getattr(args, "engine", "tvm") == "mlc" else "tvm",
+        context_window=getattr(args, "context_window", None),
         prebuilt=prebuilt_choice(args),
+        arch=getattr(args, "arch", None),
     )
+
+
+def open_engine(
+    services: Services, args: argparse.Namespace, model: str | Path, progress: StderrProgress
+) -> Engine:
+    """The model loaded on ``--device`` through ``services``."""
+    return services.load_engine(model, getattr(args, "device", None) or "auto", progress)
 
 
 class StderrProgress:
@@ -153,19 +157,15 @@ class PrefillLine:
             self._shown = False
 
 
-def check_device_first(args: argparse.Namespace) -> None:
+def check_device_first(services: Services, args: argparse.Namespace) -> None:
     """Fail on an unusable ``--device`` before anything is downloaded or imported."""
-    if getattr(args, "engine", "tvm") != "tvm":
-        return
-    from app.inference.devices import resolve_device
-
-    resolve_device(getattr(args, "device", None) or "auto")
+    services.check_device(getattr(args, "device", None) or "auto")
 
 
-def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
+def resolve_model(services: Services, model: str | None, progress: StderrProgress) -> str | Path:
     """``--model`` or the default model (downloaded on first use); not a saved server (``ask`` and the
     chat connect to those)."""
-    from app.inference.saved_servers import server_name_of
+    from app.inference.store.saved_servers import server_name_of
 
     if server_name_of(model) is not None:
         raise LlmchatError(
@@ -173,16 +173,7 @@ def resolve_model(model: str | None, progress: StderrProgress) -> str | Path:
             f"chat with it (llmchat --model {model}) or ask it (llmchat ask --model {model} ...), "
             "or pass a local model's id",
         )
-    try:
-        from app.inference.default_model import model_or_default
-    except ImportError:
-        if model:
-            return model
-        raise LlmchatError(
-            "No --model given and the default model is not available in this build.",
-            "pass --model ID_OR_PATH (see `llmchat models`)",
-        ) from None
-    return model_or_default(model, progress)
+    return services.model_or_default(model, progress)
 
 
 def read_prompt(parts: list[str]) -> str:
@@ -218,49 +209,41 @@ SAMPLING_FLAGS = (
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags given on the command line, validated (they override the model's defaults)."""
-    from app.inference.sampling import validate_value
+    from app.inference.engine.sampling import validate_value
 
     given = {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
     return {key: validate_value(key, value) for key, value in given.items()}
 
 
-def sampling_for(engine: Any, overrides: dict[str, Any]) -> SamplingParams:
+def sampling_for(services: Services, engine: Engine, overrides: dict[str, Any]) -> SamplingParams:
     """The loaded model's sampling defaults with the command line's overrides on top."""
-    from app.inference.model_defaults import effective_params, model_sampling
+    from app.inference.engine.model_defaults import effective_params
 
-    info = engine.info
-    return effective_params(model_sampling(info.model_path, info.model_id).params, overrides)
+    return effective_params(services.sampling_defaults(engine).params, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.saved_servers import server_name_of
+    from app.inference.store.saved_servers import server_name_of
 
     prompt = read_prompt(args.prompt)
     overrides = sampling_from_args(args)
     progress = StderrProgress()
     endpoint = getattr(args, "endpoint", None)
     saved = server_name_of(getattr(args, "model", None))
+    services = services_for(args)
     if saved is not None:  # a server saved in the models screen, as the chat's --model server:NAME
         if endpoint:
             raise LlmchatError(
                 f"--endpoint and --model {args.model} both name a server.",
                 f"drop --endpoint to ask the saved server, or pass --model NAME of a model on {endpoint}",
             )
-        from app.inference.saved_servers import open_server
-
-        engine = open_server(saved)
-    elif endpoint:
-        from app.inference.remote import RemoteEngine
-
-        engine = RemoteEngine(
-            endpoint, api_key=getattr(args, "api_key", None), model=getattr(args, "model", None)
-        )
+        engine = services.open_server(saved)
     else:
-        check_device_first(args)
-        model = resolve_model(getattr(args, "model", None), progress)
-        engine = open_engine(args, model, progress, args.context_window)
+        check_device_first(services, args)
+        model = resolve_model(services, getattr(args, "model", None), progress)
+        engine = open_engine(services, args, model, progress)
     try:
-        params = sampling_for(engine, overrides)
+        params = sampling_for(services, engine, overrides)
         if args.system:
             engine.set_system_prompt(args.system)
         stats: ReplyStats | None = None

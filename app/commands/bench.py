@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.commands.ask import (
     StderrProgress,
@@ -24,16 +24,20 @@ from app.commands.ask import (
     check_device_first,
     open_engine,
     resolve_model,
+    services_for,
 )
 from app.errors import LlmchatError
 from app.inference.api import ReplyStats, SamplingParams
+
+if TYPE_CHECKING:
+    from app.inference.services import LocalServices
 
 HELP = "measure prefill speed on a real prompt and decode speed at a depth of context"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import add_model_arguments, context_window_arg
-    from app.inference.random_model import PRESETS
+    from app.inference.engine.random_model import PRESETS
 
     add_model_arguments(parser)
     parser.add_argument(
@@ -162,27 +166,18 @@ def _device_memory_used(engine: Any) -> int | None:
     return total - free if total > 0 and free >= 0 else None
 
 
-def _load(args: argparse.Namespace, progress: StderrProgress, ctx: int) -> Any:
+def _load(args: argparse.Namespace, services: LocalServices, progress: StderrProgress) -> Any:
     device = getattr(args, "device", None) or "auto"
     if args.random_weights:
         if getattr(args, "model", None):
             raise LlmchatError("--model and --random-weights exclude each other.", "pass one of them")
         if args.engine != "tvm":
             raise LlmchatError("--random-weights works with llmchat's own engine only.", "drop --engine")
-        from app.inference.random_model import load_random_engine
-
-        return load_random_engine(
-            args.random_weights,
-            args.quantization,
-            device=device,
-            context_window=ctx,
-            progress=progress,
-            arch=args.arch,
-        )
+        return services.load_random_engine(args.random_weights, args.quantization, device, progress)
     if not getattr(args, "arch", None):  # --arch cross-compiles for a GPU that need not be here
-        check_device_first(args)
-    model = resolve_model(getattr(args, "model", None), progress)
-    return open_engine(args, model, progress, ctx)
+        check_device_first(services, args)
+    model = resolve_model(services, getattr(args, "model", None), progress)
+    return open_engine(services, args, model, progress)
 
 
 def _run_once(engine: Any, prompt: list[int], gen: int) -> ReplyStats:
@@ -301,7 +296,9 @@ def run(args: argparse.Namespace) -> int:
     ctx = args.context_window or context_needed(args.prompt_tokens, args.depth, args.gen)
     progress = StderrProgress()
     mem_before = None
-    engine = _load(args, progress, ctx)
+    services = services_for(args)
+    services.context_window = ctx
+    engine = _load(args, services, progress)
 
     def log(text: str) -> None:
         print(f"[bench] {text}", file=sys.stderr, flush=True)
@@ -348,9 +345,7 @@ def run(args: argparse.Namespace) -> int:
         "context_window": info.context_window,
     }
     if args.depth == 0:  # what the models screen's speed estimates for this machine start from
-        from app.inference import bench_store
-
-        bench_store.record(result)
+        services.record_bench(result)
 
     print(f"{result['model']} ({result['quantization']}) on {result['device']}")
     if result["prefill_tok_s"] is not None:

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.commands.ask import StderrProgress
-    from app.inference import prebuilt
+    from app.inference.compile import prebuilt
 
     folder = prebuilt.build_bundle(args.model, args.build_device, args.arch, args.out, StderrProgress())
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())

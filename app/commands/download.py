@@ -6,8 +6,12 @@ import argparse
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from app.errors import LlmchatError
+
+if TYPE_CHECKING:
+    from app.inference.services import LocalServices
 
 HELP = "download a model's prebuilt quantized weights"
 
@@ -68,16 +72,19 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.downloads import DownloadCancelled, download_model
+    from app.cli import prebuilt_choice
+    from app.inference.services import LocalServices
+    from app.inference.store.hub import DownloadCancelled
 
+    services = LocalServices(prebuilt=prebuilt_choice(args))
     bar = ProgressBar()
     cancel = threading.Event()
     outcome: dict[str, object] = {}
 
     def work() -> None:
         try:
-            outcome["path"] = download_model(args.model, progress=bar, cancel=cancel)
-            outcome["library"] = library_step(outcome["path"], args, bar, cancel)
+            outcome["path"] = services.download_model(args.model, bar, cancel)
+            outcome["library"] = library_step(services, outcome["path"], args, bar, cancel)
         except BaseException as err:  # handed to the main thread
             outcome["error"] = err
 
@@ -107,25 +114,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def library_step(model_dir, args: argparse.Namespace, progress, cancel: threading.Event) -> str | None:
+def library_step(
+    services: LocalServices, model_dir, args: argparse.Namespace, progress, cancel: threading.Event
+) -> str | None:
     """The model's library after the weights: the prebuilt one that fits this machine, or a line
     saying it compiles on first use and why.  Nothing for a model whose library cannot be told
     (a repo without a usable config), where the first load says it."""
     from pathlib import Path
 
-    from app.cli import prebuilt_choice
-    from app.inference.downloads import DownloadCancelled
-    from app.inference.prebuilt import prepare_library
+    from app.inference.store.hub import DownloadCancelled
 
     model_dir = Path(model_dir)
     try:
-        return prepare_library(
-            model_dir.name,
-            model_dir,
-            getattr(args, "lib_device", "auto") or "auto",
-            prebuilt_choice(args),
-            progress,
-            cancel,
+        return services.prepare_library(
+            model_dir.name, model_dir, getattr(args, "lib_device", "auto") or "auto", progress, cancel
         )
     except DownloadCancelled:
         raise

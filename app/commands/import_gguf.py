@@ -37,10 +37,10 @@ class _StderrProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.gguf_import import import_gguf
+    from app.inference.services import LocalServices
 
     started = time.monotonic()
-    model_dir = import_gguf(args.path, name=args.name, progress=_StderrProgress())
+    model_dir = LocalServices().import_gguf(args.path, args.name, _StderrProgress())
     print(f"imported {model_dir.name} in {time.monotonic() - started:.1f} s: {model_dir}", file=sys.stderr)
     print(f"chat with it: llmchat --model {model_dir.name}", file=sys.stderr)
     print(model_dir)

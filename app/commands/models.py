@@ -34,9 +34,9 @@ def probe_report(timeout_s: float = PROBE_TIMEOUT_S) -> Any:
 
     def run_probe() -> None:
         try:
-            from app.inference import hardware
+            from app.inference.services import LocalServices
 
-            result[0] = hardware.shared_probe()  # type: ignore[attr-defined]
+            result[0] = LocalServices().probe()
         except Exception:  # the probe belongs to another module: any failure means "unknown"
             result[0] = None
 
@@ -71,16 +71,13 @@ def machine_target(timeout_s: float = PROBE_TIMEOUT_S, report: Any = None) -> tu
 
     def run_probe() -> None:
         try:
-            from app.inference import hardware
+            from app.inference.services import LocalServices
 
+            services = LocalServices()
             nonlocal report
-            report = report if report is not None else hardware.shared_probe()
+            report = report if report is not None else services.probe()
             backend = str(getattr(report, "backend", "cpu") or "cpu")
-            arch = None
-            if backend == "cpu":
-                from app.inference.compiler import cpu_level
-
-                arch = cpu_level()
+            arch = services.cpu_level() if backend == "cpu" else None
             result[0] = (backend, arch)
         except Exception:  # the probe belongs to another module: any failure means "cpu, unknown"
             pass
@@ -94,26 +91,23 @@ def machine_target(timeout_s: float = PROBE_TIMEOUT_S, report: Any = None) -> tu
 def collect(budget: int | None, context: int | None = None, report: Any = None) -> list[dict]:
     """One row per catalog entry plus installed models outside the catalog; ``report``: the hardware
     probe's, for the estimated decode speed (None: unknown)."""
-    from app.inference import fit
-    from app.inference.catalog import installed_model_path, list_installed, load_catalog
-    from app.inference.installed import quick_problem, repair_fix
-    from app.inference.prebuilt import catalog_status
-    from app.inference.speed import speed_function
+    from app.inference.services import LocalServices
 
-    speed = speed_function(report)
+    services = LocalServices()
+    speed = services.speed(report)
 
-    def health(path) -> dict:
-        problem = quick_problem(path) if path is not None else None
-        return {"broken": problem, "fix": repair_fix(path) if problem else None}
+    def health(model_id: str) -> dict:
+        problem = services.install_problem(model_id)
+        return {"broken": problem, "fix": services.repair_fix(model_id) if problem else None}
 
-    catalog = load_catalog()
+    catalog = services.load_catalog()
     backend, arch = machine_target(report=report)
-    installed = set(list_installed())
+    installed = set(services.list_installed())
     rows = []
     for entry in catalog.entries:
-        est = fit.estimate(entry, budget, context)
+        est = services.fit_estimate(entry, budget, context)
         estimate = speed(entry)
-        path = installed_model_path(entry.id) if entry.id in installed else None
+        path = services.installed_model_path(entry.id) if entry.id in installed else None
         rows.append(
             {
                 "id": entry.id,
@@ -130,8 +124,8 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
                 "origin": entry.origin,
                 "installed": path is not None,
                 "path": str(path) if path else None,
-                **health(path),
-                "library": catalog_status(entry, backend, arch),
+                **(health(entry.id) if path is not None else {"broken": None, "fix": None}),
+                "library": services.library_status(entry, backend, arch),
                 "fit": {
                     "verdict": est.verdict,
                     "context": est.context,
@@ -144,7 +138,7 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
         )
     known = {row["id"] for row in rows}
     for model_id in sorted(installed - known):
-        path = installed_model_path(model_id)
+        path = services.installed_model_path(model_id)
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path else 0
         rows.append(
             {
@@ -162,8 +156,8 @@ def collect(budget: int | None, context: int | None = None, report: Any = None) 
                 "origin": "installed",
                 "installed": True,
                 "path": str(path) if path else None,
-                **health(path),
-                "library": catalog_status(None, backend, arch),
+                **(health(model_id) if path is not None else {"broken": None, "fix": None}),
+                "library": services.library_status(None, backend, arch),
                 "fit": {
                     "verdict": "unknown",
                     "context": None,

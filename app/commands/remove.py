@@ -15,14 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.cleanup import format_bytes
-    from app.inference.catalog import id_for_hf_repo, load_catalog, parse_hf_reference, remove_model_report
+    from app.inference.services import LocalServices
 
-    model_id = args.model
-    repo = parse_hf_reference(model_id)
-    if repo is not None:
-        entry = load_catalog().find_hf_repo(repo)
-        model_id = entry.id if entry else id_for_hf_repo(repo)
-    report = remove_model_report(model_id)
+    report = LocalServices().remove_model(args.model)
     for path in report.removed:
         print(f"removed {path}")
     print(f"reclaimed {format_bytes(report.bytes)}")

@@ -82,7 +82,7 @@ def _interval(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.ask import StderrProgress, check_device_first, open_engine, resolve_model
+    from app.commands.ask import StderrProgress, check_device_first, open_engine, resolve_model, services_for
     from app.errors import LlmchatError
     from app.serve.run import bind, run_server
     from app.serve.server import DEFAULT_STREAM_INTERVAL_S, check_bind, create_app
@@ -94,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)  # before the slow part: a taken port fails at once
     try:
         progress = StderrProgress()
-        check_device_first(args)
-        model = resolve_model(getattr(args, "model", None), progress)
-        engine = open_engine(args, model, progress, args.context_window)  # --engine tvm or mlc
+        services = services_for(args)  # --engine tvm or mlc
+        check_device_first(services, args)
+        model = resolve_model(services, getattr(args, "model", None), progress)
+        engine = open_engine(services, args, model, progress)
         try:
             interval = args.stream_interval
             app = create_app(

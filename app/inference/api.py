@@ -1,8 +1,8 @@
 """The engine API that the CLI and the TUI program against (types only, no TVM).
 
-A chat front end does::
+A chat front end (through the facade, ``app.inference.services``) does::
 
-    engine = load_engine("smollm2-135m-instruct", device="auto", progress=print_progress)
+    engine = services.load_engine("smollm2-135m-instruct", "auto", print_progress)
     engine.set_system_prompt("You are terse.")         # optional; None = no system prompt
     for event in engine.chat("Hello!", SamplingParams(temperature=0)):
         if isinstance(event, TextDelta):

@@ -1,5 +1,5 @@
 """ "Add a server" (from the models screen): an OpenAI-compatible endpoint, its optional API key and
-one of the models its ``/v1/models`` lists, saved for the chat (``app.inference.saved_servers``).
+one of the models its ``/v1/models`` lists, saved for the chat (``app.inference.store.saved_servers``).
 
 The URL and key are checked against the server before anything is saved: unreachable, a missing or
 refused key, no OpenAI API at that URL, no model loaded — each shown with its fix."""
@@ -128,8 +128,8 @@ class AddServerScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="add-server", exit_on_error=False)
     def _fetch(self, query: tuple[str, str]) -> None:
-        from app.inference.remote import list_models, normalize_endpoint
-        from app.inference.saved_servers import form_hints, key_store_name
+        from app.inference.engine.remote import list_models, normalize_endpoint
+        from app.inference.store.saved_servers import form_hints, key_store_name
 
         try:
             endpoint = normalize_endpoint(query[0])
@@ -148,8 +148,8 @@ class AddServerScreen(ModalScreen):
 
     @on(Fetched)
     def on_fetched(self, message: Fetched) -> None:
-        from app.inference.remote import normalize_endpoint
-        from app.inference.saved_servers import default_name
+        from app.inference.engine.remote import normalize_endpoint
+        from app.inference.store.saved_servers import default_name
 
         self.busy = False
         select = self.query_one("#server-model", Select)
@@ -194,7 +194,7 @@ class AddServerScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="add-server", exit_on_error=False)
     def _save(self, name: str, query: tuple[str, str], model: str) -> None:
-        from app.inference.saved_servers import save_server
+        from app.inference.store.saved_servers import save_server
 
         try:
             server = save_server(name, query[0], model, query[1] or None)

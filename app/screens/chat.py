@@ -507,7 +507,7 @@ class ChatScreen(Screen):
         self.refresh_context()
 
     async def _command_set(self, arg: str) -> None:
-        from app.inference import sampling
+        from app.inference.engine import sampling
 
         log = self.query_one(ChatLog)
         app = self.llm_app

@@ -90,7 +90,7 @@ class LoadingScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        from app.inference.saved_servers import server_name_of
+        from app.inference.store.saved_servers import server_name_of
 
         endpoint = self.llm_app.services.remote_endpoint
         if server_name_of(self.model) is not None:
@@ -114,7 +114,7 @@ class LoadingScreen(Screen):
 
     def _prepare(self) -> None:
         """Download (when needed), compile and load, in the background thread; posts Progress/Finished."""
-        from app.inference.saved_servers import server_name_of
+        from app.inference.store.saved_servers import server_name_of
 
         services = self.llm_app.services
         progress = ProgressThrottle(lambda event: self.post_message(self.Progress(event)))

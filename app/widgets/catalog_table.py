@@ -65,7 +65,7 @@ class CatalogTable(DataTable):
         broken: dict[str, str] | None = None,
     ) -> None:
         """Fill the table and put the cursor on ``select`` (e.g. the default model); ``speeds``: the
-        estimated decode speed per id (``app.inference.speed.SpeedEstimate``)."""
+        estimated decode speed per id (``app.inference.store.speed.SpeedEstimate``)."""
         entries = list(entries)
         # explicit widths: auto-sized two-line cells were sometimes measured before they had content
         # at most MODEL_WIDTH: every column fits a 100-column terminal (a longer name is cut with "…")

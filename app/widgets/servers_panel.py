@@ -19,7 +19,7 @@ from app.widgets.chat_log import error_markdown
 
 if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
-    from app.inference.saved_servers import SavedServer
+    from app.inference.store.saved_servers import SavedServer
 
 KEY_WORDS = {"keyring": "in the keyring", "file": "in servers.json (0600)", "none": "—"}
 
@@ -103,7 +103,7 @@ class ServersPanel(Vertical):
 
     @work(thread=True, exclusive=True, group="servers", exit_on_error=False)
     def reload(self, select: str | None = None) -> None:
-        from app.inference.saved_servers import load_servers
+        from app.inference.store.saved_servers import load_servers
 
         try:
             servers = load_servers()
@@ -159,7 +159,7 @@ class ServersPanel(Vertical):
         self.llm_app.start_model(server.ref)
 
     def remove_selected(self) -> None:
-        from app.inference.saved_servers import remove_server
+        from app.inference.store.saved_servers import remove_server
 
         server = self.selected
         if server is None:

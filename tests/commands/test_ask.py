@@ -8,7 +8,7 @@ import pytest
 
 from app.cli import main
 from app.inference.api import TextDelta
-from app.inference.model_defaults import model_sampling
+from app.inference.engine.model_defaults import model_sampling
 
 
 def test_ask_streams_the_greedy_reply(tiny_model_dir, tiny_engine, capsys):
@@ -257,7 +257,7 @@ def test_ask_a_saved_server_by_name(tiny_engine, capsys, monkeypatch):
     """``ask --model server:NAME`` as the chat's: the saved endpoint, model and key (kept in the 0600 file
     here: no keyring), against a real ``llmchat serve`` that needs the key."""
     from app.inference.api import Message, SamplingParams
-    from app.inference.saved_servers import save_server
+    from app.inference.store.saved_servers import save_server
     from tests.serve.conftest import serving
 
     monkeypatch.delenv("LLMCHAT_API_KEY", raising=False)

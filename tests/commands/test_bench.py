@@ -40,13 +40,13 @@ def test_bench_model_dir_json(tiny_model_dir, tiny_engine, capsys):
     assert result["prefill_tok_s"] == max(result["prefill_runs"])
     assert result["weight_bytes"] == tiny_engine.info.weight_bytes
     assert "prefill:" in out and "decode:" in out
-    from app.inference import bench_store
+    from app.inference.store import bench_store
 
     assert bench_store.results() == []  # a decode after 20 tokens of context is not chat speed at 0
 
 
 def test_bench_result_is_kept_for_the_speed_estimates(tiny_model_dir, capsys):
-    from app.inference import bench_store
+    from app.inference.store import bench_store
 
     model = tiny_model_dir("llama", "q4f32_1")
     assert (

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from app.cli import main
 from app.commands.download import ProgressBar
 from app.inference.api import ProgressEvent
-from app.inference.catalog import installed_model_path, list_installed, staging_path
+from app.inference.store.catalog import installed_model_path, list_installed, staging_path
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, make_tiny_mlc_model, use_hub
 
 

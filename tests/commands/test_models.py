@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from app import paths
 from app.cli import main
 from app.commands import models as models_command
-from app.inference import fit
-from app.inference.catalog import load_catalog
+from app.inference.store import fit
+from app.inference.store.catalog import load_catalog
 from tests.hub_server import TINY_REGISTRY, make_tiny_mlc_model
 
 GB = 1 << 30  # --memory takes GiB
@@ -158,7 +158,8 @@ def cpu_report(cores_budget: int = 8 * GB) -> SimpleNamespace:
 def test_speed_estimates_mark_slow_models_and_use_bench_results(capsys, monkeypatch):
     """#20 item 6: an estimated decode speed per model (bandwidth ÷ weight bytes) on this machine,
     SLOW below 5 tok/s; once bench measured a model here, its figure is used and scales the others."""
-    from app.inference import bench_store, hardware, speed
+    from app.inference import hardware
+    from app.inference.store import bench_store, speed
 
     monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
     monkeypatch.setattr(speed, "_cores", lambda: 2)
@@ -201,7 +202,8 @@ def test_speed_estimates_mark_slow_models_and_use_bench_results(capsys, monkeypa
 
 
 def test_a_damaged_bench_file_is_ignored(capsys, monkeypatch):
-    from app.inference import bench_store, hardware
+    from app.inference import hardware
+    from app.inference.store import bench_store
 
     monkeypatch.setattr(hardware, "shared_probe", lambda: cpu_report(), raising=False)
     bench_store.path().parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ class Gpu:
 
     def kernels(self, group: str, cases: list[Any], workdir: Path) -> Any:
         """The library of the suite's kernel ``group`` (its ``cases``), loaded."""
-        from app.inference import cuda_support
+        from app.inference.compile import cuda_support
         from tests.gpu import kernels
 
         if self.cache is None:
@@ -55,7 +55,7 @@ class Gpu:
 def cuda() -> Gpu:
     """CUDA GPU 0 and how the suite gets its code (see :class:`Gpu`)."""
     from app.errors import LlmchatError
-    from app.inference import cuda_support
+    from app.inference.compile import cuda_support
 
     root = prebuilt.cache_root()
     cache = None

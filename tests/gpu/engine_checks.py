@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.inference.weights import load_numpy
+from app.inference.store.weights import load_numpy
 from tests.inference.reference import forward
 
 #: a prompt longer than two 64-row tiles of the prompt kernels, decode steps on its KV, a second
@@ -94,7 +94,7 @@ def check_device_greedy(engine: Any, steps: int = 24, start: list[int] | None = 
     ``start`` (default three tokens) gives the tokens of numpy's argmax of the host's logits.
     Those tokens."""
     from app.inference.api import SamplingParams
-    from app.inference.generation import GenerationResult, generate
+    from app.inference.engine.generation import GenerationResult, generate
 
     rt = engine.runtime
     start = start or [1, 2, 3]

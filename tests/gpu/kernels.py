@@ -220,7 +220,7 @@ def silu_gate_case(k: int, n: int, seed: int = 0) -> Case:
 # ------------------------------------------------------------------------------------------------
 def argmax_case(vocab: int, seed: int = 0) -> Case:
     """``llmchat::argmax_f32<V>``: numpy's argmax exactly (the first index on ties)."""
-    from app.inference.device_ops import argmax_te
+    from app.inference.compile.device_ops import argmax_te
 
     def build(target: Any) -> Any:
         x = tvm.te.placeholder((1, 1, vocab), "float32", name="logits")
@@ -558,7 +558,7 @@ def compile_cuda(cases: list[Case], target: Any, path: Path) -> Path:
     """Every case's function (named after the case) for the CUDA ``target``, its kernels compiled
     by nvcc into a fatbin (required: the library needs no compiler to load), exported to ``path``.
     Needs TVM's compiler, no GPU (``make gpu-cache`` runs this ahead of the GPU run)."""
-    from app.inference import cuda_support
+    from app.inference.compile import cuda_support
 
     funcs = {case.name: case.build(target).with_attr("global_symbol", case.name) for case in cases}
     mod = tvm.IRModule(funcs)
@@ -578,7 +578,7 @@ def build(cases: list[Case], target: Any, workdir: Path) -> Any:
     if not is_cuda(target):
         funcs = {case.name: case.build(target).with_attr("global_symbol", case.name) for case in cases}
         return tvm.compile(tvm.IRModule(funcs), target)
-    from app.inference import cuda_support
+    from app.inference.compile import cuda_support
 
     return cuda_support.load_cuda_library(compile_cuda(cases, target, workdir / "kernels.so"))
 

@@ -59,7 +59,7 @@ def cache_root() -> Path | None:
 def sources_digest() -> str:
     """What the cache's contents are made from: the engine's compile sources (the digest in the
     engine's own library key) and the suite's kernel cases. Another digest: the cache is stale."""
-    from app.inference import compiler
+    from app.inference.compile import compiler
 
     h = hashlib.sha256(compiler._source_digest().encode())
     for name in (
@@ -93,14 +93,14 @@ def target_facts(target: Any) -> dict[str, Any]:
 
 
 def cuda_target(arch: str) -> Any:
-    from app.inference.compiler import make_target
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile.compiler import make_target
+    from app.inference.hardware.device_spec import DeviceSpec
 
     return make_target(DeviceSpec("cuda", 0), arch=arch)
 
 
 def _digest(path: Path) -> str:
-    from app.inference.compiler import file_digest
+    from app.inference.compile.compiler import file_digest
 
     return file_digest(path)
 
@@ -203,7 +203,7 @@ def parameter_specs(cfg: Any) -> list[dict[str, Any]]:
     the list recorded there (the exporter is a compiler part)."""
     root = cache_root()
     if root is None:
-        from app.inference.compiler import parameter_specs as exported
+        from app.inference.compile.compiler import parameter_specs as exported
 
         return exported(cfg)
     return Prebuilt(root).parameter_specs(cfg)
@@ -213,7 +213,7 @@ def forbid_compiling(root: Path) -> None:
     """In this process, a library the engine does not find in the cache is an error naming the
     cache, not a compile (``compiler.compile_library`` refuses)."""
     from app.errors import LlmchatError
-    from app.inference import compiler
+    from app.inference.compile import compiler
 
     def refuse(cfg: Any, target: Any, out_path: Path, *_a: Any, **_k: Any) -> Any:
         raise LlmchatError(
@@ -255,9 +255,9 @@ def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
 
 def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Compile everything the GPU suite needs for ``arch`` into ``out`` (made anew)."""
-    from app.inference import compiler
-    from app.inference.config import ModelConfig
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile import compiler
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
     from tests.conftest import write_tiny_model
     from tests.gpu import kernels
     from tests.gpu.test_cuda_kernels import kernel_groups

@@ -52,7 +52,7 @@ def compile_scale_kernel(target, path: Path) -> Path:
     import tvm
     from tvm import s_tir, te
 
-    from app.inference.cuda_support import cuda_build_hooks
+    from app.inference.compile.cuda_support import cuda_build_hooks
 
     n = te.var("n")
     s = te.var("s", dtype="float32")
@@ -88,7 +88,7 @@ def test_kernels_memory_and_attributes_through_the_twin(cuda, scale_lib, twin_ca
         f"""
         import json
         import numpy as np
-        from app.inference.cuda_support import prepare_cuda_runtime
+        from app.inference.compile.cuda_support import prepare_cuda_runtime
         prepare_cuda_runtime()
         import tvm
         from app.inference.backends.hip import addon

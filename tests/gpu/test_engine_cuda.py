@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from app.inference.engine import load_engine
+from app.inference.engine.tvm_engine import load_engine
 from tests.gpu import engine_checks
 
 pytestmark = pytest.mark.gpu

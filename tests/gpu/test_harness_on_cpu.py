@@ -144,7 +144,7 @@ def test_paged_layout_and_reference_agree_with_dense_attention():
 def test_engine_checks_on_the_cpu_pipeline(tiny_model_dir, monkeypatch):
     """The GPU suite's end-to-end checks on the CPU: llmchat's CPU pipeline against the float64
     reference and against TVM's plain pipeline, greedy decoding through every path."""
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
     from tests.gpu import engine_checks
 
     model_dir = tiny_model_dir("llama", "q4f16_1")

@@ -87,9 +87,9 @@ def test_what_is_missing_or_stale_fails_with_the_rebuild_command(tmp_path, break
 def test_running_from_the_cache_the_engine_compiles_nothing(tmp_path, monkeypatch, tiny_model_dir):
     """A model whose library is not in the cache: an error naming the cache, not a compile."""
     from app.errors import LlmchatError
-    from app.inference import compiler
-    from app.inference.config import ModelConfig
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile import compiler
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
 
     root = _cache(tmp_path / "c")
     monkeypatch.setattr(compiler, "compile_library", compiler.compile_library)  # restored after
@@ -108,8 +108,8 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
     """Under a runtime-only TVM (TVM_USE_RUNTIME_LIB=1: no compiler library, as on the GPU machine):
     the GPU suite is collected; a tiny model is written from the cache's parameter list; the kernel
     cases' inputs and numpy references are made."""
-    from app.inference import compiler
-    from app.inference.config import ModelConfig
+    from app.inference.compile import compiler
+    from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.load(tiny_model_dir("qwen2", "q4f16_1", hidden_size=256, intermediate_size=640))
     root = _cache(tmp_path / "c", models={prebuilt.model_key(cfg): compiler.parameter_specs(cfg)})
@@ -146,7 +146,7 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
             print("COMPILER PRESENT")
         except Exception:
             pass
-        from app.inference.config import ModelConfig
+        from app.inference.store.config import ModelConfig
         from tests.conftest import write_tiny_model
         from tests.gpu import kernels
         from tests.gpu.test_cuda_kernels import kernel_groups, small_op_cases

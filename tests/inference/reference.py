@@ -114,8 +114,8 @@ def check_engine_against_reference(
     import json
     from pathlib import Path
 
-    from app.inference.engine import load_engine
-    from app.inference.weights import load_numpy
+    from app.inference.engine.tvm_engine import load_engine
+    from app.inference.store.weights import load_numpy
 
     config = json.loads((Path(model_dir) / "mlc-chat-config.json").read_text())
     params = load_numpy(model_dir)

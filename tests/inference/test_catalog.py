@@ -7,8 +7,8 @@ import re
 import pytest
 
 from app.errors import LlmchatError
-from app.inference import catalog
-from app.inference.catalog import (
+from app.inference.store import catalog
+from app.inference.store.catalog import (
     BUILTIN_REGISTRY,
     HfSource,
     PypiSource,

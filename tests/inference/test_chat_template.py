@@ -11,8 +11,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from app.errors import LlmchatError
 from app.inference.api import Message
-from app.inference.chat_template import BUILTIN_CONV_TEMPLATES, ChatFormatter
-from app.inference.tokenizer import Tokenizer
+from app.inference.engine.chat_template import BUILTIN_CONV_TEMPLATES, ChatFormatter
+from app.inference.engine.tokenizer import Tokenizer
 
 SMOLLM2_METADATA = Path("/work/shared/fixtures/smollm2/smollm2_gguf_metadata.json")
 # Meta-Llama-3-8B-Instruct's chat template (tokenizer_config.json).

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from app.errors import LlmchatError
-from app.inference import compiler
-from app.inference.config import ModelConfig
-from app.inference.devices import DeviceSpec
-from app.inference.engine import load_engine
+from app.inference.compile import compiler
+from app.inference.engine.tvm_engine import load_engine
+from app.inference.hardware.device_spec import DeviceSpec
+from app.inference.store.config import ModelConfig
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,8 @@ def test_cached_library_runs_on_runtime_only_tvm(tiny_engine, tiny_model_dir):
             compiler_present = True
         except Exception:
             compiler_present = False
-        from app.inference import compiler
-        from app.inference.engine import load_engine
+        from app.inference.compile import compiler
+        from app.inference.engine.tvm_engine import load_engine
         from app.inference.api import SamplingParams
         e = load_engine({str(model)!r}, device="cpu")
         stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), ignore_eos=True))[-1]
@@ -223,7 +223,7 @@ def test_library_sources_are_derived_from_the_imports():
         "cpu.py",
         "ggml.py",
     } <= names
-    assert not names & {"tokenizer.py", "generation.py", "chat_template.py", "engine.py", "chat_app.py"}
+    assert not names & {"tokenizer.py", "generation.py", "chat_template.py", "tvm_engine.py", "chat_app.py"}
 
 
 def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, monkeypatch):
@@ -232,12 +232,12 @@ def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, mo
 
     app_copy = tmp_path / "app"
     shutil.copytree(
-        Path(compiler.__file__).resolve().parent.parent,
+        Path(compiler.__file__).resolve().parents[2],
         app_copy,
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     code = (
-        "import sys; sys.path.insert(0, {root!r}); from app.inference import compiler; "
+        "import sys; sys.path.insert(0, {root!r}); from app.inference.compile import compiler; "
         "assert compiler.__file__.startswith({root!r}); print(compiler._source_digest())"
     )
     run = lambda: subprocess.run(  # noqa: E731
@@ -249,7 +249,7 @@ def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, mo
     ).stdout.strip()
     first = run()
     assert first == run()
-    with open(app_copy / "inference" / "device_ops.py", "a") as f:
+    with open(app_copy / "inference" / "compile" / "device_ops.py", "a") as f:
         f.write("\n# an edit\n")
     assert run() != first
 
@@ -270,8 +270,8 @@ def test_truncated_library_is_rebuilt_not_loaded(tiny_model_dir, fresh_cache, mo
     assert meta["size"] == lib.lib_path.stat().st_size and len(meta["sha256"]) == 64
     _truncate(lib.lib_path)
     code = textwrap.dedent(f"""
-        from app.inference import compiler
-        from app.inference.engine import load_engine
+        from app.inference.compile import compiler
+        from app.inference.engine.tvm_engine import load_engine
         from app.inference.api import SamplingParams
         e = load_engine({str(model)!r}, device="cpu")
         stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3), ignore_eos=True))[-1]

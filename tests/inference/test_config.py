@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.errors import LlmchatError
-from app.inference.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from app.inference.store.config import SUPPORTED_MODEL_TYPES, ModelConfig
 
 LLAMA3_8B = {
     "model_type": "llama",

@@ -233,8 +233,8 @@ def test_decode_attention_matches_numpy(target, dtype):
 
 def test_model_gets_our_kernels(target):
     """The model's matmuls are scheduled and TVM's scalar attention kernels are replaced."""
-    from app.inference.compiler import export_model
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import export_model
+    from app.inference.engine.random_model import preset_config
 
     cfg = preset_config("smollm2-135m", "q4f16_1", context_window=256)
     mod = scheduled_module(export_model(cfg, target)[0], target)
@@ -260,8 +260,8 @@ def test_model_gets_our_kernels(target):
 def test_model_builds_with_our_pipeline(tiny_model_dir, target, tmp_path):
     """The whole model compiles with llmchat's CPU pipeline: no kernel of it makes the compiler
     fall back to TVM's stock pipeline (which would still give right answers, slowly)."""
-    from app.inference.compiler import compile_library
-    from app.inference.config import ModelConfig
+    from app.inference.compile.compiler import compile_library
+    from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     _params, stock = compile_library(cfg, target, tmp_path / "lib.so", report_pipeline=True)

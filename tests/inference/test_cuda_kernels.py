@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tvm
 
-from app.inference import cuda_support
-from app.inference.device_ops import argmax_te, has_device_argmax
+from app.inference.compile import cuda_support
+from app.inference.compile.device_ops import argmax_te, has_device_argmax
 from app.inference.pipelines import cuda_attention, cuda_gemm, cuda_gemv, cuda_kernels, gpu
 from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm
@@ -220,7 +220,7 @@ def test_prompt_attention_to_the_cached_pages_runs_on_tensor_cores(heads, kv_hea
 def test_the_paged_prompt_kernel_can_be_switched_off(monkeypatch):
     """``LLMCHAT_CUDA_PAGED_PREFILL=tvm`` keeps TVM's kernel for the cached pages (comparisons)
     and is part of the library's cache key."""
-    from app.inference import compiler
+    from app.inference.compile import compiler
 
     sm90 = _cuda("sm_90")
     monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
@@ -302,8 +302,8 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     """A Llama-shaped model (head_dim 64, hidden 256) built for sm_90: every decode GEMV, the
     decode attention and the argmax are llmchat's kernels, and nvcc accepts the module; for
     sm_75 (Turing) too, with TVM's prompt attention (llmchat's needs sm_80)."""
-    from app.inference.compiler import export_model
-    from app.inference.config import ModelConfig
+    from app.inference.compile.compiler import export_model
+    from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.from_dict(
         {

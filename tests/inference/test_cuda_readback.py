@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from app.inference.cuda_readback import PinnedReadback
+from app.inference.engine.cuda_readback import PinnedReadback
 
 
 class CudaRuntimeStandIn:

@@ -48,8 +48,8 @@ def _model_norms(preset: str, **overrides):
 
     from tvm import relax
 
-    from app.inference.compiler import export_model
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import export_model
+    from app.inference.engine.random_model import preset_config
 
     target = tvm.target.Target(CUDA_TARGET)
     cfg = dataclasses.replace(preset_config(preset, "q4f16_1"), **overrides)

@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import tvm
 
-from app.inference.compiler import export_model
+from app.inference.compile.compiler import export_model
+from app.inference.engine.random_model import preset_config
 from app.inference.pipelines import cuda_rope_append as cra
 from app.inference.pipelines import gpu
 from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR
-from app.inference.random_model import preset_config
 
 CUDA_TARGET = {
     "kind": "cuda",
@@ -92,7 +92,7 @@ def test_skipped_kernels_run_only_for_more_than_one_token():
 
 
 def test_cuda_source_has_the_recording_matmuls_and_the_fused_attention():
-    from app.inference import cuda_support
+    from app.inference.compile import cuda_support
 
     target = tvm.target.Target(CUDA_TARGET)
     mod, _ = export_model(preset_config("tiny-llama", "q4f16_1"), target)

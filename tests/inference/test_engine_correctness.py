@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.inference.weights import load_numpy
+from app.inference.store.weights import load_numpy
 from tests.inference.reference import check_engine_against_reference
 
 CASES = [

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from app.errors import LlmchatError
-from app.inference import devices
-from app.inference.devices import DeviceSpec, parse_device, resolve_device
+from app.inference.hardware import device_spec as devices
+from app.inference.hardware.device_spec import DeviceSpec, parse_device, resolve_device
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_rocm_without_hip_is_a_clear_error():
     missing here: say so and how to get it, never crash (a child process: a crash in native
     code would show as a signal).  More in tests/inference/backends/test_hip_addon.py."""
     code = (
-        "from app.inference.devices import resolve_device\n"
+        "from app.inference.hardware.device_spec import resolve_device\n"
         "from app.errors import LlmchatError\n"
         "try:\n    resolve_device('rocm')\nexcept LlmchatError as e:\n    print('ERR', e)\n"
     )

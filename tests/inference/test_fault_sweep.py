@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import LlmchatError
-from app.inference.config import ModelConfig
+from app.inference.store.config import ModelConfig
 
 BAD_VALUES = [0, -2, -1, 1, 3, 2.5, "abc", "64", None, True, [], {}, 1 << 40, float("nan"), float("inf")]
 
@@ -49,7 +49,7 @@ def _mutations(base: dict) -> list[tuple[str, dict]]:
 
 
 def test_mutated_model_configs_end_in_a_clean_error_or_a_sound_config(tiny_model_dir):
-    from app.inference.compiler import parameter_specs
+    from app.inference.compile.compiler import parameter_specs
 
     base = json.loads((tiny_model_dir("llama", "q4f32_1") / "mlc-chat-config.json").read_text())
     cases = _mutations(base)
@@ -118,8 +118,8 @@ _SWEEP = textwrap.dedent("""
     import json, sys, traceback
     from pathlib import Path
     from app.errors import LlmchatError
-    from app.inference.config import ModelConfig
-    from app.inference.gguf_import import import_gguf
+    from app.inference.store.config import ModelConfig
+    from app.inference.store.gguf_import import import_gguf
     results = {}
     for path in sorted(Path(sys.argv[1]).glob("*.gguf")):
         try:

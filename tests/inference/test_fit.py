@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from app.inference import fit
-from app.inference.catalog import load_catalog
+from app.inference.store import fit
+from app.inference.store.catalog import load_catalog
 
 GB = 1_000_000_000
 

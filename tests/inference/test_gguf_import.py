@@ -12,10 +12,10 @@ import pytest
 
 from app import paths
 from app.errors import LlmchatError
-from app.inference.engine import load_engine
-from app.inference.gguf_import import default_name, import_gguf
-from app.inference.tokenizer import Tokenizer
-from app.inference.weights import load_numpy
+from app.inference.engine.tokenizer import Tokenizer
+from app.inference.engine.tvm_engine import load_engine
+from app.inference.store.gguf_import import default_name, import_gguf
+from app.inference.store.weights import load_numpy
 from tests.inference.reference import forward
 from tests.inference.tiny_gguf import TINY_K, random_k_blocks, reference_params, tiny_vocab, write_tiny_gguf
 
@@ -155,7 +155,7 @@ def test_model_dir_has_tokenizer_and_template(tmp_path):
 
 def test_gguf_without_chat_template_gets_a_conv_template(tmp_path):
     from app.inference.api import Message
-    from app.inference.chat_template import ChatFormatter
+    from app.inference.engine.chat_template import ChatFormatter
 
     path = write_tiny_gguf(tmp_path / "t.gguf", "Q8_0", chat_template=None)
     model_dir = import_gguf(path, name="notemplate")
@@ -236,7 +236,7 @@ def test_missing_tensor_is_refused(tmp_path):
 
 def test_interrupted_import_leaves_nothing(tmp_path, monkeypatch):
     path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_0")
-    from app.inference import weights
+    from app.inference.store import weights
 
     real = weights.write_tensor_cache
 
@@ -254,7 +254,7 @@ def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
     import errno
 
     path = write_tiny_gguf(tmp_path / "t.gguf", "Q4_0")
-    from app.inference import weights
+    from app.inference.store import weights
 
     def full(params, out_dir, **kw):
         (out_dir / "params_shard_0.bin").write_bytes(b"partial")

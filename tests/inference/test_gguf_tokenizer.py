@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.errors import LlmchatError
-from app.inference.gguf_reader import read_gguf
-from app.inference.gguf_tokenizer import build_tokenizer
+from app.inference.store.gguf_reader import read_gguf
+from app.inference.store.gguf_tokenizer import build_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SMOLLM2 = FIXTURES / "smollm2"

@@ -15,7 +15,7 @@ import pytest
 import tvm
 
 from app.errors import LlmchatError
-from app.inference import cuda_support
+from app.inference.compile import cuda_support
 from app.inference.pipelines import gpu
 
 CUDA_TARGET = {
@@ -29,8 +29,8 @@ CUDA_TARGET = {
 
 
 def _tiny_module(target):
-    from app.inference.compiler import export_model
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import export_model
+    from app.inference.engine.random_model import preset_config
 
     cfg = preset_config("tiny-llama", "q4f16_1")
     mod, _ = export_model(cfg, target)

@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.cli import main
 from app.errors import LlmchatError
-from app.inference import downloads
-from app.inference.catalog import installed_model_path, list_installed
-from app.inference.downloads import download_model
-from app.inference.installed import quick_problem, verify
-from app.inference.weights import read_manifest, verify_shards
+from app.inference.store import hub as hub_files
+from app.inference.store.catalog import installed_model_path, list_installed
+from app.inference.store.downloads import download_model
+from app.inference.store.installed import quick_problem, verify
+from app.inference.store.weights import read_manifest, verify_shards
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, make_tiny_mlc_model, use_hub
 
 OTHER_REPO = "someone/Other-q4f16_1-MLC"
@@ -33,7 +33,7 @@ def hub(tmp_path, monkeypatch):
     server.add_repo(TINY_REPO, make_tiny_mlc_model())
     server.add_repo(OTHER_REPO, make_tiny_mlc_model(seed=3))
     use_hub(server, tmp_path, monkeypatch)
-    monkeypatch.setattr(downloads, "RETRY_DELAYS", (0.01, 0.02, 0.05))
+    monkeypatch.setattr(hub_files, "RETRY_DELAYS", (0.01, 0.02, 0.05))
     yield server
     server.stop()
 
@@ -159,7 +159,7 @@ def test_an_imported_model_that_is_damaged_names_the_reimport(hub, tmp_path, cap
 
 
 def test_an_unparsable_chat_template_is_refused_at_import(tmp_path, monkeypatch):
-    from app.inference.gguf_import import import_gguf
+    from app.inference.store.gguf_import import import_gguf
     from tests.inference.tiny_gguf import write_tiny_gguf
 
     monkeypatch.setenv("LLMCHAT_DATA_DIR", str(tmp_path / "data"))

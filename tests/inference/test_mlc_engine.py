@@ -14,7 +14,7 @@ import pytest
 
 from app.errors import LlmchatError
 from app.inference.api import ContextTrimmed, Message, ReplyStats, SamplingParams, TextDelta
-from app.inference.mlc_engine import MLCLLMEngine, mlc_llm_available
+from app.inference.engine.mlc_engine import MLCLLMEngine, mlc_llm_available
 
 
 @pytest.fixture

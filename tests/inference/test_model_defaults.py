@@ -10,9 +10,9 @@ import pytest
 
 from app.errors import LlmchatError
 from app.inference.api import SamplingParams
-from app.inference.catalog import parse_registry
-from app.inference.model_defaults import REPETITION_GUARD, effective_params, model_sampling
-from app.inference.sampling import Sampler, parse_set_command
+from app.inference.engine.model_defaults import REPETITION_GUARD, effective_params, model_sampling
+from app.inference.engine.sampling import Sampler, parse_set_command
+from app.inference.store.catalog import parse_registry
 
 
 def _model(tmp_path, mlc: dict | None = None, generation: dict | None = None):
@@ -118,7 +118,7 @@ def test_set_rejects_a_word_as_not_a_number():
         with pytest.raises(LlmchatError, match="is not a number") as err:
             parse_set_command(text)
         assert "out of range" not in err.value.problem
-    from app.inference.sampling import validate_value
+    from app.inference.engine.sampling import validate_value
 
     for key, value, kind in (
         ("temperature", "0.5", "number"),

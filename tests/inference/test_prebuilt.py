@@ -20,8 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.cli import main
 from app.errors import LlmchatError
-from app.inference import compiler, downloads, prebuilt
-from app.inference.engine import load_engine
+from app.inference.compile import compiler, prebuilt
+from app.inference.engine.tvm_engine import load_engine
+from app.inference.store import downloads
+from app.inference.store import hub as hub_files
 from tests.hub_server import HubServer, use_hub
 
 MODEL_REPO = "org/Tiny-Llama-q4f32_1-MLC"
@@ -96,7 +98,7 @@ def hub(tmp_path, monkeypatch):
     server = HubServer().start()
     use_hub(server, tmp_path, monkeypatch)
     (tmp_path / "config" / "models_registry.toml").write_text(registry())
-    monkeypatch.setattr(downloads, "RETRY_DELAYS", (0.01, 0.02, 0.05))
+    monkeypatch.setattr(hub_files, "RETRY_DELAYS", (0.01, 0.02, 0.05))
     monkeypatch.delenv(prebuilt.NO_PREBUILT_ENV, raising=False)
     server.root = tmp_path
     yield server
@@ -135,8 +137,8 @@ def forged(folder: Path, out: Path, **key_changes: str) -> Path:
 def test_bundle_manifest_carries_the_cache_key(built):
     model, folder, _ = built
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())
-    from app.inference.config import ModelConfig
-    from app.inference.devices import DeviceSpec
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
 
     slot = compiler.library_slot(ModelConfig.load(model), DeviceSpec("cpu"))
     assert manifest.key == slot.key and folder.name == slot.digest == manifest.digest
@@ -296,7 +298,7 @@ def test_cut_download_resumes(built, hub):
     hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(folder)})
     so = f"libs/{folder.name}/{prebuilt.LIBRARY}"
     size = (folder / prebuilt.LIBRARY).stat().st_size
-    hub.faults.cut_after[so] = (size // 2, downloads.MAX_ATTEMPTS)
+    hub.faults.cut_after[so] = (size // 2, hub_files.MAX_ATTEMPTS)
     model_dir = downloads.download_model(MODEL_ID)
     line = prebuilt.prepare_library(MODEL_ID, model_dir, "cpu")
     assert "compiles here on first use" in line and "breaking off" in line

@@ -26,13 +26,13 @@ def counted(monkeypatch):
 
 
 def test_a_start_probes_once(counted):
-    from app.chat_app import Services
     from app.commands.models import memory_budget_bytes
-    from app.inference.devices import resolve_device
-    from app.inference.engine import _vulkan_memory_budget
+    from app.inference.engine.tvm_engine import _vulkan_memory_budget
+    from app.inference.hardware.device_spec import resolve_device
+    from app.inference.services import LocalServices
 
     before = counted()
-    services = Services()
+    services = LocalServices()
     report = services.probe()  # the catalog's fit badges
     assert report.gpu is not None and report.gpu.name and report.memory_budget_bytes > 0
     assert memory_budget_bytes() == report.memory_budget_bytes  # `llmchat models`

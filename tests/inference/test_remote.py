@@ -15,7 +15,7 @@ import pytest
 from app.cli import main
 from app.errors import LlmchatError
 from app.inference.api import Message, ReplyStats, SamplingParams, TextDelta
-from app.inference.remote import RemoteEngine, list_models, normalize_endpoint
+from app.inference.engine.remote import RemoteEngine, list_models, normalize_endpoint
 from tests.serve.conftest import DecodeGate, serving
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)

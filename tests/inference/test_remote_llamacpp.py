@@ -15,7 +15,7 @@ import pytest
 
 from app.errors import LlmchatError
 from app.inference.api import Message, ReplyStats, SamplingParams, TextDelta
-from app.inference.remote import RemoteEngine
+from app.inference.engine.remote import RemoteEngine
 from tests.inference.tiny_gguf import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[2]

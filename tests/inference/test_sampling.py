@@ -9,7 +9,7 @@ import pytest
 
 from app.errors import LlmchatError
 from app.inference.api import SamplingParams
-from app.inference.sampling import Sampler, apply_overrides, parse_set_command, validate
+from app.inference.engine.sampling import Sampler, apply_overrides, parse_set_command, validate
 
 
 def _logits(vocab: int = 1000, seed: int = 0, scale: float = 3.0) -> np.ndarray:
@@ -239,7 +239,7 @@ def test_parse_set_command_errors(text: str, words: str) -> None:
 
 
 def test_inverse_cdf_matches_a_plain_cumulative_sum() -> None:
-    from app.inference.sampling import _inverse_cdf
+    from app.inference.engine.sampling import _inverse_cdf
 
     rng = np.random.default_rng(1)
     for n in (10, 5000, 151_936):

@@ -19,10 +19,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from app.errors import LlmchatError
-from app.inference import saved_servers
 from app.inference.api import Message, SamplingParams, TextDelta
-from app.inference.remote import list_models
-from app.inference.saved_servers import (
+from app.inference.engine.remote import list_models
+from app.inference.store import saved_servers
+from app.inference.store.saved_servers import (
     api_key_of,
     load_servers,
     open_server,

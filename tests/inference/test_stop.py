@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.inference.stop import StopMatcher
+from app.inference.engine.stop import StopMatcher
 
 
 def _run(matcher: StopMatcher, chunks: list[str]) -> tuple[str, bool]:

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from app.errors import LlmchatError
-from app.inference.tokenizer import StreamDecoder, Tokenizer
+from app.inference.engine.tokenizer import StreamDecoder, Tokenizer
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [

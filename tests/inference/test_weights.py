@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from app.errors import LlmchatError
-from app.inference.engine import load_engine
-from app.inference.weights import load_numpy, load_weights, read_manifest, write_tensor_cache
+from app.inference.engine.tvm_engine import load_engine
+from app.inference.store.weights import load_numpy, load_weights, read_manifest, write_tensor_cache
 
 
 def _params():

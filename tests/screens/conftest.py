@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.chat_app import LlmchatApp, Services, StartOptions
+from app.chat_app import LlmchatApp, StartOptions
 from app.inference.api import SamplingParams
+from app.inference.services import DEFAULT_MODEL_ID, EngineKind, LocalServices, Services
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SYSROOTS = FIXTURES / "sysroots"
@@ -29,7 +30,7 @@ def chat_model_dir(tiny_model_dir: Callable[..., Path]) -> Path:
 @pytest.fixture(scope="session")
 def chat_engine(chat_model_dir: Path, _session_dirs: Path) -> Iterator[Any]:
     """The real engine on the tiny model (shared by the tests; each app resets it)."""
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     engine = load_engine(chat_model_dir, device="cpu")
     yield engine
@@ -50,6 +51,25 @@ class SharedEngine:
 
     def close(self) -> None:
         """Kept open for the next test."""
+
+
+class StandInServices(LocalServices):
+    """The app's real services with some methods replaced by the test's own (plain callables taking
+    the method's arguments): the tiny engine as the loader, a fixture as the probe. The rest stay
+    real, and it is a ``Services`` like the one the app makes."""
+
+    def __init__(
+        self,
+        *,
+        engine: EngineKind = "tvm",
+        default_model_id: str = DEFAULT_MODEL_ID,
+        **replaced: Callable[..., Any],
+    ) -> None:
+        super().__init__(engine=engine, default_model_id=default_model_id)
+        for name, function in replaced.items():
+            if not callable(getattr(LocalServices, name, None)):
+                raise TypeError(f"Services has no method {name!r}")
+            setattr(self, name, function)
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -73,7 +93,7 @@ def make_app(chat_engine) -> Callable[..., LlmchatApp]:
         engine.reset()
         engine.set_system_prompt(None)
         model_id = engine.info.model_id
-        services = services or Services(
+        services = services or StandInServices(
             load_engine=lambda model, device, progress: engine,
             list_installed=lambda: [model_id],
             installed_model_path=lambda wanted: Path(engine.info.model_path) if wanted == model_id else None,

@@ -13,8 +13,8 @@ from starlette.routing import Route
 from textual.widgets import Button, Input, Select
 
 from app.inference.api import Message, TextDelta
-from app.inference.remote import RemoteEngine
-from app.inference.saved_servers import load_servers, servers_file
+from app.inference.engine.remote import RemoteEngine
+from app.inference.store.saved_servers import load_servers, servers_file
 from app.screens.add_server import AddServerScreen
 from app.screens.chat import ChatScreen
 from app.screens.models import ModelsScreen
@@ -174,7 +174,7 @@ async def test_add_server_errors_say_what_to_fix(make_app):
 
 
 async def test_a_saved_server_that_is_down_then_removed(make_app):
-    from app.inference.saved_servers import save_server
+    from app.inference.store.saved_servers import save_server
     from app.screens.loading import LoadingScreen
 
     save_server("gone", f"http://127.0.0.1:{closed_port()}/v1", "m", "k")

@@ -407,7 +407,7 @@ async def test_context_trimmed_notice_shows_before_the_prompt_is_read(make_app, 
     (the prefill held after its first chunk), above the reply; not after the reply."""
     import threading
 
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     engine = load_engine(chat_model_dir, device="cpu", context_window=512)
     app = make_app(engine=engine)
@@ -452,7 +452,7 @@ async def test_model_command_asks_before_downloading_with_the_size(make_app):
     """#20 item 8: /model ID of a catalog model that is not installed asks first, with its size;
     n declines (nothing downloaded), y starts the download."""
     from app.errors import LlmchatError
-    from app.inference.catalog import load_catalog
+    from app.inference.store.catalog import load_catalog
     from app.screens.confirm import ConfirmScreen
     from app.screens.loading import LoadingScreen
     from app.units import format_bytes

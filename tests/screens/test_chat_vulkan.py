@@ -14,7 +14,7 @@ from tests.screens.test_chat import open_chat, type_and_send, wait_until
 @pytest.fixture(scope="module")
 def vulkan_engine(chat_model_dir):
     need_vulkan()
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     engine = load_engine(chat_model_dir, device="vulkan")
     yield engine

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_app import LlmchatApp, Services, StartOptions
+from app.chat_app import LlmchatApp, StartOptions
 from app.errors import LlmchatError
-from app.inference.catalog import installed_model_path, list_installed
+from app.inference.store.catalog import installed_model_path, list_installed
 from app.screens.chat import ChatScreen
 from app.screens.first_run import FirstRunScreen
 from app.screens.loading import LoadingScreen
@@ -19,7 +19,7 @@ from app.screens.models import ModelsScreen
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import AssistantMessage, ChatLog
 from tests.hub_server import TINY_ID, TINY_REPO, HubServer, use_hub
-from tests.screens.conftest import greedy, probe_fixture
+from tests.screens.conftest import StandInServices, greedy, probe_fixture
 from tests.screens.test_chat import open_chat, screen_text, type_and_send, wait_until
 
 SHARD = "params_shard_0.bin"
@@ -40,18 +40,15 @@ def hub(tmp_path, monkeypatch, chat_model_dir):
     server.stop()
 
 
-def real_services(**overrides) -> Services:
-    services = Services(probe=probe_fixture("amd-vangogh"), default_model_id=TINY_ID)
-    for name, value in overrides.items():
-        setattr(services, name, value)
-    return services
+def real_services(**overrides) -> StandInServices:
+    return StandInServices(default_model_id=TINY_ID, **{"probe": probe_fixture("amd-vangogh"), **overrides})
 
 
 async def test_first_run_guides_from_hardware_to_download_compile_and_chat(hub):
     events = []
 
     def load_engine(model, device, progress):
-        from app.inference.engine import load_engine as real_load_engine
+        from app.inference.engine.tvm_engine import load_engine as real_load_engine
 
         def record(event):
             events.append(event)
@@ -134,7 +131,7 @@ async def test_models_screen_download_progress_cancel_then_install_and_remove(hu
 async def test_models_screen_shows_a_broken_install_and_d_repairs_it(hub):
     """Issue 19 item 6: a shard deleted from an installed model shows as broken with the fix, and d
     (download) on it fetches only what is missing."""
-    from app.inference.downloads import download_model
+    from app.inference.store.downloads import download_model
 
     path = download_model(TINY_ID)
     (path / SHARD).unlink()
@@ -174,7 +171,7 @@ async def test_load_errors_are_messages_with_the_fix(error, expected):
     def failing(model, device, progress):
         raise error
 
-    services = Services(load_engine=failing, installed_model_path=lambda m: Path("/"))
+    services = StandInServices(load_engine=failing, installed_model_path=lambda m: Path("/"))
     app = LlmchatApp(StartOptions(model="some-model", device="cpu"), services)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
@@ -226,7 +223,9 @@ async def test_probe_errors_are_messages_and_the_catalog_still_shows():
     def failing_probe():
         raise LlmchatError("Cannot read /sys/class/drm: permission denied.", "run llmchat as your own user")
 
-    services = Services(probe=failing_probe, list_installed=lambda: [], installed_model_path=lambda m: None)
+    services = StandInServices(
+        probe=failing_probe, list_installed=lambda: [], installed_model_path=lambda m: None
+    )
     app = LlmchatApp(StartOptions(), services)
     async with app.run_test(size=(110, 40)) as pilot:
         await wait_until(pilot, lambda: app.screen.query_one(CatalogTable).row_count > 0)
@@ -280,7 +279,7 @@ async def test_the_hardware_screens_refresh_probes_afresh():
         calls.append("probe")
         return fixture()
 
-    services = Services(
+    services = StandInServices(
         probe=probe,
         forget_probe=lambda: calls.append("forget"),
         list_installed=lambda: [],

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.chat_app import LlmchatApp, Services, StartOptions, _load_mlc_engine
+from app.chat_app import LlmchatApp, StartOptions
 from app.widgets.chat_log import AssistantMessage, ChatLog, StatsLine
-from tests.screens.conftest import probe_fixture
+from tests.screens.conftest import StandInServices, probe_fixture
 from tests.screens.test_chat import open_chat, type_and_send, wait_until
 
 
@@ -18,7 +18,7 @@ async def test_chat_streams_through_mlc_engine(mlc_stand_in, tmp_path: Path) -> 
         json.dumps({"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 4096})
     )
     (model_dir / "tensor-cache.json").write_text(json.dumps({"metadata": {"ParamBytes": 1}, "records": []}))
-    services = Services(load_engine=_load_mlc_engine, probe=probe_fixture("amd-rx7900xtx"))
+    services = StandInServices(engine="mlc", probe=probe_fixture("amd-rx7900xtx"))
     app = LlmchatApp(StartOptions(model=str(model_dir), device="cpu"), services)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)

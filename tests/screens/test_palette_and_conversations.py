@@ -6,8 +6,8 @@ from __future__ import annotations
 from textual.command import CommandList, CommandPalette
 
 from app.inference.api import Message, TextDelta
-from app.inference.remote import RemoteEngine
-from app.inference.saved_servers import save_server, servers_file
+from app.inference.engine.remote import RemoteEngine
+from app.inference.store.saved_servers import save_server, servers_file
 from app.screens.chat import ChatScreen
 from app.screens.conversations import ConversationsScreen
 from app.widgets.chat_log import AssistantMessage, ChatLog, Notice, UserMessage

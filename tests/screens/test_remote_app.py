@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from app.chat_app import LlmchatApp, StartOptions, remote_services
+from app.chat_app import LlmchatApp, StartOptions
 from app.inference.api import Message, SamplingParams, TextDelta
+from app.inference.services import RemoteServices
 from app.widgets.chat_log import AssistantMessage, ChatLog, UserMessage
 from tests.screens.test_chat import notices, open_chat, send_and_finish, type_and_send, wait_until
 from tests.serve.conftest import DecodeGate, serving
@@ -19,7 +20,7 @@ async def test_a_full_chat_with_stats_against_llmchat_serve(tiny_engine):
     engine.reset()
     greedy = SamplingParams(temperature=0, max_tokens=8, seed=0)
     with serving(engine) as served:
-        app = LlmchatApp(StartOptions(), remote_services(served.url))
+        app = LlmchatApp(StartOptions(), RemoteServices(served.url))
         app.params = greedy
         async with app.run_test(size=(110, 36)) as pilot:
             chat = await open_chat(pilot)
@@ -65,7 +66,7 @@ async def test_a_full_chat_with_stats_against_llmchat_serve(tiny_engine):
             assert saved[-1].content and saved[-1].content == remote.history[-1].content
             conversation_id = app.conversation_id
         # --continue: the saved conversation goes to the server again
-        again = LlmchatApp(StartOptions(continue_last=True), remote_services(served.url))
+        again = LlmchatApp(StartOptions(continue_last=True), RemoteServices(served.url))
         again.params = greedy
         async with again.run_test(size=(110, 36)) as pilot:
             chat = await open_chat(pilot)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.chat_app import LlmchatApp, Services, StartOptions
+from app.chat_app import LlmchatApp, StartOptions
 from app.history import HistoryStore
 from app.screens.chat import ChatScreen
 from app.screens.first_run import FirstRunScreen
@@ -17,7 +17,7 @@ from app.screens.hardware import HardwareScreen
 from app.screens.models import ModelsScreen
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.chat_log import AssistantMessage
-from tests.screens.conftest import SharedEngine, probe_fixture
+from tests.screens.conftest import SharedEngine, StandInServices, probe_fixture
 from tests.screens.test_chat import wait_until
 
 SIZE = (100, 32)
@@ -42,8 +42,8 @@ async def _settled(pilot) -> None:
     await pilot.pause()
 
 
-def _no_models_services(probe_name: str) -> Services:
-    return Services(
+def _no_models_services(probe_name: str) -> StandInServices:
+    return StandInServices(
         probe=probe_fixture(probe_name), list_installed=lambda: [], installed_model_path=lambda m: None
     )
 
@@ -56,7 +56,7 @@ def test_chat_screen(snap_compare, chat_engine):
         store.add_message(conversation, role, content)
     store.close()
     engine = SharedEngine(chat_engine, model_id="tiny-llama", model_path="/models/tiny-llama")
-    services = Services(
+    services = StandInServices(
         load_engine=lambda model, device, progress: engine, installed_model_path=lambda m: Path("/models")
     )
     app = LlmchatApp(StartOptions(continue_last=True, device="cpu"), services)

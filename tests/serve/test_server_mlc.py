@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.inference.mlc_engine import MLCLLMEngine
+from app.inference.engine.mlc_engine import MLCLLMEngine
 from tests.serve.conftest import serving
 
 

@@ -8,6 +8,9 @@
 Pure functions over files under a root directory (``/`` or a fixture tree): no GPU driver is
 loaded and nothing needs root. TVM is only asked when it is already imported in this process;
 otherwise its installed runtime libraries are inspected without importing it (fast).
+
+``device_spec`` turns the probe's choice or ``--device`` into the device a model runs on, checked
+against what the installed TVM runtime can drive (it asks TVM, so it is imported only when needed).
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ def _load_cuda_runtime() -> None:
     if "tvm" not in sys.modules or not os.path.exists("/proc/driver/nvidia/version"):
         return  # without TVM imported the probe reads its installed libraries: nothing to load
     try:
-        from app.inference.cuda_support import prepare_cuda_runtime
+        from app.inference.compile.cuda_support import prepare_cuda_runtime
 
         prepare_cuda_runtime()
     except Exception:  # no CUDA runtime: the probe says so

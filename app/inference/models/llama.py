@@ -7,7 +7,7 @@ Parameter names and shapes are MLC-LLM's (``python/mlc_llm/model/llama/llama_mod
 ``model.norm.weight`` and ``lm_head.*`` (absent with tied embeddings); ``*`` is the weight
 format's params (``weight``, or ``q_weight`` + ``q_scale``).
 
-Exported functions (what ``app.inference.runtime`` calls): ``embed``, ``prefill``, ``decode`` and
+Exported functions (what ``app.inference.engine.runtime`` calls): ``embed``, ``prefill``, ``decode`` and
 ``create_paged_kv_cache`` (TVM's TIR paged KV cache, which applies RoPE).  ``batch_decode`` is
 defined (MLC's signature) but not exported: one conversation needs no batching, and every
 exported function adds compile time.
@@ -22,9 +22,9 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 
-from app.inference.config import ModelConfig
-from app.inference.device_ops import argmax_te, has_device_argmax
+from app.inference.compile.device_ops import argmax_te, has_device_argmax
 from app.inference.quantization import get_format, storage_format
+from app.inference.store.config import ModelConfig
 
 
 def make_linear(cfg: ModelConfig, prefix: str, in_f: int, out_f: int, bias: bool = False) -> nn.Module:

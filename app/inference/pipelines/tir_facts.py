@@ -69,7 +69,7 @@ def argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
     """(logits, output, vocab) when ``func`` is the exported argmax (``device_ops.argmax_te``,
     marked with its annotation) over ``[1, 1, V]`` float32 into int32: what the CUDA and the
     WGSL argmax rules replace."""
-    from app.inference.device_ops import OP_ANNOTATION
+    from app.inference.compile.device_ops import OP_ANNOTATION
 
     blocks = root_blocks(func)
     if len(blocks) != 1 or str(blocks[0].annotations.get(OP_ANNOTATION, "")) != "argmax":

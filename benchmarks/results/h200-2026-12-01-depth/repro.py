@@ -10,10 +10,10 @@ import numpy as np
 sys.argv = [sys.argv[0]]
 import benchmarks.gpu_decode as gd
 from pathlib import Path
-from app.inference.cuda_support import prepare_cuda_runtime
+from app.inference.compile.cuda_support import prepare_cuda_runtime
 prepare_cuda_runtime()
 gd._use_manifest(Path(CACHE), "q4f16_1", 8448)
-from app.inference.random_model import load_random_engine
+from app.inference.engine.random_model import load_random_engine
 from app.inference.api import SamplingParams
 eng = load_random_engine(preset, "q4f16_1", device="cuda", context_window=8448)
 rng = np.random.default_rng(3)
@@ -34,7 +34,7 @@ if scenario == "R":  # greedy batches vs one synchronous step at a time, same pr
     p = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=200, seed=0)
     for _ in eng.generate(ids, p, ignore_eos=True, detokenize=False):
         pass
-    from app.inference.generation import GenerationResult, generate
+    from app.inference.engine.generation import GenerationResult, generate
     import threading
     rt.clear()
     res = GenerationResult()

@@ -42,7 +42,7 @@ def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def _need_rocm_toolchain() -> None:
-    from app.inference import compiler
+    from app.inference.compile import compiler
 
     try:
         with compiler.rocm_toolchain():
@@ -57,7 +57,7 @@ def _scale_library(tmp_path: Path, arch: str) -> Path:
     import tvm
     from tvm import s_tir, te
 
-    from app.inference.compiler import rocm_toolchain
+    from app.inference.compile.compiler import rocm_toolchain
 
     n = te.var("n")
     s = te.var("s", dtype="float32")
@@ -174,9 +174,9 @@ def test_a_tiny_model_library_for_rdna_is_complete(addon, tiny_model_dir, monkey
     _need_rocm_toolchain()
     import tvm
 
-    from app.inference import compiler
-    from app.inference.config import ModelConfig
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile import compiler
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
 
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f16_1"))
@@ -209,9 +209,9 @@ def test_the_7b_shape_compiles_for_rdna(addon, monkeypatch, tmp_path, arch):
 
     import tvm
 
-    from app.inference import compiler
-    from app.inference.devices import DeviceSpec
-    from app.inference.random_model import preset_config
+    from app.inference.compile import compiler
+    from app.inference.engine.random_model import preset_config
+    from app.inference.hardware.device_spec import DeviceSpec
 
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
     cfg = dataclasses.replace(

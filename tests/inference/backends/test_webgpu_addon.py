@@ -198,7 +198,7 @@ def test_no_adapter_is_a_clear_error_not_a_crash(tmp_path):
 
 def test_a_missing_adapter_index_is_a_clear_error(dev):
     from app.errors import LlmchatError
-    from app.inference.devices import resolve_device
+    from app.inference.hardware.device_spec import resolve_device
 
     with pytest.raises(LlmchatError) as err:
         resolve_device("vulkan:7")

@@ -162,10 +162,10 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     import tvm
     from tvm import relax
 
-    from app.inference.compiler import export_model
+    from app.inference.compile.compiler import export_model
+    from app.inference.engine.random_model import preset_config
     from app.inference.pipelines import gpu
     from app.inference.pipelines.wgsl_attention import DECODE_ATTENTION, split_decode_attention_pass
-    from app.inference.random_model import preset_config
 
     target = _profile_target("wgsl-f16-wg32768-t256")
     mod, _ = export_model(preset_config("tiny-llama", quantization), target)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.inference.api import Message
-from app.inference.default_model import ensure_default_model, wheels_dir
+from app.inference.store.default_model import ensure_default_model, wheels_dir
 from tests.inference.backends.vulkan_env import need_vulkan
 from tests.inference.test_default_model import _use, smollm2_env, smollm2_wheel  # noqa: F401 (fixtures)
 
@@ -36,7 +36,7 @@ def default_model(smollm2_wheel, smollm2_env, monkeypatch):  # noqa: F811
 
 @pytest.mark.slow
 def test_default_model_on_vulkan_picks_the_cpu_engines_tokens(default_model):
-    from app.inference.engine import load_engine
+    from app.inference.engine.tvm_engine import load_engine
 
     prompts = {}
     cpu = load_engine(default_model, device="cpu")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.inference.engine import load_engine
+from app.inference.engine.tvm_engine import load_engine
 from tests.inference.backends.vulkan_env import need_vulkan
 from tests.inference.reference import check_engine_against_reference
 
@@ -109,7 +109,7 @@ def test_the_chats_generation_loop_on_vulkan_gives_the_host_argmax_tokens(tiny_m
 
     from app.inference.api import SamplingParams
     from app.inference.backends import webgpu
-    from app.inference.generation import GenerationResult, generate
+    from app.inference.engine.generation import GenerationResult, generate
 
     engine = load_engine(tiny_model_dir("qwen2", "q4f16_1"), device="vulkan")
     try:
@@ -147,7 +147,7 @@ def test_stopping_inside_queued_batches_leaves_exactly_the_conversation_on_vulka
     import threading
 
     from app.inference.api import SamplingParams
-    from app.inference.generation import GenerationResult, generate
+    from app.inference.engine.generation import GenerationResult, generate
 
     engine = load_engine(tiny_model_dir("llama", "q4f32_1"), device="vulkan")
     try:

@@ -263,9 +263,9 @@ def test_only_tvms_own_prologues_are_recognised():
 
 
 def _tiny_counts(monkeypatch, fusion: str):
-    from app.inference.compiler import make_target
-    from app.inference.devices import DeviceSpec
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import make_target
+    from app.inference.engine.random_model import preset_config
+    from app.inference.hardware.device_spec import DeviceSpec
 
     monkeypatch.setenv(wgsl_fusion.FUSION_ENV, fusion)
     target = make_target(DeviceSpec("vulkan", 0), "wgsl-f16-wg49152-t256")
@@ -288,9 +288,9 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
     llmchat's device API records per greedy decode step (fusion on, then off)."""
     need_vulkan()
     from app.inference.backends import webgpu
-    from app.inference.compiler import make_target
-    from app.inference.devices import DeviceSpec
-    from app.inference.engine import load_engine
+    from app.inference.compile.compiler import make_target
+    from app.inference.engine.tvm_engine import load_engine
+    from app.inference.hardware.device_spec import DeviceSpec
 
     model_dir = tiny_model_dir("llama", "q4f16_1")
     for fusion in ("on", "off"):
@@ -311,8 +311,8 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
 
 def test_the_switch_is_part_of_the_library_key(monkeypatch):
     """A library compiled with the fusion off is never reused with it on (and back)."""
-    from app.inference.compiler import library_key
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import library_key
+    from app.inference.engine.random_model import preset_config
 
     cfg = preset_config("tiny-llama", "q4f16_1")
     monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "on")

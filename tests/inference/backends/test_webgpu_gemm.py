@@ -119,8 +119,8 @@ def test_the_models_prefill_matmuls_get_the_rule_and_decode_keeps_the_gemv():
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
-    from app.inference.compiler import export_model
-    from app.inference.random_model import preset_config
+    from app.inference.compile.compiler import export_model
+    from app.inference.engine.random_model import preset_config
 
     target = _target()
     mod, _ = export_model(preset_config("tiny-llama", "q4f16_1"), target)

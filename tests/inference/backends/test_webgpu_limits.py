@@ -26,7 +26,7 @@ def test_an_adapter_without_f16_runs_float16_models_in_float32(tiny_model_dir, t
     script = textwrap.dedent(f"""
         import numpy as np
         from app.inference.backends import webgpu
-        from app.inference.engine import load_engine
+        from app.inference.engine.tvm_engine import load_engine
         a = webgpu.adapters()[0]
         assert not a.shader_f16, "the override did not take"
         assert webgpu.fingerprint(0).startswith("wgsl-f32"), webgpu.fingerprint(0)
@@ -72,9 +72,9 @@ def test_a_weight_larger_than_a_binding_is_refused_before_loading():
 def test_another_adapter_profile_is_another_library(tiny_model_dir):
     """A library built for other adapter features is not reused: the profile is in the cache key."""
     need_vulkan()
-    from app.inference import compiler
-    from app.inference.config import ModelConfig
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile import compiler
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f16_1"))
     dev = DeviceSpec("vulkan", 0)

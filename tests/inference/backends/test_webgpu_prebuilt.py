@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from app.inference import compiler, downloads, prebuilt
-from app.inference.engine import load_engine
+from app.inference.compile import compiler, prebuilt
+from app.inference.engine.tvm_engine import load_engine
+from app.inference.store import downloads
 from tests.hub_server import HubServer, use_hub
 from tests.inference.backends.vulkan_env import need_vulkan
 from tests.inference.test_prebuilt import MODEL_ID, MODEL_REPO, answers, bundle_files, model_files, registry

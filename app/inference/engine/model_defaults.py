@@ -60,7 +60,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _usable(name: str, value: Any) -> bool:
     from app.errors import LlmchatError
-    from app.inference.sampling import validate_value
+    from app.inference.engine.sampling import validate_value
 
     try:
         validate_value(name, value)
@@ -89,7 +89,7 @@ def catalog_sampling(model_id: str | None) -> dict[str, Any]:
     if not model_id:
         return {}
     try:
-        from app.inference.catalog import load_catalog
+        from app.inference.store.catalog import load_catalog
 
         catalog = load_catalog()
         if model_id not in catalog:
@@ -128,6 +128,6 @@ def model_sampling(model_dir: str | Path | None, model_id: str | None = None) ->
 
 def effective_params(defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
     """``defaults`` with the user's overrides (validated ``/set`` values) on top."""
-    from app.inference.sampling import apply_overrides
+    from app.inference.engine.sampling import apply_overrides
 
     return apply_overrides(defaults, {k: v for k, v in overrides.items() if k in SAMPLING_FIELDS})

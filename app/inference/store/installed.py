@@ -64,7 +64,7 @@ def _model_id(model_dir: Path) -> str | None:
 
 
 def _in_catalog(model_id: str) -> bool:
-    from app.inference.catalog import load_catalog
+    from app.inference.store.catalog import load_catalog
 
     try:
         return model_id in load_catalog()
@@ -74,7 +74,7 @@ def _in_catalog(model_id: str) -> bool:
 
 def repair_fix(model_dir: Path) -> str:
     """The command that repairs the model in ``model_dir`` here."""
-    from app.inference.default_model import DEFAULT_MODEL_ID
+    from app.inference.store.default_model import DEFAULT_MODEL_ID
 
     model_dir = Path(model_dir)
     model_id = _model_id(model_dir)
@@ -91,7 +91,7 @@ def repair_fix(model_dir: Path) -> str:
 
 
 def _shard_problems(model_dir: Path) -> str | None:
-    from app.inference.weights import read_manifest, verify_shards
+    from app.inference.store.weights import read_manifest, verify_shards
 
     try:
         verify_shards(model_dir, read_manifest(model_dir), check_md5=False)
@@ -103,7 +103,7 @@ def _shard_problems(model_dir: Path) -> str | None:
 def quick_problem(model_dir: Path) -> str | None:
     """What is visibly wrong with an installed model (missing or wrong-sized files, a config that
     does not parse), or None; cheap enough for every row of ``llmchat models``."""
-    from app.inference.config import ModelConfig
+    from app.inference.store.config import ModelConfig
 
     model_dir = Path(model_dir)
     for name, info in listed_files(download_record(model_dir)).items():
@@ -124,9 +124,9 @@ def quick_problem(model_dir: Path) -> str | None:
 
 def check_model_files(model_dir: Path) -> None:
     """Parse everything a load parses; raise the first problem (the file named)."""
-    from app.inference.chat_template import ChatFormatter
-    from app.inference.config import ModelConfig, check_tokenizer_fits
-    from app.inference.tokenizer import Tokenizer
+    from app.inference.engine.chat_template import ChatFormatter
+    from app.inference.engine.tokenizer import Tokenizer
+    from app.inference.store.config import ModelConfig, check_tokenizer_fits
 
     model_dir = Path(model_dir)
     cfg = ModelConfig.load(model_dir)
@@ -157,8 +157,8 @@ def hash_problems(model_dir: Path, files: dict[str, dict[str, Any]], verifier) -
 
 def verify(model_dir: Path) -> str | None:
     """Everything checked: listed hashes, shard md5 sums, and the files parse. The problem, or None."""
-    from app.inference.file_hashes import Verifier
-    from app.inference.weights import read_manifest, verify_shards
+    from app.inference.store.file_hashes import Verifier
+    from app.inference.store.weights import read_manifest, verify_shards
 
     model_dir = Path(model_dir)
     verifier = Verifier()

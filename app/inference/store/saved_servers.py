@@ -206,7 +206,7 @@ def api_key_of(server: SavedServer) -> str | None:
 
 def save_server(name: str, endpoint: str, model: str, api_key: str | None) -> SavedServer:
     """Save (or replace) a server; the key in the keyring where one is usable, else in the 0600 file."""
-    from app.inference.remote import normalize_endpoint
+    from app.inference.engine.remote import normalize_endpoint
 
     name = check_name(name)
     endpoint = normalize_endpoint(endpoint)
@@ -252,7 +252,7 @@ def remove_server(name: str) -> None:
 # -- connecting ----------------------------------------------------------------------------------
 #: the fixes a saved server's errors name (the models screen, not the command line)
 def screen_hints() -> Any:
-    from app.inference.remote import ErrorHints
+    from app.inference.engine.remote import ErrorHints
 
     return ErrorHints(
         key="enter the server's API key (F2, then a: add the server again with it)",
@@ -264,7 +264,7 @@ def screen_hints() -> Any:
 
 def form_hints() -> Any:
     """The fixes the add-a-server form names (its own fields)."""
-    from app.inference.remote import ErrorHints
+    from app.inference.engine.remote import ErrorHints
 
     return ErrorHints(
         key="enter the server's API key in the API key field",
@@ -276,7 +276,7 @@ def form_hints() -> Any:
 
 def open_server(name: str) -> Any:
     """A ``RemoteEngine`` on the saved server ``name`` and its chosen model."""
-    from app.inference.remote import RemoteEngine
+    from app.inference.engine.remote import RemoteEngine
 
     server = get_server(name)
     return RemoteEngine(

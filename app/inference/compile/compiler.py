@@ -7,7 +7,7 @@ fields and weight formats (hashed), the target (GPU architecture, WGSL adapter p
 level), the host code's CPU level, the TVM version, ``ENGINE_VERSION`` and the source of the model,
 quantization and pipeline modules.  Its digest names the cache entry; a prebuilt library's manifest
 carries the same key, so one comparison decides both "cached already" and "this bundle fits"
-(app/inference/prebuilt.py).
+(app/inference/compile/prebuilt.py).
 
 Libraries are written atomically (temp file, then rename); the ``.json`` beside the ``.so`` is
 written last and marks a complete entry: it records the library's size and sha256, checked before
@@ -39,8 +39,8 @@ from typing import Any
 from app import paths
 from app.errors import LlmchatError
 from app.inference.api import ProgressCallback, ProgressEvent
-from app.inference.config import ModelConfig
-from app.inference.devices import DeviceSpec
+from app.inference.hardware.device_spec import DeviceSpec
+from app.inference.store.config import ModelConfig
 
 #: bump when the engine's calling convention or model code changes incompatibly
 ENGINE_VERSION = "1"
@@ -293,7 +293,7 @@ def library_sources() -> list[Path]:
     """Every source file whose code can end up in a compiled library: the import closure of the
     compiler and of the model, quantization and pipeline packages, plus kernel sources (``.cu`` …)
     in the directories of those modules.  Derived from the code, so a new module is covered."""
-    here = Path(__file__).parent
+    here = Path(__file__).parent.parent  # app/inference
     app_root = here.parent
     todo = [Path(__file__)]
     for sub in _SOURCE_DIRS:
@@ -320,7 +320,7 @@ def library_sources() -> list[Path]:
 
 @functools.cache
 def _source_digest() -> str:
-    app_root = Path(__file__).resolve().parent.parent
+    app_root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     for f in library_sources():
         h.update(str(f.relative_to(app_root)).encode())
@@ -369,7 +369,7 @@ def device_fingerprint(device: DeviceSpec, arch: str | None = None) -> str:
 class LibraryKey:
     """Everything that decides a library's code.  Its digest names the entry in the local compile
     cache, and a prebuilt bundle's manifest carries it field by field: a bundle fits this machine
-    exactly when its key is the one this machine would compile (app/inference/prebuilt.py)."""
+    exactly when its key is the one this machine would compile (app/inference/compile/prebuilt.py)."""
 
     model: str  # sha256 of the model's code-relevant config (ModelConfig.code_key)
     quantization: str
@@ -601,13 +601,13 @@ def rocm_toolchain() -> Any:
 
 
 def _build_hooks(target: Any) -> contextlib.AbstractContextManager[Any]:
-    """ROCm: find the toolchain; CUDA: turn kernels into prebuilt fatbins (app.inference.cuda_support)."""
+    """ROCm: find the toolchain; CUDA: turn kernels into prebuilt fatbins (``compile.cuda_support``)."""
     if target.kind.name == "rocm":
         return rocm_toolchain()
     if target.kind.name != "cuda":
         return contextlib.nullcontext()
     try:
-        from app.inference.cuda_support import cuda_build_hooks
+        from app.inference.compile.cuda_support import cuda_build_hooks
     except ImportError:
         return contextlib.nullcontext()
     return cuda_build_hooks(target)

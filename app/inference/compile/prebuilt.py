@@ -8,16 +8,16 @@ one is used only when every check passes, before anything is loaded:
   ``manifest.json`` and ``model.so``.  The manifest records the ``LibraryKey`` field by field (model
   config hash, quantization, target and GPU architecture or WGSL adapter profile, host CPU level,
   TVM version, engine version, llmchat's library sources, pipeline, kernel switches) and the size
-  and sha256 of every file.  The key is the local compile cache's own (app/inference/compiler.py):
+  and sha256 of every file.  The key is the local compile cache's own (app/inference/compile/compiler.py):
   a bundle fits this machine exactly when its key equals the key this machine would compile.
 * **Where bundles come from**: a catalog entry's ``prebuilt_libs`` (repo + folder + the manifest's
   sha256, per target), and a model repo's ``libs/<digest>/`` folder (its listing is recorded at
   download time, so the check needs no request).  Files come through the weights' download code
-  (app/inference/downloads.py: resumable ``.part`` files, retries, size and sha256 checked before
+  (app/inference/store/hub.py: resumable ``.part`` files, retries, size and sha256 checked before
   the rename); the manifest's key is compared before any library byte is fetched.
 * **Installing** moves the verified library into the cache slot and writes the slot's metadata
   last (with the size and sha256 every later load checks).  Anything rejected is removed; a
-  prebuilt library that still fails to load is dropped and compiled here (app/inference/engine.py).
+  prebuilt library that still fails to load is dropped and compiled here (app/inference/engine/tvm_engine.py).
 * ``--no-prebuilt``, ``LLMCHAT_NO_PREBUILT=1`` or ``prebuilt_libraries = false`` in
   ``<config dir>/config.toml`` always compile here.
 """
@@ -37,9 +37,9 @@ from typing import Any
 
 from app import paths
 from app.errors import LlmchatError
-from app.inference import compiler
 from app.inference.api import ProgressCallback, ProgressEvent
-from app.inference.compiler import CompiledModel, LibraryKey, LibrarySlot
+from app.inference.compile import compiler
+from app.inference.compile.compiler import CompiledModel, LibraryKey, LibrarySlot
 
 BUNDLE_FORMAT = "llmchat-model-library"
 BUNDLE_VERSION = 1
@@ -163,11 +163,11 @@ def verify_files(manifest: Manifest, folder: Path) -> None:
 # ------------------------------------------------------------------------------------------
 def build_spec(device: str) -> Any:
     """The DeviceSpec to build for: ``device`` need not be present (``--arch`` names it)."""
-    from app.inference.devices import DeviceSpec, parse_device
+    from app.inference.hardware.device_spec import DeviceSpec, parse_device
 
     kind, index = parse_device(device)
     if kind == "auto":
-        from app.inference.devices import resolve_device
+        from app.inference.hardware.device_spec import resolve_device
 
         return resolve_device("auto")
     return DeviceSpec(kind, index or 0)
@@ -178,8 +178,8 @@ def build_bundle(
 ) -> Path:
     """Compile (or take from the local cache) the library of ``model`` for ``device``/``arch`` and
     write it as a bundle ``out/<digest>/`` (manifest.json + model.so); returns that folder."""
-    from app.inference.config import ModelConfig
-    from app.inference.engine import resolve_model_dir
+    from app.inference.engine.tvm_engine import resolve_model_dir
+    from app.inference.store.config import ModelConfig
 
     _, model_dir = resolve_model_dir(model)
     cfg = ModelConfig.load(model_dir)
@@ -247,7 +247,7 @@ class Candidate:
 
 
 def _download_record(model_dir: Path) -> dict[str, Any]:
-    from app.inference.downloads import MANIFEST_NAME
+    from app.inference.store.downloads import MANIFEST_NAME
 
     try:
         data = json.loads((model_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
@@ -257,7 +257,7 @@ def _download_record(model_dir: Path) -> dict[str, Any]:
 
 
 def _catalog_entry(model_id: str, model_dir: Path) -> Any:
-    from app.inference.catalog import load_catalog
+    from app.inference.store.catalog import load_catalog
 
     if model_dir.resolve() != (paths.models_dir() / model_id).resolve():
         return None  # a directory given by path: no catalog entry speaks for it
@@ -284,7 +284,7 @@ def candidates(model_id: str, model_dir: Path, slot: LibrarySlot) -> tuple[list[
     record = _download_record(model_dir)
     libs, repo = record.get("libs") or {}, record.get("repo")
     if libs and isinstance(repo, str):
-        from app.inference.downloads import LIBS_FOLDER
+        from app.inference.store.downloads import LIBS_FOLDER
 
         folder = f"{LIBS_FOLDER}/{slot.digest}"
         if f"{folder}/{MANIFEST}" in libs:
@@ -318,7 +318,8 @@ def fetch_one(
 
     Raises BundleRejected (the staging folder is removed) or LlmchatError of the download (its
     partial files stay for a resume)."""
-    from app.inference.downloads import _staging_lock, list_repo_files
+    from app.inference.store.downloads import _staging_lock
+    from app.inference.store.hub import list_repo_files
 
     commit, listing = list_repo_files(candidate.repo, candidate.revision)
     inside = {f.name: f for f in listing if f.name.startswith(candidate.folder + "/")}
@@ -340,7 +341,7 @@ def _fetch_locked(
     cancel: threading.Event | None,
     label: str,
 ) -> CompiledModel:
-    from app.inference.downloads import fetch_verified
+    from app.inference.store.hub import fetch_verified
 
     manifest_name = f"{candidate.folder}/{MANIFEST}"
     try:
@@ -418,7 +419,7 @@ def fetch_bundle(
         except BundleRejected as why:
             reasons.append(f"{candidate.describe()}: {why}")
         except LlmchatError as err:
-            from app.inference.downloads import DownloadCancelled
+            from app.inference.store.hub import DownloadCancelled
 
             if isinstance(err, DownloadCancelled):
                 raise
@@ -472,8 +473,8 @@ def prepare_library(
 ) -> str:
     """After a download: install the prebuilt library that fits this machine, when there is one.
     Returns one line saying what was done and why (the library compiles on first use otherwise)."""
-    from app.inference.config import ModelConfig
-    from app.inference.devices import resolve_device
+    from app.inference.hardware.device_spec import resolve_device
+    from app.inference.store.config import ModelConfig
 
     entry = _catalog_entry(model_id, model_dir)
     if not (entry is not None and entry.prebuilt_libs) and not _download_record(model_dir).get("libs"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from app.inference.catalog import CatalogEntry
+from app.inference.store.catalog import CatalogEntry
 
 Verdict = Literal["fits", "tight", "does not fit", "unknown"]
 

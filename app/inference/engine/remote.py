@@ -33,7 +33,7 @@ from app.inference.api import (
     SessionStats,
     TextDelta,
 )
-from app.inference.conversation import ConversationState, with_system
+from app.inference.engine.conversation import ConversationState, with_system
 
 #: where the API key of ``--endpoint`` is read when ``--api-key`` is not given
 API_KEY_ENV = "LLMCHAT_API_KEY"

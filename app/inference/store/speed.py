@@ -5,7 +5,7 @@ Decoding one token reads every weight once, so a device that moves B bytes/s dec
 B ÷ weight bytes tokens/s. What llmchat's kernels reach of B differs per backend (measured on an
 H200, BENCHMARKS.md: CUDA 0.45 of the copy bandwidth on the Llama-2-7B shape, Vulkan ~0.2), and a CPU's
 bandwidth is not probed: it is guessed from its cores. Where ``llmchat bench`` ran on this machine
-(:mod:`app.inference.bench_store`), its figures replace the guess: the same model's measured speed,
+(:mod:`app.inference.store.bench_store`), its figures replace the guess: the same model's measured speed,
 else the bytes per second another model's decode reached on the same backend.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.inference.bench_store import BenchResult
-from app.inference.fit import weights_bytes
+from app.inference.store.bench_store import BenchResult
+from app.inference.store.fit import weights_bytes
 
 #: below this many tokens per second a reply is painfully slow (a 300-token answer takes a minute)
 SLOW_TOK_S = 5.0
@@ -114,7 +114,7 @@ def estimate(entry: Any, report: Any, measured: Iterable[BenchResult] = ()) -> S
 
 def speed_function(report: Any):
     """entry -> SpeedEstimate | None for the screens and ``llmchat models`` (bench results read once)."""
-    from app.inference import bench_store
+    from app.inference.store import bench_store
 
     measured = bench_store.results()
     return lambda entry: estimate(entry, report, measured)

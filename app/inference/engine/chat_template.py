@@ -22,10 +22,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.errors import LlmchatError
 from app.inference.api import Message
-from app.inference.tokenizer import token_content
+from app.inference.engine.tokenizer import token_content
 
 if TYPE_CHECKING:
-    from app.inference.tokenizer import Tokenizer
+    from app.inference.engine.tokenizer import Tokenizer
 
 # MLC's conv_template names that older mlc-chat-config.json files give as a bare string
 # (values as registered in mlc-llm's python/mlc_llm/conversation_template/).

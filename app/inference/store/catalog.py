@@ -25,7 +25,7 @@ from typing import Any
 from app import paths
 from app.errors import LlmchatError
 
-BUILTIN_REGISTRY = Path(__file__).resolve().parent.parent / "models_registry.toml"
+BUILTIN_REGISTRY = Path(__file__).resolve().parents[2] / "models_registry.toml"
 USER_REGISTRY_NAME = "models_registry.toml"
 STAGING_DIR_NAME = ".staging"
 HF_PREFIX = "HF://"
@@ -67,7 +67,7 @@ Source = HfSource | PypiSource
 
 @dataclass(frozen=True)
 class PrebuiltLib:
-    """A prebuilt model library a catalog entry names (app/inference/prebuilt.py): the bundle folder
+    """A prebuilt model library a catalog entry names (app/inference/compile/prebuilt.py): the bundle folder
     ``path`` in the Hugging Face repo ``repo``, for ``target`` (``cpu-x86-64-v3``, ``cuda-sm_90``,
     ``vulkan-wgsl-f16-wg32768-t256`` …), pinned by the sha256 of its manifest.json."""
 
@@ -233,7 +233,7 @@ def _parse_prebuilt(where: str, label: str, index: int, raw: Any) -> PrebuiltLib
 
 
 def _parse_sampling(where: str, label: str, raw: dict[str, Any]) -> dict[str, Any]:
-    from app.inference.sampling import validate_value
+    from app.inference.engine.sampling import validate_value
 
     checked = {}
     for key, value in raw.items():

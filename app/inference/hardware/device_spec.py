@@ -61,7 +61,7 @@ def _global_func_exists(name: str) -> bool:
 
 def _prepare_cuda() -> None:
     try:
-        from app.inference.cuda_support import prepare_cuda_runtime
+        from app.inference.compile.cuda_support import prepare_cuda_runtime
     except ImportError:
         return
     prepare_cuda_runtime()

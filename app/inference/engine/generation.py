@@ -16,10 +16,10 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from app.inference.api import PrefillProgress, ReplyStats, SamplingParams, TextDelta
-from app.inference.runtime import PICKED_CAPACITY, ModelRuntime
-from app.inference.sampling import Sampler
-from app.inference.stop import StopMatcher
-from app.inference.tokenizer import StreamDecoder, Tokenizer
+from app.inference.engine.runtime import PICKED_CAPACITY, ModelRuntime
+from app.inference.engine.sampling import Sampler
+from app.inference.engine.stop import StopMatcher
+from app.inference.engine.tokenizer import StreamDecoder, Tokenizer
 
 #: most greedy decode steps per device round trip (the token ids fed back on the device); a reply
 #: that stops earlier rolls the unused steps back

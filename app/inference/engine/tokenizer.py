@@ -336,7 +336,7 @@ class SentencePieceModel:
                 "load as tokenizer.json.",
                 "download the original model's tokenizer.json into the model directory",
             )
-        from app.inference.gguf_tokenizer import build_tokenizer
+        from app.inference.store.gguf_tokenizer import build_tokenizer
 
         meta: dict[str, Any] = {
             "tokenizer.ggml.model": "llama",

@@ -41,8 +41,8 @@ from app.inference.api import (
     SessionStats,
     TextDelta,
 )
-from app.inference.conversation import ConversationState
-from app.inference.sampling import validate
+from app.inference.engine.conversation import ConversationState
+from app.inference.engine.sampling import validate
 
 MLC_INSTALL_FIX = (
     "install MLC-LLM's wheels from MLC's own index, e.g. "
@@ -285,7 +285,7 @@ class MLCLLMEngine(ConversationState):
         """One reply to a whole conversation given by the caller (``llmchat serve --engine mlc``): the
         engine's own conversation is not touched; MLC's prefix cache spares the shared prefix.
         ``cancel`` stops it at the next chunk (the stream is closed, which aborts it in MLC)."""
-        from app.inference.engine import ContextLengthExceeded
+        from app.inference.engine.tvm_engine import ContextLengthExceeded
 
         params = validate(params)
         self._begin()

@@ -28,10 +28,10 @@ from app.inference.api import (
     SamplingParams,
     SessionStats,
 )
-from app.inference.config import ModelConfig
-from app.inference.conversation import ConversationState, with_system
-from app.inference.generation import GenerationResult, generate
-from app.inference.runtime import ModelRuntime
+from app.inference.engine.conversation import ConversationState, with_system
+from app.inference.engine.generation import GenerationResult, generate
+from app.inference.engine.runtime import ModelRuntime
+from app.inference.store.config import ModelConfig
 
 #: default KV-cache size when the caller does not ask for one (the model's window, capped)
 DEFAULT_CONTEXT_CAP = 8192
@@ -397,13 +397,13 @@ def load_engine(
     """Load ``model`` (a model directory or an installed id) on ``device``: its library from the
     cache, else a verified prebuilt one (``prebuilt`` False: never; None: as the settings say),
     else compiled here."""
-    from app.inference import prebuilt as prebuilt_libs
-    from app.inference.chat_template import ChatFormatter
-    from app.inference.compiler import CompiledModel, drop_library, get_library, library_slot
-    from app.inference.config import check_tokenizer_fits
-    from app.inference.devices import resolve_device, tvm_device
-    from app.inference.tokenizer import Tokenizer
-    from app.inference.weights import load_weights
+    from app.inference.compile import prebuilt as prebuilt_libs
+    from app.inference.compile.compiler import CompiledModel, drop_library, get_library, library_slot
+    from app.inference.engine.chat_template import ChatFormatter
+    from app.inference.engine.tokenizer import Tokenizer
+    from app.inference.hardware.device_spec import resolve_device, tvm_device
+    from app.inference.store.config import check_tokenizer_fits
+    from app.inference.store.weights import load_weights
 
     model_id, model_dir = resolve_model_dir(model)
     cfg = ModelConfig.load(model_dir)
