@@ -130,36 +130,9 @@ def fuse_silu_gate(mod: Any) -> Any:
     """``mod`` with every ``y = silu_gate(gemv(x, w, s))`` in a Relax dataflow block (the GEMV's
     output used by nothing else) turned into one ``call_tir`` of :func:`silu_gate_func`; the
     replaced kernels leave the module where nothing else calls them (prompts have their own)."""
-    import tvm
-    from tvm import relax
+    from app.inference.pipelines.tir_facts import rewrite_dataflow_blocks
 
-    builder = relax.BlockBuilder(mod)
-    fused: dict[tuple[str, str], Any] = {}
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        blocks = [
-            (_fuse_block(b, mod, builder, fused) if isinstance(b, relax.DataflowBlock) else None, b)
-            for b in func.body.blocks
-        ]
-        if all(new is None for new, _ in blocks):
-            continue
-        body = relax.SeqExpr([new if new is not None else old for new, old in blocks], func.body.body)
-        builder.update_func(
-            gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
-        )
-    if not any(v is not None for v in fused.values()):
-        return mod
-    out = builder.get()
-    called = {
-        gv.name_hint
-        for f in out.functions.values()
-        if isinstance(f, relax.Function)
-        for gv in relax.analysis.all_global_vars(f)
-    }
-    unused = {name for pair in fused for name in pair} - called
-    kept = {gv: f for gv, f in out.functions.items() if gv.name_hint not in unused}
-    return tvm.IRModule(kept, attrs=out.attrs, global_infos=out.global_infos)
+    return rewrite_dataflow_blocks(mod, lambda block, builder, fused: _fuse_block(block, mod, builder, fused))
 
 
 def fuse_silu_gate_pass() -> Any:

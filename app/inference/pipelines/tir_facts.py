@@ -87,3 +87,41 @@ def argmax_buffers(func: Any) -> tuple[Any, Any, int] | None:
     ):
         return None
     return logits, out, shape[2]
+
+
+def rewrite_dataflow_blocks(mod: Any, rewrite_block: Any) -> Any:
+    """``mod`` with every Relax dataflow block passed through ``rewrite_block(block, builder,
+    fused)`` (a new block, or None to keep it); ``fused`` maps the replaced pair of kernel names to
+    the GlobalVar of the fused kernel (None where it could not be made). Kernels nothing calls any
+    more leave the module. The driver of llmchat's Relax-level fusions (CUDA's SiLU gate, WGSL's
+    GEMV prologues)."""
+    import tvm
+    from tvm import relax
+
+    builder = relax.BlockBuilder(mod)
+    fused: dict[tuple[str, str], Any] = {}
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        blocks = [
+            (rewrite_block(b, builder, fused) if isinstance(b, relax.DataflowBlock) else None, b)
+            for b in func.body.blocks
+        ]
+        if all(new is None for new, _ in blocks):
+            continue
+        body = relax.SeqExpr([new if new is not None else old for new, old in blocks], func.body.body)
+        builder.update_func(
+            gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+        )
+    if not any(v is not None for v in fused.values()):
+        return mod
+    out = builder.get()
+    called = {
+        gv.name_hint
+        for f in out.functions.values()
+        if isinstance(f, relax.Function)
+        for gv in relax.analysis.all_global_vars(f)
+    }
+    unused = {name for pair in fused for name in pair} - called
+    kept = {gv: f for gv, f in out.functions.items() if gv.name_hint not in unused}
+    return tvm.IRModule(kept, attrs=out.attrs, global_infos=out.global_infos)

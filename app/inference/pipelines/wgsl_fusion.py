@@ -38,7 +38,13 @@ from typing import Any
 
 from app.inference.pipelines.cuda_rms_norm import reference_rms_norm
 from app.inference.pipelines.cuda_silu_gate import silu_gate_width
-from app.inference.pipelines.tir_facts import bare_prim_func, float_constants, static_shape, tir_call
+from app.inference.pipelines.tir_facts import (
+    bare_prim_func,
+    float_constants,
+    rewrite_dataflow_blocks,
+    static_shape,
+    tir_call,
+)
 
 #: the switch (``on`` or ``all`` fuses; unset or ``off`` keeps the prologue kernels); part of the
 #: library cache key
@@ -343,40 +349,13 @@ def fuse_prologues(mod: Any, rules: list[Any], target: Any) -> Any:
     """``mod`` with every ``y = gemv(prologue(...), ...)`` in a Relax dataflow block (the
     prologue's output used by nothing else) turned into one ``call_tir`` of
     :func:`fused_func`; kernels nothing calls any more leave the module."""
-    import tvm
-    from tvm import relax
-
-    builder = relax.BlockBuilder(mod)
-    fused: dict[tuple[str, str], Any] = {}
 
     def make(prologue: Any, gemv: Any) -> Any | None:
         return fused_func(prologue, gemv, rules, target)
 
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        blocks = [
-            (_fuse_block(b, mod, builder, fused, make) if isinstance(b, relax.DataflowBlock) else None, b)
-            for b in func.body.blocks
-        ]
-        if all(new is None for new, _ in blocks):
-            continue
-        body = relax.SeqExpr([new if new is not None else old for new, old in blocks], func.body.body)
-        builder.update_func(
-            gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
-        )
-    if not any(v is not None for v in fused.values()):
-        return mod
-    out = builder.get()
-    called = {
-        gv.name_hint
-        for f in out.functions.values()
-        if isinstance(f, relax.Function)
-        for gv in relax.analysis.all_global_vars(f)
-    }
-    unused = {name for pair in fused for name in pair} - called
-    kept = {gv: f for gv, f in out.functions.items() if gv.name_hint not in unused}
-    return tvm.IRModule(kept, attrs=out.attrs, global_infos=out.global_infos)
+    return rewrite_dataflow_blocks(
+        mod, lambda block, builder, fused: _fuse_block(block, mod, builder, fused, make)
+    )
 
 
 def fuse_prologues_pass(rules: list[Any], target: Any) -> Any:
