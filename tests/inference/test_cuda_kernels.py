@@ -352,7 +352,7 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
         assert "llmchat::prefill_paged_attention<" not in source
     else:
         assert "llmchat::prefill_attention<4, 2, 64>(" in source
-        assert "llmchat::prefill_paged_attention<4, 2, 64, 16>(" in source
+        assert "llmchat::prefill_paged_attention<4, 2, 64, 16, true>(" in source
         assert "(&(q_indptr_ptr[q_indptr_elem_offset]))" in source  # the view's offset reaches it
     assert "llmchat::argmax_f32<320>(" in source
     assert "llmchat::rms_norm_row<256>(" in source  # the decode RMSNorm
