@@ -334,22 +334,6 @@ EVERYDAY_PROMPTS = [
 ]
 
 
-async def _reset_conversation(pilot, chat) -> None:
-    """/reset until the engine's history is empty. In CI the history was once still set 30 s after
-    a /reset that had cleared the screen (2 of 4 full runs on 2026-12-02; not reproduced alone): a
-    race between the reply's end and /reset, noted in the closing note; this test is about loops."""
-    from tests.screens.test_chat import type_and_send, wait_until
-
-    for attempt in range(3):
-        await type_and_send(pilot, "/reset")
-        try:
-            await wait_until(pilot, lambda: not chat.engine.history, timeout=10.0)
-            return
-        except AssertionError:
-            if attempt == 2:
-                raise
-
-
 @pytest.mark.slow
 async def test_default_model_with_default_settings_does_not_loop_in_the_app(
     smollm2_wheel, smollm2_env, monkeypatch
@@ -359,7 +343,7 @@ async def test_default_model_with_default_settings_does_not_loop_in_the_app(
     from app.chat_app import LlmchatApp, StartOptions
     from app.screens.chat import ChatScreen
     from app.widgets.chat_log import StatsLine
-    from tests.screens.test_chat import open_chat, send_and_finish, type_and_send
+    from tests.screens.test_chat import open_chat, send_and_finish, type_and_send, wait_until
 
     _use(smollm2_env, monkeypatch)
     wheels_dir().mkdir(parents=True, exist_ok=True)
@@ -381,7 +365,8 @@ async def test_default_model_with_default_settings_does_not_loop_in_the_app(
         for seed in (0, 1):
             await type_and_send(pilot, f"/set seed={seed}")
             for prompt in EVERYDAY_PROMPTS:
-                await _reset_conversation(pilot, chat)
+                await type_and_send(pilot, "/reset")
+                await wait_until(pilot, lambda: not chat.engine.history)
                 await send_and_finish(pilot, chat, prompt)
                 stats = chat.engine.last_stats
                 line = str(chat.query(StatsLine).last().render())
