@@ -38,7 +38,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from app.inference.pipelines import gpu_choices
 from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_attention import (
     prefill_attention_pass,
@@ -52,6 +51,7 @@ from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm
 from app.inference.pipelines.cuda_rope_append import mark_rope_append_pass, skip_single_token_pass
 from app.inference.pipelines.cuda_silu_gate import fuse_silu_gate_pass
 from app.inference.pipelines.gpu_choices import (
+    TENSOR_CORE_MATMUL,
     cuda_paged_prefill,
     fuse_rope_append,
     max_cluster_size,
@@ -73,7 +73,7 @@ def _simt_matmul_only() -> Iterator[None]:
     whose static dims all exceed 64; make the Matmul rule take its SIMT path while we compile."""
     import tvm.s_tir.dlight.gpu.matmul as matmul
 
-    if gpu_choices.TENSOR_CORE_MATMUL:
+    if TENSOR_CORE_MATMUL:
         yield
         return
     original = matmul.check_sm_version
