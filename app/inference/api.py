@@ -176,6 +176,17 @@ class ProgressEvent:
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
+class ContextLengthExceeded(LlmchatError):
+    """A prompt that does not fit the context window (the server's 400 ``context_length_exceeded``)."""
+
+    def __init__(self, prompt_tokens: int, context_window: int, fix: str) -> None:
+        super().__init__(
+            f"The prompt is {prompt_tokens} tokens long; the context window holds {context_window}.", fix
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
+
 class DownloadCancelled(LlmchatError):
     """The user cancelled; the partial download is kept for a resume."""
 

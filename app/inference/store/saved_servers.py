@@ -33,6 +33,7 @@ KEYRING_SERVICE = "llmchat-server"
 MIN_KEYRING_PRIORITY = 1
 MAX_NAME = 64
 
+
 def servers_file() -> Path:
     return paths.config_dir() / FILE_NAME
 
