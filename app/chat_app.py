@@ -159,9 +159,8 @@ class LlmchatApp(App):
         """Apply validated /set values (``reset``: drop every /set value first)."""
         merged = {} if reset else dict(self.sampling_overrides)
         merged.update(overrides or {})
-        self._params = self.services.sampling.apply(
-            self.model_sampling.params, merged
-        )  # raises on a bad value
+        # raises on a bad value
+        self._params = self.services.sampling.apply(self.model_sampling.params, merged)
         self.sampling_overrides = merged
 
     def save_sampling(self) -> None:
