@@ -123,8 +123,9 @@ def schedule_rules(target: Any) -> list[Any]:
         first = [CudaArgmax(), CudaRmsNorm(), *first]
     elif target.kind.name == "webgpu":
         from app.inference.pipelines.gpu_argmax import GpuArgmax
+        from app.inference.pipelines.wgsl_rms_norm import WgslRmsNorm
 
-        first = [GpuArgmax(), *first]
+        first = [GpuArgmax(), WgslRmsNorm(), *first]
         if use_wgsl_gemm(target):
             from app.inference.pipelines.gpu_gemm import WgslGemm
 

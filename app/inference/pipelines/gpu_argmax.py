@@ -1,7 +1,8 @@
 """dlight-style rule: the exported ``argmax`` (``device_ops.argmax_te``) on GPUs without llmchat's
 CUDA kernel (WebGPU/Vulkan) becomes one workgroup of :data:`THREADS` threads: each thread scans a
-strided share of the vocabulary, then a tree reduction of (value, index) pairs in workgroup
-memory picks the largest value, the lowest index on ties (as numpy's argmax).
+strided share of the vocabulary (:data:`UNROLL` loads at a time), then a tree reduction of
+(value, index) pairs in workgroup memory picks the largest value, the lowest index on ties (as
+numpy's argmax).
 
 dlight's reduction rules cannot schedule this tuple reduction for WGSL: they stage partial
 results in a ``global`` buffer, which TVM's WebGPU code generator refuses, and the cross-thread
@@ -16,6 +17,10 @@ from app.inference.pipelines.tir_facts import argmax_buffers
 #: threads of the one workgroup (WebGPU guarantees 256 invocations per workgroup)
 THREADS = 256
 _STEPS = THREADS.bit_length() - 1  # log2(THREADS) halving steps
+#: loads each thread has in flight: one dependent load at a time made the 151,936-word scan of
+#: Qwen2.5's vocabulary latency-bound (H200, NVIDIA's Vulkan driver: 194 us per step; the
+#: GPU profile of LLMCHAT_WEBGPU_PROFILE=1, benchmarks/results/h200-2026-12-02-vulkan-profile)
+UNROLL = 16
 
 
 def argmax_kernel(vocab: int) -> Any:
@@ -23,6 +28,8 @@ def argmax_kernel(vocab: int) -> Any:
     from tvm.script import tirx as T
 
     threads, steps, chunks = THREADS, _STEPS, -(-vocab // THREADS)
+    unroll = min(UNROLL, chunks)
+    batches = -(-chunks // unroll)
 
     @T.prim_func(private=True)
     def kernel(logits: T.Buffer((1, 1, vocab), "float32"), out: T.Buffer((1,), "int32")):
@@ -37,13 +44,18 @@ def argmax_kernel(vocab: int) -> Any:
         li = T.decl_buffer((1,), "int32", scope="local")
         ov = T.decl_buffer((1,), "float32", scope="local")  # its partner's
         oi = T.decl_buffer((1,), "int32", scope="local")
+        vals = T.decl_buffer((unroll,), "float32", scope="local")  # a batch of loads in flight
         lv[0] = T.min_value("float32")
         li[0] = vocab
-        for j in range(chunks):
-            if j * threads + tx < vocab:  # noqa: SIM102 (no load past the end)
-                if logits[0, 0, j * threads + tx] > lv[0]:
-                    lv[0] = logits[0, 0, j * threads + tx]
-                    li[0] = j * threads + tx
+        for jo in range(batches):
+            for u in T.unroll(unroll):  # the loads first, independent of each other
+                vals[u] = T.min_value("float32")
+                if (jo * unroll + u) * threads + tx < vocab:  # no load past the end
+                    vals[u] = logits[0, 0, (jo * unroll + u) * threads + tx]
+            for u in T.unroll(unroll):  # then the comparisons, in index order (first index on ties)
+                if vals[u] > lv[0]:
+                    lv[0] = vals[u]
+                    li[0] = (jo * unroll + u) * threads + tx
         best_v[tx] = lv[0]
         best_i[tx] = li[0]
         T.tvm_storage_sync("shared")

@@ -196,3 +196,34 @@ def test_stopping_inside_queued_batches_leaves_exactly_the_conversation_on_vulka
         np.testing.assert_allclose(cont, rt.prefill([*kv_ids, 3]), rtol=1e-4, atol=1e-4)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(("k", "eps"), [(8, 1e-5), (896, 1e-6), (2048, 1e-6), (4096, 1e-5), (8192, 1e-5)])
+def test_workgroup_rms_norm_matches_float64(k, eps, tmp_path):
+    """The WGSL RMSNorm (pipelines/wgsl_rms_norm.py) on a real Vulkan driver against float64,
+    and the rule takes exactly TVM's rms_norm PrimFunc of that row."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines.cuda_rms_norm import reference_rms_norm
+    from app.inference.pipelines.wgsl_rms_norm import WgslRmsNorm
+
+    target = tvm.target.Target({"kind": "webgpu", "host": "llvm"})
+    func = reference_rms_norm(k, eps).with_attr("global_symbol", "rms_norm")
+    sch = WgslRmsNorm().apply(func, target, False)
+    assert sch is not None, "the rule did not take TVM's rms_norm"
+    lib = tvm.compile(tvm.IRModule({"rms_norm": sch.mod["main"]}), target=target)
+    lib.export_library(str(tmp_path / "rms_norm.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "rms_norm.so"))
+    dev = webgpu.device(0)
+    rng = np.random.default_rng(k)
+    for scale in (1.0, 30.0, 1e-3):
+        x = (rng.standard_normal((1, 1, k)) * scale).astype("float16")
+        w = rng.uniform(0.5, 1.5, k).astype("float16")
+        x64 = x.astype(np.float64)
+        want = x64 / np.sqrt((x64**2).mean() + eps) * w.astype(np.float64)
+        out = tvm.runtime.empty((1, 1, k), "float16", dev)
+        lib["rms_norm"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+        got = out.numpy().astype(np.float64)
+        err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
+        assert err < 2e-3, f"k={k} scale={scale}: relative error {err:.2e}"
