@@ -2,7 +2,7 @@
 event loop, of its engine thread's hand-over and of the ``openai`` client, at a fixed token rate.
 
     .venv/bin/python benchmarks/serve_chunk_cost.py [--tok-s 130] [--tokens 400] [--rounds 3]
-        [--intervals 0 0.03 0.05 0.1 default] [--tree DIR] [--json OUT.json]
+        [--intervals 0 0.03 0.05 0.1 default] [--impls auto asyncio,h11] [--tree DIR] [--json OUT.json]
 
 A stand-in engine yields a token every 1/``--tok-s`` seconds, sleeping in between (the GIL released,
 as TVM's calls release it), so the figures do not depend on how fast this machine decodes; one
@@ -38,6 +38,9 @@ from app.serve.server import create_app
 
 PERIOD = float(sys.argv[1])
 OPTIONS = {} if sys.argv[2] == "default" else {"stream_interval": float(sys.argv[2])}
+# uvicorn's event loop and HTTP implementation: "auto" (its default: uvloop and httptools where
+# installed) or "asyncio,h11" (the standard library's loop and the pure-Python HTTP parser)
+IMPL = {} if sys.argv[3] == "auto" else dict(zip(("loop", "http"), sys.argv[3].split(",")))
 
 
 class StandIn:
@@ -68,7 +71,7 @@ sock.bind(("127.0.0.1", 0))
 sock.listen(16)
 print(sock.getsockname()[1], flush=True)
 app = create_app(StandIn(), **OPTIONS)
-uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+uvicorn.Server(uvicorn.Config(app, log_level="warning", **IMPL)).run(sockets=[sock])
 """
 
 
@@ -112,33 +115,41 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--intervals", type=_interval, nargs="+", default=[0.0, 0.03, 0.05, 0.1, "default"])
+    parser.add_argument(
+        "--impls",
+        nargs="+",
+        default=["auto"],
+        help="uvicorn's loop,http per server: auto (uvloop/httptools where installed) or e.g. asyncio,h11",
+    )
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose app.serve runs")
     parser.add_argument("--json", default=None, metavar="OUT")
     args = parser.parse_args()
     period = 1.0 / args.tok_s
-    servers: dict[float | str, tuple[subprocess.Popen, int]] = {}
-    rows: dict[float | str, list[dict]] = {interval: [] for interval in args.intervals}
+    keys = [(interval, impl) for interval in args.intervals for impl in args.impls]
+    servers: dict[tuple, tuple[subprocess.Popen, int]] = {}
+    rows: dict[tuple, list[dict]] = {key: [] for key in keys}
     load_start = os.getloadavg()
     try:
-        for interval in args.intervals:
+        for key in keys:
+            interval, impl = key
             proc = subprocess.Popen(
-                [sys.executable, "-c", SERVER, str(period), str(interval)],
+                [sys.executable, "-c", SERVER, str(period), str(interval), impl],
                 cwd=args.tree,
                 stdout=subprocess.PIPE,
                 text=True,
                 env={**os.environ, "PYTHONPATH": str(args.tree.resolve())},
             )
-            servers[interval] = (proc, int(proc.stdout.readline()))
-            asyncio.run(stream(servers[interval][1], 5))  # the first request imports what it needs
+            servers[key] = (proc, int(proc.stdout.readline()))
+            asyncio.run(stream(servers[key][1], 5))  # the first request imports what it needs
         for _ in range(args.rounds):
-            for interval, (proc, port) in servers.items():
+            for key, (proc, port) in servers.items():
                 before = thread_cpu(proc.pid)
                 chunks, client_cpu = asyncio.run(stream(port, args.tokens))
                 after = thread_cpu(proc.pid)
                 spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
                 loop = spent.pop(proc.pid, 0.0)  # uvicorn's event loop runs on the main thread
                 worker = max(spent.values(), default=0.0)  # the engine's thread: sleeps and hand-overs
-                rows[interval].append(
+                rows[key].append(
                     {
                         "chunks": chunks,
                         "loop_ms_per_token": 1000 * loop / args.tokens,
@@ -151,11 +162,12 @@ def main() -> int:
             proc.terminate()
             proc.wait()
     summary = []
-    for interval, measured in rows.items():
+    for (interval, impl), measured in rows.items():
         med = {key: statistics.median(r[key] for r in measured) for key in measured[0]}
         outside = med["loop_ms_per_token"] + med["client_ms_per_token"]
         row = {
             "stream_interval_s": interval,
+            "uvicorn": impl,
             "chunks": round(med["chunks"]),
             "loop_ms_per_token": round(med["loop_ms_per_token"], 3),
             "client_ms_per_token": round(med["client_ms_per_token"], 3),
@@ -164,7 +176,8 @@ def main() -> int:
         }
         summary.append(row)
         print(
-            f"interval {interval!s:>7}: {row['chunks']:4d} chunks for {args.tokens} tokens; per token: "
+            f"interval {interval!s:>7} {impl:>11}: {row['chunks']:4d} chunks for {args.tokens} tokens; "
+            "per token: "
             f"loop {row['loop_ms_per_token']:.3f} ms, client {row['client_ms_per_token']:.3f} ms "
             f"({100 * row['loop_and_client_share_of_token_time']:.1f} % of a token's "
             f"{1000 * period:.1f} ms); engine thread (sleeps included) "
@@ -182,7 +195,7 @@ def main() -> int:
             "loadavg_at_end": os.getloadavg(),
         },
         "rows": summary,
-        "raw": {str(k): v for k, v in rows.items()},
+        "raw": {f"{k[0]} {k[1]}": v for k, v in rows.items()},
     }
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="least time between two chunks of a streamed reply: the text that comes meanwhile goes "
-        "in one chunk, fewer chunks leave the engine more CPU (default 0.05; 0: about one per token)",
+        "in one chunk, fewer chunks leave the engine more CPU (default 0.1; 0: about one per token)",
     )
     parser.add_argument(
         "--context-window",

@@ -13,8 +13,8 @@ the meantime, and its end at once: the same text in fewer chunks when tokens com
 Each chunk costs the server and the client CPU time (an event-loop wake-up, an SSE event written,
 then read and parsed by the client — the ``openai`` package takes most of a millisecond per chunk);
 where they share the cores with the engine (a CPU model, a client on the same machine), that time
-comes out of the decode: 0.81–0.88 of ``llmchat bench``'s decode speed with one chunk per token on
-the 2-core box (BENCHMARKS.md).
+comes out of the decode: 0.72–0.84 of ``llmchat bench``'s decode speed with one chunk per token on
+the 2-core box, 0.83–0.97 with one per 0.05 s (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ DEFAULT_MAX_QUEUE = 16
 #: most bytes of a request body
 MAX_BODY_BYTES = 4 << 20
 #: a streamed reply's text is sent at most this often (seconds; 0: a chunk as soon as the request's
-#: loop is free to send one, about one per token): 20 chunks/s, the rate at which llmchat's own chat
-#: screen pulls a local reply's text (``screens.chat.UI_REFRESH_S``). Each chunk wakes the server's
-#: loop and the client, and costs each 0.2–1.2 ms of CPU on the 2-core box (BENCHMARKS.md): a chunk
-#: per token took 9–12 % of a token's time at 130 tok/s, one per 0.05 s 4 %
-DEFAULT_STREAM_INTERVAL_S = 0.05
+#: loop is free to send one, about one per token): 10 chunks/s. Each chunk wakes the server's loop and
+#: the client and costs each 0.5–1.2 ms of CPU on the 2-core box, which a CPU engine sharing the cores
+#: loses: at 130 tok/s a chunk per token took 8–12 % of a token's time, one per 0.05 s 3.2 %, one per
+#: 0.1 s 1.9 % (BENCHMARKS.md). Nothing else in the server slows the engine (same-process A/Bs of its
+#: thread, loop, GIL waits and request path: ``benchmarks/serve_engine_ab.py``)
+DEFAULT_STREAM_INTERVAL_S = 0.1
 
 
 class ApiError(Exception):

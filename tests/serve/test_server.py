@@ -368,3 +368,77 @@ def test_non_streamed_and_queued_clients_that_leave_are_dropped(engine):
     assert waiting.done is not None and waiting.done.stats is None  # it never ran
     assert after.usage.completion_tokens == 3
     assert scheduler.cancelled == 2
+
+
+class StepCounter:
+    """Counts the runtime's decode steps by path: greedy batches (``start_greedy_ahead``: token ids
+    picked on the device, no logits to the host) or one step with its logits (``decode``, for the
+    sampler), and whether each reply's sampler was plain greedy (a bare argmax)."""
+
+    def __init__(self, runtime, monkeypatch) -> None:
+        self.runtime = runtime
+        self.monkeypatch = monkeypatch
+        self.greedy_steps = 0
+        self.logit_steps = 0
+        self.plain_greedy: list[bool] = []
+
+    def __enter__(self) -> StepCounter:
+        from app.inference.engine import generation
+
+        real_greedy, real_decode = self.runtime.start_greedy_ahead, self.runtime.decode
+        counter = self
+
+        def start_greedy_ahead(token, steps):
+            self.greedy_steps += steps
+            return real_greedy(token, steps)
+
+        def decode(token):
+            self.logit_steps += 1
+            return real_decode(token)
+
+        class Sampler(generation.Sampler):
+            def __init__(self, params) -> None:
+                super().__init__(params)
+                counter.plain_greedy.append(self.is_plain_greedy)
+
+        self.runtime.start_greedy_ahead = start_greedy_ahead
+        self.runtime.decode = decode
+        self.monkeypatch.setattr(generation, "Sampler", Sampler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.runtime.start_greedy_ahead, self.runtime.decode
+        self.monkeypatch.undo()
+
+
+def test_a_greedy_request_decodes_on_benchs_path(engine, monkeypatch):
+    """``serve_bench``'s request (temperature 0, top_p 1, a seed: what its ``openai`` client sends)
+    decodes as ``llmchat bench`` does: a plain greedy sampler, and the same kind of step (greedy
+    batches on the device where the library has an argmax, else one step with its logits each)."""
+    from app.commands.bench import measure
+
+    device_argmax = engine.runtime.has_device_argmax
+    with StepCounter(engine.runtime, monkeypatch) as bench:
+        tokens = measure(engine, 0, 0, 24, warmup=0)["generated_tokens"]
+    assert bench.plain_greedy == [True]
+    # the 1-token prompt is one step with logits (its first token), then one step per token
+    assert bench.logit_steps == (1 if device_argmax else tokens)
+    assert (bench.greedy_steps >= tokens - 1) if device_argmax else bench.greedy_steps == 0
+    with serving(engine) as served, StepCounter(engine.runtime, monkeypatch) as server:
+        stream = client(served.url).chat.completions.create(
+            model=engine.info.model_id,
+            messages=[{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
+            stream=True,
+            temperature=0,
+            top_p=1,
+            seed=1,
+            max_tokens=24,
+            stream_options={"include_usage": True},
+        )
+        (usage,) = [chunk.usage for chunk in stream if chunk.usage is not None]  # read to its end
+    served_tokens = usage.completion_tokens
+    assert served_tokens > 1
+    assert server.plain_greedy == [True]
+    # the prompt is prefilled in chunks (its logits give the first token), then one step per token
+    assert server.logit_steps == (0 if device_argmax else served_tokens - 1)
+    assert (server.greedy_steps >= served_tokens - 1) if device_argmax else server.greedy_steps == 0
