@@ -38,11 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.commands.ask import StderrProgress
-    from app.inference.compile import prebuilt
+    from app.inference.compile import cache, prebuilt
 
     folder = prebuilt.build_bundle(args.model, args.build_device, args.arch, args.out, StderrProgress())
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())
-    digest = prebuilt.compiler.file_digest(folder / prebuilt.MANIFEST)
+    digest = cache.file_digest(folder / prebuilt.MANIFEST)
     print(
         f"llmchat: bundle for {manifest.key.target} (TVM {manifest.key.tvm}, engine {manifest.key.engine}, "
         f"host CPU {manifest.key.host_cpu}); manifest sha256 {digest}",

@@ -194,7 +194,7 @@ class LocalServices:
 
     def cpu_level(self) -> str:
         """The x86-64 level (or ``native``) CPU model libraries are compiled for here."""
-        from app.inference.compile.compiler import cpu_level
+        from app.inference.compile.targets import cpu_level
 
         return cpu_level()
 
