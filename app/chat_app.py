@@ -23,8 +23,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from app import chat_commands, paths
 from app.errors import LlmchatError
 from app.history import HistoryDamaged, HistoryStore
-from app.inference.api import Engine, Message, SamplingParams
-from app.inference.engine.model_defaults import ModelSampling, effective_params
+from app.inference.api import Engine, Message, ModelSampling, SamplingParams, SavedServer
 from app.inference.services import LocalServices, Services
 
 CSS_FILE = paths.asset("llmchat.tcss")
@@ -66,7 +65,7 @@ class ChatCommandsProvider(Provider):
         for model_id in installed:
             title = f"/model {model_id}"
             found.append((title, "switch to this installed model", _bind(app.start_model, model_id)))
-        for server in _saved_servers():
+        for server in _saved_servers(app.services):
             found.append(
                 (
                     f"/model {server.ref}",
@@ -88,13 +87,11 @@ class ChatCommandsProvider(Provider):
                 yield Hit(score, matcher.highlight(title), callback, help=help_text)
 
 
-def _saved_servers() -> list[Any]:
+def _saved_servers(services: Services) -> list[SavedServer]:
     """The servers saved in the models screen ("add a server"); none when the file cannot be read (the
     models screen says why)."""
-    from app.inference.store.saved_servers import load_servers
-
     try:
-        return load_servers()
+        return services.servers.load()
     except LlmchatError:
         return []
 
@@ -162,7 +159,8 @@ class LlmchatApp(App):
         """Apply validated /set values (``reset``: drop every /set value first)."""
         merged = {} if reset else dict(self.sampling_overrides)
         merged.update(overrides or {})
-        self._params = effective_params(self.model_sampling.params, merged)  # raises on a bad value
+        # raises on a bad value
+        self._params = self.services.sampling.apply(self.model_sampling.params, merged)
         self.sampling_overrides = merged
 
     def save_sampling(self) -> None:

@@ -34,8 +34,9 @@ def _models() -> tuple[dict[str, Any], str | None]:
 def load_overrides(model_id: str) -> tuple[dict[str, Any] | None, list[str]]:
     """(the saved /set values of ``model_id``, or None when none are saved; the problems found —
     each bad value is left out, a damaged file is ignored as a whole)."""
-    from app.inference.engine.sampling import validate_value
+    from app.inference.services import SamplingRules
 
+    validate_value = SamplingRules().validate
     models, problem = _models()
     if problem is not None:
         return None, [f"{problem}: your saved /set values are ignored (the next /set rewrites it)"]

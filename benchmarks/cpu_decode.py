@@ -128,7 +128,7 @@ def main() -> int:
                     help="reuse the user's compiled-library cache (default: a fresh one, to time compiling)")
     args = ap.parse_args()
 
-    from app.inference.pipelines.cpu import configure_cpu_threads
+    from app.inference.engine.cpu_threads import configure_cpu_threads
 
     threads = configure_cpu_threads(args.threads)  # before TVM starts its thread pool
     if not args.keep_cache:

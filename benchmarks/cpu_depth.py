@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/cpu_depth.json", help="JSON result (.md next to it)")
     args = ap.parse_args()
 
-    from app.inference.pipelines.cpu import configure_cpu_threads
+    from app.inference.engine.cpu_threads import configure_cpu_threads
 
     threads = configure_cpu_threads(args.threads)  # before TVM starts its thread pool
     from app.commands.bench import measure

@@ -24,7 +24,8 @@ def main() -> int:
     from tvm import relax
     from tvm.relax.frontend import nn
 
-    from app.inference.pipelines.cpu import CPUScheduleConfig, cpu_pipeline
+    from app.inference.pipelines.cpu import cpu_pipeline
+    from app.inference.pipelines.cpu_schedule import CPUScheduleConfig
     from app.inference.quantization import get_format
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

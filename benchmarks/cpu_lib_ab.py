@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="default: the machine's physical cores")
     args = ap.parse_args()
 
-    from app.inference.pipelines.cpu import configure_cpu_threads
+    from app.inference.engine.cpu_threads import configure_cpu_threads
 
     configure_cpu_threads(args.threads)  # before TVM starts its thread pool
     import numpy as np

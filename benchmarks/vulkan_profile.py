@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a Vulkan decode step goes: host time recording launches, submitting, waiting (the
 add-on's counters) and the floor of one dispatch, for random-weight presets compiled by
-``gpu_decode.py compile`` (manifest in --cache). Prints one JSON line per preset."""
+``gpu_decode.py compile`` (manifest in --cache). Prints one JSON line per preset; with
+``LLMCHAT_WEBGPU_PROFILE=1`` also the GPU time of each kernel per step (timestamp queries)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,17 @@ def main() -> int:
                                                                - d["wait_ns"]) / steps / 1e6, 3),
                               "submits": d["submits"], "bind_group_misses": d["bind_group_misses"],
                               "ids": ids[:4]}), flush=True)
+        if webgpu.profile(0)["enabled"]:  # LLMCHAT_WEBGPU_PROFILE=1: GPU time per kernel and step
+            rt.clear()
+            tok = int(np.argmax(rt.prefill([1, 2, 3])))
+            webgpu.profile_reset(0)
+            rt.decode_greedy_ahead(tok, args.steps)
+            prof = webgpu.profile(0)
+            kernels = [{"name": k["name"], "per_step": round(k["count"] / args.steps, 2),
+                        "us_per_step": round(k["ns"] / args.steps / 1e3, 2),
+                        "us_each": round(k["ns"] / max(k["count"], 1) / 1e3, 2)} for k in prof["kernels"]]
+            print(json.dumps({"preset": preset, "gpu_ms_per_step": round(prof["total_ns"] / args.steps / 1e6, 3),
+                              "kernels": kernels}), flush=True)
         engine.close()
     return 0
 

@@ -165,9 +165,7 @@ def check_device_first(services: Services, args: argparse.Namespace) -> None:
 def resolve_model(services: Services, model: str | None, progress: StderrProgress) -> str | Path:
     """``--model`` or the default model (downloaded on first use); not a saved server (``ask`` and the
     chat connect to those)."""
-    from app.inference.store.saved_servers import server_name_of
-
-    if server_name_of(model) is not None:
+    if services.servers.name_of(model) is not None:
         raise LlmchatError(
             f"{model} is a saved server: this command runs a model on this machine.",
             f"chat with it (llmchat --model {model}) or ask it (llmchat ask --model {model} ...), "
@@ -209,28 +207,25 @@ SAMPLING_FLAGS = (
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags given on the command line, validated (they override the model's defaults)."""
-    from app.inference.engine.sampling import validate_value
+    from app.inference.services import SamplingRules
 
+    rules = SamplingRules()
     given = {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
-    return {key: validate_value(key, value) for key, value in given.items()}
+    return {key: rules.validate(key, value) for key, value in given.items()}
 
 
 def sampling_for(services: Services, engine: Engine, overrides: dict[str, Any]) -> SamplingParams:
     """The loaded model's sampling defaults with the command line's overrides on top."""
-    from app.inference.engine.model_defaults import effective_params
-
-    return effective_params(services.sampling_defaults(engine).params, overrides)
+    return services.sampling.apply(services.sampling_defaults(engine).params, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.inference.store.saved_servers import server_name_of
-
     prompt = read_prompt(args.prompt)
     overrides = sampling_from_args(args)
     progress = StderrProgress()
     endpoint = getattr(args, "endpoint", None)
-    saved = server_name_of(getattr(args, "model", None))
     services = services_for(args)
+    saved = services.servers.name_of(getattr(args, "model", None))
     if saved is not None:  # a server saved in the models screen, as the chat's --model server:NAME
         if endpoint:
             raise LlmchatError(

@@ -37,14 +37,15 @@ HELP = "measure prefill speed on a real prompt and decode speed at a depth of co
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.cli import add_model_arguments, context_window_arg
-    from app.inference.engine.random_model import PRESETS
+    from app.inference.services import LocalServices
 
+    presets = LocalServices().random_presets()
     add_model_arguments(parser)
     parser.add_argument(
         "--random-weights",
         metavar="ARCH",
-        choices=sorted(PRESETS),
-        help="benchmark an architecture with random weights, no download: " + ", ".join(PRESETS),
+        choices=sorted(presets),
+        help="benchmark an architecture with random weights, no download: " + ", ".join(presets),
     )
     parser.add_argument(
         "--quantization", default="q4f16_1", help="weight format for --random-weights (default q4f16_1)"
@@ -94,9 +95,9 @@ def _probe_bandwidth(backend: str) -> tuple[float | None, str | None]:
     """(bytes/s, device name) of the GPU the probe picked, when it matches ``backend``: the
     datasheet's figure (pci_ids, amd_gpus)."""
     try:
-        from app.inference.hardware import shared_probe
+        from app.inference.services import LocalServices
 
-        report = shared_probe()
+        report = LocalServices().probe()
     except Exception:  # the probe is best effort
         return None, None
     gpu = getattr(report, "gpu", None)
@@ -135,11 +136,11 @@ def roofline_bandwidth(
     copy cannot be measured, the datasheet's figure, labelled as such."""
     if given_gb_s:
         return Bandwidth(given_gb_s * 1e9, "given"), None
-    from app.inference.hardware import copy_bandwidth
+    from app.inference.services import LocalServices
 
     if device is not None or backend == "cpu":
         try:
-            measured = copy_bandwidth.cached(device)
+            measured = LocalServices().copy_bandwidth(device)
         except LlmchatError as err:
             if log is not None:
                 log(f"copy bandwidth not measured: {err.problem}")

@@ -38,15 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.commands.ask import StderrProgress
-    from app.inference.compile import cache, prebuilt
+    from app.inference.services import LocalServices
 
-    folder = prebuilt.build_bundle(args.model, args.build_device, args.arch, args.out, StderrProgress())
-    manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())
-    digest = cache.file_digest(folder / prebuilt.MANIFEST)
+    bundle = LocalServices().build_bundle(
+        args.model, args.build_device, args.arch, args.out, StderrProgress()
+    )
     print(
-        f"llmchat: bundle for {manifest.key.target} (TVM {manifest.key.tvm}, engine {manifest.key.engine}, "
-        f"host CPU {manifest.key.host_cpu}); manifest sha256 {digest}",
+        f"llmchat: bundle for {bundle.target} (TVM {bundle.tvm}, engine {bundle.engine}, "
+        f"host CPU {bundle.host_cpu}); manifest sha256 {bundle.manifest_sha256}",
         file=sys.stderr,
     )
-    print(folder)
+    print(bundle.folder)
     return 0

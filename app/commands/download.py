@@ -73,8 +73,8 @@ class ProgressBar:
 
 def run(args: argparse.Namespace) -> int:
     from app.cli import prebuilt_choice
+    from app.inference.api import DownloadCancelled
     from app.inference.services import LocalServices
-    from app.inference.store.hub import DownloadCancelled
 
     services = LocalServices(prebuilt=prebuilt_choice(args))
     bar = ProgressBar()
@@ -122,7 +122,7 @@ def library_step(
     (a repo without a usable config), where the first load says it."""
     from pathlib import Path
 
-    from app.inference.store.hub import DownloadCancelled
+    from app.inference.api import DownloadCancelled
 
     model_dir = Path(model_dir)
     try:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from app.errors import LlmchatError
+
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled", "context"]
 
@@ -172,6 +174,54 @@ class ProgressEvent:
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
+
+
+class ContextLengthExceeded(LlmchatError):
+    """A prompt that does not fit the context window (the server's 400 ``context_length_exceeded``)."""
+
+    def __init__(self, prompt_tokens: int, context_window: int, fix: str) -> None:
+        super().__init__(
+            f"The prompt is {prompt_tokens} tokens long; the context window holds {context_window}.", fix
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
+
+class DownloadCancelled(LlmchatError):
+    """The user cancelled; the partial download is kept for a resume."""
+
+
+@dataclass
+class ModelSampling:
+    """The defaults of one model and, per field set, where the value came from."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    sources: dict[str, str] = field(default_factory=dict)  # field -> "catalog", "generation_config.json", …
+
+    def describe(self, name: str) -> str:
+        return self.sources.get(name, "llmchat default")
+
+
+#: how the chat names a saved server in place of a model id
+SERVER_PREFIX = "server:"
+KeyPlace = Literal["none", "keyring", "file"]
+
+
+@dataclass(frozen=True)
+class SavedServer:
+    """One saved endpoint; ``key`` says where its API key is kept (never the key itself)."""
+
+    name: str
+    endpoint: str
+    model: str
+    key: KeyPlace = "none"
+
+    @property
+    def ref(self) -> str:
+        """``server:NAME``: what the chat and its history call this server."""
+        return SERVER_PREFIX + self.name
+
+
 ChatEvent = TextDelta | ContextTrimmed | PrefillProgress | ReplyStats
 
 

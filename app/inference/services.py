@@ -1,9 +1,14 @@
 """The one door into ``app/inference/`` for the UI and the CLI: probe the hardware, list the catalog
-and what is installed, download, remove, load a model, its sampling defaults.
+and what is installed, download, remove, build and load a model, its sampling defaults and rules,
+the servers saved in the models screen.
 
 ``Services`` is the protocol both sides program against; ``LocalServices`` is the real one (models
 on this machine, llmchat's TVM engine or ``engine="mlc"``: MLC-LLM's), ``RemoteServices`` the one
-of ``--endpoint URL`` (the models are a server's; nothing is downloaded or compiled here). Tests
+of ``--endpoint URL`` (the models are a server's; nothing is downloaded or compiled here). Two small
+parts hang off every one of them: ``servers`` (``SavedServers``: the servers saved in the models
+screen) and ``sampling`` (``SamplingRules``: checking and applying sampling settings).
+Outside ``app/inference/``, the UI and the CLI import only this module and ``app.inference.api``
+(the types); ``tests/test_facade_imports.py`` holds them to it. Tests
 hand the app their own (a ``LocalServices`` subclass with a method replaced: the tiny engine as the
 loader, a fixture as the probe).
 
@@ -13,17 +18,18 @@ Everything behind it is imported when a method is called, so ``import app.cli`` 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from app.errors import LlmchatError
-from app.inference.api import Engine, ProgressCallback
+from app.inference.api import Engine, ModelSampling, ProgressCallback, SamplingParams, SavedServer
 
 if TYPE_CHECKING:
     from app.cleanup import CleanReport
-    from app.inference.engine.model_defaults import ModelSampling
     from app.inference.hardware import HardwareReport
+    from app.inference.hardware.copy_bandwidth import CopyBandwidth
     from app.inference.store.bench_store import BenchResult
     from app.inference.store.catalog import Catalog, CatalogEntry
     from app.inference.store.fit import FitEstimate
@@ -36,6 +42,91 @@ EngineKind = Literal["tvm", "mlc"]
 SpeedFunction = Callable[["CatalogEntry"], "SpeedEstimate | None"]
 
 
+@dataclass(frozen=True)
+class Bundle:
+    """A prebuilt bundle ``llmchat build`` wrote: its folder, what its library is for and its
+    manifest's sha256."""
+
+    folder: Path
+    target: str
+    tvm: str
+    engine: str
+    host_cpu: str
+    manifest_sha256: str
+
+
+class SavedServers:
+    """The servers saved in the models screen ("add a server"), chatted with as ``server:NAME``."""
+
+    def name_of(self, model: str | None) -> str | None:
+        """NAME for ``server:NAME``, else None (a local model id or path)."""
+        from app.inference.store.saved_servers import server_name_of
+
+        return server_name_of(model)
+
+    def load(self) -> list[SavedServer]:
+        """The saved servers (``LlmchatError`` with the fix when the file is damaged or unreadable)."""
+        from app.inference.store.saved_servers import load_servers
+
+        return load_servers()
+
+    def fetch_models(self, url: str, api_key: str | None) -> tuple[str, list[str]]:
+        """(the normalized endpoint, the models its ``/v1/models`` lists); errors say what the form
+        should change."""
+        from app.inference.engine.remote import list_models, normalize_endpoint
+        from app.inference.store.saved_servers import form_hints
+
+        endpoint = normalize_endpoint(url)
+        return endpoint, list_models(endpoint, api_key, hints=form_hints())
+
+    def key_store_name(self) -> str:
+        """Where a key saved now would be kept, in words (may ask D-Bus: not on the UI thread)."""
+        from app.inference.store.saved_servers import key_store_name
+
+        return key_store_name()
+
+    def default_name(self, url: str) -> str:
+        """``host:port`` of a server's URL: the name the form proposes."""
+        from app.inference.engine.remote import normalize_endpoint
+        from app.inference.store.saved_servers import default_name
+
+        return default_name(normalize_endpoint(url))
+
+    def save(self, name: str, url: str, model: str, api_key: str | None) -> SavedServer:
+        from app.inference.store.saved_servers import save_server
+
+        return save_server(name, url, model, api_key)
+
+    def remove(self, name: str) -> None:
+        from app.inference.store.saved_servers import remove_server
+
+        remove_server(name)
+
+
+class SamplingRules:
+    """Sampling settings as the user types them (``/set``, the command line's flags): checked against
+    their ranges, and laid over a model's defaults."""
+
+    def validate(self, key: str, value: Any) -> Any:
+        """One setting, checked (``LlmchatError`` naming the key and its range); ints widened to
+        float where a float is meant."""
+        from app.inference.engine.sampling import validate_value
+
+        return validate_value(key, value)
+
+    def parse_set(self, text: str) -> dict[str, Any]:
+        """``/set temperature=0.5; top_p=0.9; stop=###,END`` -> the checked settings."""
+        from app.inference.engine.sampling import parse_set_command
+
+        return parse_set_command(text)
+
+    def apply(self, defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
+        """``defaults`` with the user's (checked) overrides on top."""
+        from app.inference.engine.model_defaults import effective_params
+
+        return effective_params(defaults, overrides)
+
+
 @runtime_checkable
 class Services(Protocol):
     """What the UI and the CLI call outside themselves."""
@@ -44,9 +135,19 @@ class Services(Protocol):
     default_model_id: str
     #: the OpenAI-compatible server the models live on (``--endpoint``), or None: local models
     remote_endpoint: str | None
+    #: the servers saved in the models screen
+    servers: SavedServers
+    #: checking and applying sampling settings
+    sampling: SamplingRules
 
     def probe(self) -> HardwareReport:
         """The hardware probe's report, made once per process and shared."""
+        ...
+
+    def hardware_report(self, sysroot: str | None = None, utilization: float = 0.85) -> HardwareReport:
+        """A fresh probe for ``llmchat doctor``: of the system under ``sysroot`` (None: $LLMCHAT_SYSROOT
+        or /), with ``utilization`` of GPU memory for the model; on this machine (no ``sysroot``)
+        also what llmchat's Vulkan and ROCm runtimes see."""
         ...
 
     def forget_probe(self) -> None:
@@ -90,6 +191,18 @@ class Services(Protocol):
 
     def remove_model(self, model_id: str) -> CleanReport: ...
 
+    def build_bundle(
+        self,
+        model: str | Path,
+        device: str,
+        arch: str | None,
+        out: Path,
+        progress: ProgressCallback | None = None,
+    ) -> Bundle:
+        """Compile ``model``'s library for ``device``/``arch`` (the device need not be here with an
+        ``arch``) and write it as a prebuilt bundle under ``out``."""
+        ...
+
     def check_device(self, device: str) -> None:
         """Raise ``LlmchatError`` (with the fix) when ``device`` cannot run here."""
         ...
@@ -119,6 +232,8 @@ class LocalServices:
     ``arch``: the GPU architecture or CPU level to compile for (None: this machine's)."""
 
     remote_endpoint: str | None = None
+    servers: SavedServers = SavedServers()
+    sampling: SamplingRules = SamplingRules()
 
     def __init__(
         self,
@@ -144,6 +259,23 @@ class LocalServices:
         from app.inference.hardware import forget_shared_probe
 
         forget_shared_probe()
+
+    def hardware_report(self, sysroot: str | None = None, utilization: float = 0.85) -> HardwareReport:
+        from app.inference.hardware import probe
+
+        report = probe(sysroot, utilization=utilization)
+        if not sysroot:
+            from app.inference.backends.runtime_status import add_runtime_status
+
+            add_runtime_status(report)
+        return report
+
+    def copy_bandwidth(self, device: Any = None) -> CopyBandwidth:
+        """The device's copy bandwidth (a TVM device; None: the CPU), measured once and kept
+        (``LlmchatError`` when no copy can be measured)."""
+        from app.inference.hardware import copy_bandwidth
+
+        return copy_bandwidth.cached(device)
 
     def check_device(self, device: str) -> None:
         if self.engine != "tvm":  # MLC-LLM resolves its own devices
@@ -245,6 +377,21 @@ class LocalServices:
             model_id = entry.id if entry else id_for_hf_repo(repo)
         return remove_model_report(model_id)
 
+    def build_bundle(
+        self,
+        model: str | Path,
+        device: str,
+        arch: str | None,
+        out: Path,
+        progress: ProgressCallback | None = None,
+    ) -> Bundle:
+        from app.inference.compile import cache, prebuilt
+
+        folder = prebuilt.build_bundle(model, device, arch, out, progress)
+        key = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes()).key
+        digest = cache.file_digest(folder / prebuilt.MANIFEST)
+        return Bundle(folder, key.target, key.tvm, key.engine, key.host_cpu, digest)
+
     def import_gguf(
         self, path: str | Path, name: str | None = None, progress: ProgressCallback | None = None
     ) -> Path:
@@ -283,6 +430,12 @@ class LocalServices:
             arch=self.arch,
             prebuilt=self.prebuilt,
         )
+
+    def random_presets(self) -> Sequence[str]:
+        """The architectures ``bench --random-weights`` can build with random weights."""
+        from app.inference.engine.random_model import PRESETS
+
+        return tuple(PRESETS)
 
     def load_random_engine(
         self, preset: str, quantization: str, device: str, progress: ProgressCallback | None = None
@@ -335,6 +488,19 @@ class RemoteServices(LocalServices):
 
     def check_device(self, device: str) -> None:
         return None  # the server's
+
+    def build_bundle(
+        self,
+        model: str | Path,
+        device: str,
+        arch: str | None,
+        out: Path,
+        progress: ProgressCallback | None = None,
+    ) -> Bundle:
+        raise LlmchatError(
+            f"Model libraries are not built for a server's models ({self.remote_endpoint}).",
+            "run llmchat build without --endpoint, on an installed model or a model directory",
+        )
 
     def model_or_default(self, model: str | None, progress: ProgressCallback | None = None) -> str | Path:
         return model or ""  # empty: the first model the server lists

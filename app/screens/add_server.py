@@ -1,12 +1,13 @@
 """ "Add a server" (from the models screen): an OpenAI-compatible endpoint, its optional API key and
-one of the models its ``/v1/models`` lists, saved for the chat (``app.inference.store.saved_servers``).
+one of the models its ``/v1/models`` lists, saved for the chat
+(``services.servers``, ``app.inference.services.SavedServers``).
 
 The URL and key are checked against the server before anything is saved: unreachable, a missing or
 refused key, no OpenAI API at that URL, no model loaded — each shown with its fix."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -18,6 +19,9 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from app.errors import LlmchatError
 from app.widgets.chat_log import error_markdown
+
+if TYPE_CHECKING:
+    from app.inference.services import SavedServers, Services
 
 
 class AddServerScreen(ModalScreen):
@@ -92,6 +96,10 @@ class AddServerScreen(ModalScreen):
         self.query_one("#server-url", Input).focus()
 
     # -- state ---------------------------------------------------------------------------------
+    def _servers(self) -> SavedServers:
+        services: Services = self.app.services  # type: ignore[attr-defined]
+        return services.servers
+
     def _query(self) -> tuple[str, str]:
         return (
             self.query_one("#server-url", Input).value.strip(),
@@ -128,19 +136,16 @@ class AddServerScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="add-server", exit_on_error=False)
     def _fetch(self, query: tuple[str, str]) -> None:
-        from app.inference.engine.remote import list_models, normalize_endpoint
-        from app.inference.store.saved_servers import form_hints, key_store_name
-
+        servers = self._servers()
         try:
-            endpoint = normalize_endpoint(query[0])
-            models = list_models(endpoint, query[1] or None, hints=form_hints())
+            endpoint, models = servers.fetch_models(query[0], query[1] or None)
             if not models:
                 raise LlmchatError(
                     f"The server at {endpoint} offers no model.",
                     "load a model on the server (e.g. llmchat serve --model ID), then fetch again",
                 )
             # asking the keyring which backend it has may talk to D-Bus: not on the UI thread
-            key_store = key_store_name() if query[1] else ""
+            key_store = servers.key_store_name() if query[1] else ""
         except BaseException as err:
             self.post_message(self.Fetched(query, None, err))
             return
@@ -148,9 +153,6 @@ class AddServerScreen(ModalScreen):
 
     @on(Fetched)
     def on_fetched(self, message: Fetched) -> None:
-        from app.inference.engine.remote import normalize_endpoint
-        from app.inference.store.saved_servers import default_name
-
         self.busy = False
         select = self.query_one("#server-model", Select)
         if message.models is None:
@@ -168,7 +170,7 @@ class AddServerScreen(ModalScreen):
         select.value = self.models[0]
         name = self.query_one("#server-name", Input)
         if not name.value.strip():
-            name.value = default_name(normalize_endpoint(message.query[0]))
+            name.value = self._servers().default_name(message.query[0])
         self.query_one("#save", Button).disabled = self.fetched_for != self._query()
         count = len(self.models)
         where = f" The key will be kept in {message.key_store}." if message.key_store else ""
@@ -194,10 +196,8 @@ class AddServerScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="add-server", exit_on_error=False)
     def _save(self, name: str, query: tuple[str, str], model: str) -> None:
-        from app.inference.store.saved_servers import save_server
-
         try:
-            server = save_server(name, query[0], model, query[1] or None)
+            server = self._servers().save(name, query[0], model, query[1] or None)
         except BaseException as err:
             self.post_message(self.Saved(None, err))
             return

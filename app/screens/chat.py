@@ -507,8 +507,6 @@ class ChatScreen(Screen):
         self.refresh_context()
 
     async def _command_set(self, arg: str) -> None:
-        from app.inference.engine import sampling
-
         log = self.query_one(ChatLog)
         app = self.llm_app
         if arg.strip().lower() == "reset":
@@ -517,7 +515,7 @@ class ChatScreen(Screen):
             await log.add_notice(back + self.sampling_markdown())
             app.save_sampling()
         elif arg.strip():
-            overrides = sampling.parse_set_command(arg)
+            overrides = app.services.sampling.parse_set(arg)
             app.set_sampling(overrides)
             changed = ", ".join(f"{key}={_show_value(key, value)}" for key, value in overrides.items())
             try:

@@ -90,10 +90,8 @@ class LoadingScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        from app.inference.store.saved_servers import server_name_of
-
         endpoint = self.llm_app.services.remote_endpoint
-        if server_name_of(self.model) is not None:
+        if self.llm_app.services.servers.name_of(self.model) is not None:
             title = f"Connecting to the saved {self.model}"
         elif endpoint is not None:
             title = f"Connecting to {self.model or 'the model'} on {endpoint}"
@@ -114,11 +112,9 @@ class LoadingScreen(Screen):
 
     def _prepare(self) -> None:
         """Download (when needed), compile and load, in the background thread; posts Progress/Finished."""
-        from app.inference.store.saved_servers import server_name_of
-
         services = self.llm_app.services
         progress = ProgressThrottle(lambda event: self.post_message(self.Progress(event)))
-        saved = server_name_of(self.model)  # also from an --endpoint app: it is a server of its own
+        saved = services.servers.name_of(self.model)  # also from an --endpoint app: it is a server of its own
         try:
             if saved is not None:  # a server saved in the models screen: nothing to download or compile
                 progress(ProgressEvent("load", f"connecting to {self.model}"))

@@ -161,8 +161,9 @@ def _number(body: dict, key: str, default: Any) -> Any:
 
 def parse_sampling(body: dict, context_left: int) -> SamplingParams:
     """SamplingParams from a request (OpenAI's names, MLC's ``repetition_penalty``), validated."""
-    from app.inference.engine.sampling import validate_value
+    from app.inference.services import SamplingRules
 
+    validate_value = SamplingRules().validate
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -439,7 +440,7 @@ class JobStream(StreamingResponse):
 
 
 def _error_from(err: BaseException) -> ApiError:
-    from app.inference.engine.tvm_engine import ContextLengthExceeded
+    from app.inference.api import ContextLengthExceeded
 
     if isinstance(err, ContextLengthExceeded):
         return ApiError(400, str(err.problem), param="messages", code="context_length_exceeded")

@@ -19,7 +19,7 @@ from app.widgets.chat_log import error_markdown
 
 if TYPE_CHECKING:
     from app.chat_app import LlmchatApp
-    from app.inference.store.saved_servers import SavedServer
+    from app.inference.api import SavedServer
 
 KEY_WORDS = {"keyring": "in the keyring", "file": "in servers.json (0600)", "none": "—"}
 
@@ -103,10 +103,8 @@ class ServersPanel(Vertical):
 
     @work(thread=True, exclusive=True, group="servers", exit_on_error=False)
     def reload(self, select: str | None = None) -> None:
-        from app.inference.store.saved_servers import load_servers
-
         try:
-            servers = load_servers()
+            servers = self.llm_app.services.servers.load()
         except BaseException as err:
             self.post_message(self.Loaded(None, err, select))
             return
@@ -159,8 +157,6 @@ class ServersPanel(Vertical):
         self.llm_app.start_model(server.ref)
 
     def remove_selected(self) -> None:
-        from app.inference.store.saved_servers import remove_server
-
         server = self.selected
         if server is None:
             return
@@ -174,7 +170,7 @@ class ServersPanel(Vertical):
             return
         self._remove_armed = None
         try:
-            remove_server(server.name)
+            self.llm_app.services.servers.remove(server.name)
         except LlmchatError as err:
             self.llm_app.show_error(err)
             return

@@ -82,12 +82,14 @@ def arch_of(device: Any) -> str:
 def target_facts(target: Any) -> dict[str, Any]:
     """What the suite asks of the target (which of llmchat's kernels it uses), recorded at build
     time: a runtime-only TVM cannot make a ``Target``."""
-    from app.inference.pipelines import gpu
+    from app.inference.pipelines import gpu, gpu_choices
 
     return {
         "arch": str(target.attrs["arch"]),
-        "matmul_kernels": bool(gpu.use_cuda_kernel_gemv(target) and gpu.use_cuda_gemm(target)),
-        "max_cluster": int(gpu.max_cluster_size(target)),
+        "matmul_kernels": bool(
+            gpu_choices.use_cuda_kernel_gemv(target) and gpu_choices.use_cuda_gemm(target)
+        ),
+        "max_cluster": int(gpu_choices.max_cluster_size(target)),
         "prompt_attention": bool(gpu.attention_passes(target)[1:]),
     }
 

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import tvm
 
-from app.inference.pipelines.cpu import KERNEL_KIND_ATTR, CPUScheduleConfig, cpu_pipeline, scheduled_module
+from app.inference.pipelines.cpu import cpu_pipeline, scheduled_module
+from app.inference.pipelines.cpu_attention import KERNEL_KIND_ATTR
 from app.inference.pipelines.cpu_gemm import KERNEL_KIND, k_slice, tile_shape
+from app.inference.pipelines.cpu_schedule import CPUScheduleConfig
 from app.inference.quantization import get_format
 
 SPEC_MODE = {"param_mode": "packed", "effect_mode": "none"}

@@ -9,15 +9,9 @@ import numpy as np
 import pytest
 import tvm
 
-from app.inference.pipelines.cpu import (
-    KERNEL_KIND_ATTR,
-    CPUScheduleConfig,
-    configure_cpu_threads,
-    cpu_pipeline,
-    default_cpu_threads,
-    scheduled_module,
-)
-from app.inference.pipelines.cpu_attention import decode_attention_kernel
+from app.inference.pipelines.cpu import cpu_pipeline, scheduled_module
+from app.inference.pipelines.cpu_attention import KERNEL_KIND_ATTR, decode_attention_kernel
+from app.inference.pipelines.cpu_schedule import CPUScheduleConfig
 
 
 @pytest.fixture(scope="module")
@@ -266,17 +260,3 @@ def test_model_builds_with_our_pipeline(tiny_model_dir, target, tmp_path):
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     _params, stock = compile_library(cfg, target, tmp_path / "lib.so", report_pipeline=True)
     assert stock is False and (tmp_path / "lib.so").is_file()
-
-
-# ------------------------------------------------------------------------------------------
-# Threads
-# ------------------------------------------------------------------------------------------
-def test_thread_count_respects_user_setting(monkeypatch):
-    monkeypatch.setenv("TVM_NUM_THREADS", "3")
-    assert configure_cpu_threads() == 3
-    monkeypatch.delenv("TVM_NUM_THREADS")
-    assert configure_cpu_threads() == default_cpu_threads() >= 1
-    assert configure_cpu_threads(5) == 5
-    import os
-
-    assert os.environ["TVM_NUM_THREADS"] == "5"

@@ -10,7 +10,15 @@ import tvm
 
 from app.inference.compile import cuda_support
 from app.inference.compile.device_ops import argmax_te, has_device_argmax
-from app.inference.pipelines import cuda_attention, cuda_gemm, cuda_gemv, cuda_kernels, gpu
+from app.inference.pipelines import (
+    cuda_attention,
+    cuda_gemm,
+    cuda_gemv,
+    cuda_kernels,
+    gpu,
+    gpu_choices,
+    gpu_gemv,
+)
 from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm
 from app.inference.quantization import get_format
@@ -230,11 +238,11 @@ def test_the_paged_prompt_kernel_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("LLMCHAT_CUDA_PAGED_PREFILL", "tvm")
     assert [p.info.name for p in gpu.attention_passes(sm90)][1:] == ["llmchat_prefill_attention"]
     assert cache._kernel_switches()["LLMCHAT_CUDA_PAGED_PREFILL"] == "tvm"  # part of the cache key
-    assert gpu.cuda_paged_prefill() == "tvm"
+    assert gpu_choices.cuda_paged_prefill() == "tvm"
     monkeypatch.setenv("LLMCHAT_CUDA_PAGED_PREFILL", "sync")
-    assert gpu.cuda_paged_prefill() == "sync" and len(gpu.attention_passes(sm90)) == 3
+    assert gpu_choices.cuda_paged_prefill() == "sync" and len(gpu.attention_passes(sm90)) == 3
     monkeypatch.delenv("LLMCHAT_CUDA_PAGED_PREFILL")
-    assert gpu.cuda_paged_prefill() == "async"  # the default: cp.async, measured the faster
+    assert gpu_choices.cuda_paged_prefill() == "async"  # the default: cp.async, measured the faster
     func = cuda_attention.prefill_paged_attention(_paged_prefill_attention(32, 8, 128), pipelined=True)
     assert "llmchat::prefill_paged_attention<32, 8, 128, 16, true>" in func.script()
 
@@ -262,12 +270,18 @@ def test_cuda_rules_come_first_on_cuda_only(monkeypatch):
     monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
     monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
     kinds = [type(r) for r in gpu.schedule_rules(cuda)]
-    assert kinds[:5] == [CudaArgmax, CudaRmsNorm, cuda_gemm.CudaQ4Gemm, cuda_gemv.CudaQ4Gemv, gpu.DecodeGEMV]
-    assert gpu.use_cuda_attention(cuda)
+    assert kinds[:5] == [
+        CudaArgmax,
+        CudaRmsNorm,
+        cuda_gemm.CudaQ4Gemm,
+        cuda_gemv.CudaQ4Gemv,
+        gpu_gemv.DecodeGEMV,
+    ]
+    assert gpu_choices.use_cuda_attention(cuda)
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "llmchat")
     assert cuda_gemv.CudaQ4Gemv not in [type(r) for r in gpu.schedule_rules(cuda)]
     monkeypatch.setenv("LLMCHAT_CUDA_ATTENTION", "tvm")
-    assert not gpu.use_cuda_attention(cuda)
+    assert not gpu_choices.use_cuda_attention(cuda)
     assert gpu.attention_passes(cuda) == []
 
 
@@ -278,21 +292,24 @@ def _cuda(arch: str):
 def test_kernels_are_chosen_by_the_gpu_architecture(monkeypatch):
     for name in ("LLMCHAT_GPU_GEMV", "LLMCHAT_CUDA_GEMM", "LLMCHAT_CUDA_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
-    assert [gpu.cuda_arch(_cuda(a)) for a in ("sm_90", "sm_90a", "sm_75")] == [90, 90, 75]
-    assert gpu.cuda_arch(tvm.target.Target({"kind": "llvm"})) is None
+    assert [gpu_choices.cuda_arch(_cuda(a)) for a in ("sm_90", "sm_90a", "sm_75")] == [90, 90, 75]
+    assert gpu_choices.cuda_arch(tvm.target.Target({"kind": "llvm"})) is None
     # Ampere and newer: every kernel; Turing: no prompt attention (mma.sync m16n8k16 needs sm_80);
     # Pascal: TVM's GEMV and GEMM (no L1::no_allocate loads, no WMMA), llmchat's decode attention
     assert len(gpu.attention_passes(_cuda("sm_80"))) == 3  # decode, prompt, prompt over cached pages
     turing = _cuda("sm_75")
-    assert gpu.use_cuda_kernel_gemv(turing) and gpu.use_cuda_gemm(turing)
+    assert gpu_choices.use_cuda_kernel_gemv(turing) and gpu_choices.use_cuda_gemm(turing)
     assert len(gpu.attention_passes(turing)) == 1
     pascal = _cuda("sm_61")
-    assert not gpu.use_cuda_kernel_gemv(pascal) and not gpu.use_cuda_gemm(pascal)
+    assert not gpu_choices.use_cuda_kernel_gemv(pascal) and not gpu_choices.use_cuda_gemm(pascal)
     assert len(gpu.attention_passes(pascal)) == 1
     kinds = [type(r) for r in gpu.schedule_rules(pascal)]
     assert cuda_gemv.CudaQ4Gemv not in kinds and cuda_gemm.CudaQ4Gemm not in kinds
     # thread-block clusters from Hopper on; 16-block ones only where they were run (the H200)
-    sizes = [gpu.max_cluster_size(_cuda(a)) for a in ("sm_75", "sm_80", "sm_89", "sm_90", "sm_90a", "sm_100")]
+    sizes = [
+        gpu_choices.max_cluster_size(_cuda(a))
+        for a in ("sm_75", "sm_80", "sm_89", "sm_90", "sm_90a", "sm_100")
+    ]
     assert sizes == [0, 0, 0, 16, 16, 8]
 
 

@@ -12,7 +12,7 @@ import tvm
 from app.inference.compile.build import export_model
 from app.inference.engine.random_model import preset_config
 from app.inference.pipelines import cuda_rope_append as cra
-from app.inference.pipelines import gpu
+from app.inference.pipelines import gpu, gpu_choices
 from app.inference.pipelines.cuda_kernels import RECORD_QKV_ATTR
 
 CUDA_TARGET = {
@@ -61,7 +61,7 @@ def _marked(mod, attr):
 @pytest.mark.parametrize("preset", ["tiny-llama", "qwen2.5-0.5b"])  # qwen2: q/k/v with a bias
 def test_marks_the_qkv_matmuls_the_kv_kernels_and_the_attention(preset):
     mod, target = _fused_tir(preset)
-    assert gpu.fuse_rope_append(target)
+    assert gpu_choices.fuse_rope_append(target)
     marked = cra.mark_rope_append(mod)
     # the decode GEMV and the prompt GEMM that compute the fused q/k/v projection record it
     recorders = _marked(marked, RECORD_QKV_ATTR)
@@ -110,10 +110,10 @@ def test_cuda_source_has_the_recording_matmuls_and_the_fused_attention():
 
 def test_left_alone_with_rope_scaling_or_without_clusters():
     mod, target = _fused_tir(rope_scaling=LLAMA3_SCALING)
-    assert gpu.fuse_rope_append(target)
+    assert gpu_choices.fuse_rope_append(target)
     assert cra.mark_rope_append(mod) is mod  # the split-rotary kernel is not TVM's default RoPE
     mod, target = _fused_tir(arch="sm_80")
-    assert not gpu.fuse_rope_append(target)  # the fused attention was run with clusters only
+    assert not gpu_choices.fuse_rope_append(target)  # the fused attention was run with clusters only
 
 
 def test_left_alone_when_an_attention_input_is_not_a_recording_matmul(monkeypatch):
@@ -122,4 +122,4 @@ def test_left_alone_when_an_attention_input_is_not_a_recording_matmul(monkeypatc
     monkeypatch.setattr(cra, "_records", lambda func: False)
     assert cra.mark_rope_append(mod) is mod
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "tvm")
-    assert not gpu.fuse_rope_append(tvm.target.Target(CUDA_TARGET))
+    assert not gpu_choices.fuse_rope_append(tvm.target.Target(CUDA_TARGET))

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tvm
 
-from app.inference.pipelines.cpu import KERNEL_KIND_ATTR, cpu_pipeline, scheduled_module
+from app.inference.pipelines.cpu import cpu_pipeline, scheduled_module
+from app.inference.pipelines.cpu_attention import KERNEL_KIND_ATTR
 from app.inference.quantization import get_format
 from app.inference.quantization.base import DEQUANTIZE_STAGE
 
@@ -104,7 +105,7 @@ def cpu_target():
 def test_cpu_schedule_decodes_weight_tiles_for_prefill_only(cpu_target, prefill_gemm):
     """Prompts run llmchat's prefill GEMM (or, with ``LLMCHAT_CPU_GEMM=tvm``, the generic schedule
     that decodes 8-row weight tiles); decode keeps its GEMV either way."""
-    from app.inference.pipelines.cpu import CPUScheduleConfig
+    from app.inference.pipelines.cpu_schedule import CPUScheduleConfig
 
     _fmt, _dtype, mod, _named = _module("q4f16_1")
     scheduled = scheduled_module(mod, cpu_target, CPUScheduleConfig(prefill_gemm=prefill_gemm))

@@ -16,7 +16,7 @@ import tvm
 
 from app.errors import LlmchatError
 from app.inference.compile import cuda_support
-from app.inference.pipelines import gpu
+from app.inference.pipelines import gpu, gpu_choices, gpu_gemv
 
 CUDA_TARGET = {
     "kind": "cuda",
@@ -71,13 +71,13 @@ def cuda_build(tmp_path_factory):
 
 def test_choose_gemv_config_tiles_rows_exactly():
     # Llama-2-7B shapes: 4096 inputs = 512 words; 11008 inputs = 1376 words (= 43 * 32)
-    cfg = gpu.choose_gemv_config(out_features=22016, words_per_row=512, words_per_thread=4)
+    cfg = gpu_gemv.choose_gemv_config(out_features=22016, words_per_row=512, words_per_thread=4)
     assert cfg.threads_per_row == 32 and 512 % (cfg.threads_per_row * 4) == 0
     assert 22016 % cfg.rows_per_block == 0 and 22016 // cfg.rows_per_block >= 512
-    down = gpu.choose_gemv_config(out_features=4096, words_per_row=1376, words_per_thread=4)
+    down = gpu_gemv.choose_gemv_config(out_features=4096, words_per_row=1376, words_per_thread=4)
     assert 1376 % (down.threads_per_row * 4) == 0 and down.threads_per_row == 8
     assert down.rows_per_block * down.threads_per_row <= 256
-    assert gpu.choose_gemv_config(out_features=7, words_per_row=3, words_per_thread=4) is None
+    assert gpu_gemv.choose_gemv_config(out_features=7, words_per_row=3, words_per_thread=4) is None
 
 
 def test_fast_uint_to_float_rewrite_is_exact():
@@ -93,7 +93,7 @@ def test_fast_uint_to_float_rewrite_is_exact():
                     "float32", (w[v // 8] >> T.Cast("uint32", v % 8) * T.uint32(4)) & T.uint32(15)
                 ) - T.float32(7.0)
 
-    rewritten = gpu.fast_small_uint_to_float(decode)
+    rewritten = gpu_gemv.fast_small_uint_to_float(decode)
     assert "reinterpret" in rewritten.script() and "reinterpret" not in decode.script()
     rng = np.random.default_rng(0)
     words = rng.integers(0, 2**32, size=64, dtype=np.uint32)
@@ -133,22 +133,22 @@ def _q4_gemv(in_f: int, out_f: int):
 def test_decode_gemv_rule_schedule():
     target = tvm.target.Target(CUDA_TARGET)
     with target:
-        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 4096), target, False)
+        sch = gpu_gemv.DecodeGEMV().apply(_q4_gemv(1024, 4096), target, False)
     assert sch is not None
     script = sch.mod.script()
     assert 'thread="threadIdx.x"' in script and 'thread="blockIdx.x"' in script
     assert "reinterpret" in script  # 4-bit decode without I2F
     assert 'scope="shared"' in script and "T.vectorized(4)" in script  # staged vector, 16-byte loads
     with target:  # rows too short to tile with 16-byte chunks: left to the next rule
-        assert gpu.DecodeGEMV().apply(_q4_gemv(64, 256), target, False) is None
+        assert gpu_gemv.DecodeGEMV().apply(_q4_gemv(64, 256), target, False) is None
         # Qwen2.5-0.5B's down projection: one row per block would stage the vector per row
-        assert gpu.DecodeGEMV().apply(_q4_gemv(4864, 896), target, False) is None
+        assert gpu_gemv.DecodeGEMV().apply(_q4_gemv(4864, 896), target, False) is None
 
 
 def test_decode_gemv_rule_cuda_source_compiles():
     target = tvm.target.Target(CUDA_TARGET)
     with target:
-        sch = gpu.DecodeGEMV().apply(_q4_gemv(1024, 4096), target, False)
+        sch = gpu_gemv.DecodeGEMV().apply(_q4_gemv(1024, 4096), target, False)
     mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "gemv")})
     with cuda_support.cuda_build_hooks(target) as info:
         tvm.tirx.build(mod, target=target)
@@ -177,12 +177,12 @@ def test_llmchat_gemv_rules_on_cuda_only_unless_overridden(monkeypatch):
         }
     )
     monkeypatch.delenv("LLMCHAT_GPU_GEMV", raising=False)
-    assert any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(cuda))  # after CUDA's own
-    assert not any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(rocm))
+    assert any(isinstance(r, gpu_gemv.DecodeGEMV) for r in gpu.schedule_rules(cuda))  # after CUDA's own
+    assert not any(isinstance(r, gpu_gemv.DecodeGEMV) for r in gpu.schedule_rules(rocm))
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "tvm")
-    assert not any(isinstance(r, gpu.DecodeGEMV) for r in gpu.schedule_rules(cuda))
+    assert not any(isinstance(r, gpu_gemv.DecodeGEMV) for r in gpu.schedule_rules(cuda))
     monkeypatch.setenv("LLMCHAT_GPU_GEMV", "llmchat")
-    assert isinstance(gpu.schedule_rules(rocm)[0], gpu.DecodeGEMV)
+    assert isinstance(gpu.schedule_rules(rocm)[0], gpu_gemv.DecodeGEMV)
 
 
 @pytest.mark.skipif(cuda_support.find_nvcc() is None, reason="nvcc not installed")
@@ -262,4 +262,4 @@ def test_rocm_rdna_build(tmp_path, monkeypatch):
     path = tmp_path / "tiny_gfx1100.so"
     ex.export_library(str(path))
     assert b"amdgcn-amd-amdhsa" in path.read_bytes()  # the code object for the GPU is inside
-    assert not gpu.uses_cuda_graph(target)
+    assert not gpu_choices.uses_cuda_graph(target)

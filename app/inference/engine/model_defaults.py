@@ -19,11 +19,11 @@ the last 64 generated tokens, as Ollama does by default — small models otherwi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.inference.api import SamplingParams
+from app.inference.api import ModelSampling, SamplingParams
 
 #: Ollama's defaults (repeat_penalty, repeat_last_n), applied where the model sets no penalty
 REPETITION_GUARD = {"repetition_penalty": 1.1, "repeat_last_n": 64}
@@ -37,17 +37,6 @@ _MODEL_KEYS = {
     "frequency_penalty": "frequency_penalty",
 }
 SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
-
-
-@dataclass
-class ModelSampling:
-    """The defaults of one model and, per field set, where the value came from."""
-
-    params: SamplingParams = field(default_factory=SamplingParams)
-    sources: dict[str, str] = field(default_factory=dict)  # field -> "catalog", "generation_config.json", …
-
-    def describe(self, name: str) -> str:
-        return self.sources.get(name, "llmchat default")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

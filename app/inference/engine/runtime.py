@@ -28,13 +28,11 @@ PICKED_CAPACITY = 64
 
 def _configure_cpu_threads(device: Any) -> None:
     """Size TVM's CPU thread pool to the physical cores before the first kernel runs
-    (app.inference.pipelines.cpu owns the policy; TVM's default uses half the logical CPUs)."""
+    (app.inference.engine.cpu_threads owns the policy; TVM's default uses half the logical CPUs)."""
     if int(device.dlpack_device_type()) != 1:  # kDLCPU
         return
-    try:
-        from app.inference.pipelines.cpu import configure_cpu_threads
-    except ImportError:
-        return
+    from app.inference.engine.cpu_threads import configure_cpu_threads
+
     configure_cpu_threads()
 
 

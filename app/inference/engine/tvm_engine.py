@@ -19,6 +19,7 @@ from app import paths
 from app.errors import LlmchatError
 from app.inference.api import (
     ChatEvent,
+    ContextLengthExceeded,
     ContextTrimmed,
     EngineInfo,
     Message,
@@ -35,17 +36,6 @@ from app.inference.store.config import ModelConfig
 
 #: default KV-cache size when the caller does not ask for one (the model's window, capped)
 DEFAULT_CONTEXT_CAP = 8192
-
-
-class ContextLengthExceeded(LlmchatError):
-    """A prompt that does not fit the context window (the server's 400 ``context_length_exceeded``)."""
-
-    def __init__(self, prompt_tokens: int, context_window: int, fix: str) -> None:
-        super().__init__(
-            f"The prompt is {prompt_tokens} tokens long; the context window holds {context_window}.", fix
-        )
-        self.prompt_tokens = prompt_tokens
-        self.context_window = context_window
 
 
 def resolve_model_dir(model: str | Path) -> tuple[str, Path]:

@@ -1,7 +1,11 @@
 """Compiler pipelines per target family: which Relax/TIR passes and kernel schedules a model gets.
 
-``pipeline_for(target)`` is the one place the engine's compiler asks; ``cpu.py`` holds the
-schedules for llvm targets, ``gpu.py`` those for CUDA/ROCm/Vulkan/Metal.
+``pipeline_for(target)`` is the one place the engine's compiler asks. ``cpu.py`` assembles the
+pipeline for llvm targets (``cpu_schedule.py``: the generic matmul schedule; ``cpu_gemv.py``,
+``cpu_gemm.py``, ``cpu_attention.py``: llmchat's CPU kernels); ``gpu.py`` the one for
+CUDA/ROCm/Vulkan/Metal (``gpu_choices.py``: which kernels a target gets; ``gpu_gemv.py``: the
+``DecodeGEMV`` rule; ``gpu_gemm.py``, ``gpu_argmax.py``, ``cuda_*.py``, ``wgsl_*.py``: the other
+kernels and rules).
 """
 
 from __future__ import annotations

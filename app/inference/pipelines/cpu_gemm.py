@@ -2,7 +2,7 @@
 
 A prefill layer computes ``out[m, n] = sum_k x[m, k] * W[n, k]`` for every prompt row ``m`` of a
 chunk, ``W`` stored in a block format (MLC's q4f16_1 / q4f32_1 words, GGUF's Q4_0 / Q4_1 / Q8_0 …).
-The generic schedule of :mod:`.cpu` decodes 8-row tiles of ``W`` once per call but then runs one
+The generic schedule of :mod:`.cpu_schedule` decodes 8-row tiles of ``W`` once per call but then runs one
 dot product per (row, column) pair, with a horizontal sum per output. This kernel is the classic
 register-blocked GEMM instead (as in BLIS or OpenBLAS):
 
@@ -90,7 +90,7 @@ def gemm_kernel(
     cast) or ``residual`` (cast, then add a residual of ``out_dtype``)."""
     from tvm.script import tirx as T
 
-    from app.inference.pipelines.cpu import KERNEL_KIND_ATTR
+    from app.inference.pipelines.cpu_attention import KERNEL_KIND_ATTR
     from app.inference.quantization import get_format
 
     fmt = get_format(fmt_name)

@@ -1,6 +1,6 @@
 """The decode GEMV for CPUs in block formats, with each group's scale and offset outside the loop.
 
-The generic CPU schedule (:mod:`.cpu`) vectorizes ``sum_k x[k] * dequant(w)[n, k]`` as it is
+The generic CPU schedule (:mod:`.cpu_schedule`) vectorizes ``sum_k x[k] * dequant(w)[n, k]`` as it is
 written: per packed word and row a broadcast, a shift, a mask, a conversion, the offset, the scale
 and an FMA. For the formats with one scale ``d`` and one offset ``c`` per 32 values (value =
 ``q * d + c``: MLC's q4f16_1 with ``c = -7 d``, GGUF's Q4_0 with ``c = -8 d``, Q4_1 with ``c = m``
@@ -60,7 +60,7 @@ def block_gemv_kernel(
     ``residual`` (cast, then add a residual of ``out_dtype``)."""
     from tvm.script import tirx as T
 
-    from app.inference.pipelines.cpu import KERNEL_KIND_ATTR
+    from app.inference.pipelines.cpu_attention import KERNEL_KIND_ATTR
 
     K, N, G, W = in_features, out_features, in_features // 32, in_features // 8
     per_group, offset = FORMATS[fmt]

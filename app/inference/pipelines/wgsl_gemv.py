@@ -95,7 +95,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def rule(name: str) -> Any:
     """``DecodeGEMV`` laid out as variant ``name`` (raises LlmchatError for an unknown name)."""
-    from app.inference.pipelines.gpu import DecodeGEMV
+    from app.inference.pipelines.gpu_gemv import DecodeGEMV
 
     p = VARIANTS.get(name)
     if p is None:

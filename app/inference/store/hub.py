@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from app.errors import LlmchatError
-from app.inference.api import ProgressCallback, ProgressEvent
+from app.inference.api import DownloadCancelled, ProgressCallback, ProgressEvent
 from app.units import format_bytes as _format_bytes
 
 #: connection attempts per file before giving up (each resumes where the last stopped)
@@ -141,10 +141,6 @@ class ExpectedHashes:
                 name = "git blob id" if algo == "git-blob" else algo
                 return f"{name} {h.hexdigest()}, {who} says {want}"
         return None
-
-
-class DownloadCancelled(LlmchatError):
-    """The user cancelled; the partial download is kept for a resume."""
 
 
 def _offline() -> bool:

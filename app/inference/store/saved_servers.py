@@ -18,39 +18,20 @@ import contextlib
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from app import paths
 from app.errors import LlmchatError, os_error
+from app.inference.api import SERVER_PREFIX, SavedServer
 
-#: how the chat names a saved server in place of a model id
-SERVER_PREFIX = "server:"
 FILE_NAME = "servers.json"
 #: the keyring's service name for the keys (the user name is the server's name)
 KEYRING_SERVICE = "llmchat-server"
 #: keyring backends below this priority are no better than a 0600 file (fail, null, plaintext)
 MIN_KEYRING_PRIORITY = 1
 MAX_NAME = 64
-
-KeyPlace = Literal["none", "keyring", "file"]
-
-
-@dataclass(frozen=True)
-class SavedServer:
-    """One saved endpoint; ``key`` says where its API key is kept (never the key itself)."""
-
-    name: str
-    endpoint: str
-    model: str
-    key: KeyPlace = "none"
-
-    @property
-    def ref(self) -> str:
-        """``server:NAME``: what the chat and its history call this server."""
-        return SERVER_PREFIX + self.name
 
 
 def servers_file() -> Path:

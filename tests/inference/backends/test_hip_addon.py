@@ -364,9 +364,10 @@ def test_the_twin_mode_registers_cuda_names_instead(tmp_path):
     assert not got["st"]["driver_found"] and "NVIDIA driver library was not found" in got["st"]["error"]
 
 
-def test_the_probe_counts_the_rocm_route_and_doctor_explains_it():
-    """The probe lists rocm among TVM's runtimes once the add-on can be built; with no GPU the
-    device does not exist, and `doctor` says what is missing and how to fix it."""
+def test_the_probe_counts_the_rocm_route_and_doctor_explains_it(addon):
+    """The probe lists rocm among TVM's runtimes once the add-on is built (the ``addon``
+    fixture: alone, this test used to find it unbuilt); with no GPU the device does not exist, and
+    `doctor` says what is missing and how to fix it."""
     out = _child(
         """
         import json

@@ -176,6 +176,53 @@ def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
     assert proc.stdout.strip().endswith("OK")
 
 
+def test_the_profiler_times_every_dispatch_on_the_gpu(dev, tmp_path):
+    """LLMCHAT_WEBGPU_PROFILE=1: a GPU timestamp around every dispatch, charged to its kernel;
+    a kernel over 4M elements takes longer than over 256; off, nothing is timed."""
+    lib_path = _scale_module(tmp_path)
+    script = textwrap.dedent(f"""
+        import json, numpy as np, tvm
+        from app.inference.backends import webgpu
+        dev = webgpu.device(0)
+        lib = tvm.runtime.load_module({str(lib_path)!r})
+        out = {{}}
+        for n in (256, 1 << 22):
+            a = tvm.runtime.tensor(np.ones(n, "float32"), dev)
+            b = tvm.runtime.empty((n,), "float32", dev)
+            lib["scale"](a, b)
+            webgpu.profile_reset(0)
+            for _ in range(10):
+                lib["scale"](a, b)
+                lib["scale"](b, a)
+            ok = bool(np.isfinite(a.numpy()).all())
+            out[n] = dict(webgpu.profile(0), ok=ok)
+        print(json.dumps(out))
+    """)
+
+    def child(profile: str) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, LLMCHAT_WEBGPU_PROFILE=profile),
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    on = child("1")
+    small, big = on["256"], on[str(1 << 22)]
+    for run in (small, big):
+        assert run["ok"] and run["enabled"] and run["error"] == ""
+        assert [k["count"] for k in run["kernels"]] == [20], run  # one kernel, every dispatch
+        assert "scale" in run["kernels"][0]["name"] and run["kernels"][0]["ns"] > 0
+        assert run["total_ns"] == run["kernels"][0]["ns"]
+    assert big["total_ns"] > 10 * small["total_ns"], (small, big)
+    off = child("0")
+    assert not off["256"]["enabled"] and off["256"]["kernels"] == [] and off["256"]["total_ns"] == 0
+
+
 def test_no_adapter_is_a_clear_error_not_a_crash(tmp_path):
     """With no Vulkan driver at all (an empty ICD list), `--device vulkan` says what is missing."""
     need_vulkan()

@@ -21,7 +21,7 @@ import tvm
 
 from app.errors import LlmchatError
 from app.inference.backends import webgpu
-from app.inference.pipelines import gpu, wgsl_gemv, wgsl_subgroups
+from app.inference.pipelines import gpu, gpu_gemv, wgsl_gemv, wgsl_subgroups
 from tests.inference.backends.vulkan_env import need_vulkan
 
 SG32 = "wgsl-f16-wg49152-t256-sg32"
@@ -132,7 +132,9 @@ def test_sg32_gemv_reduces_with_shuffles_and_broadcasts_from_a_lane_of_the_subgr
     target = _target(SG32)
     _fmt, func, _named = _decode_gemv(1024, 512)
     with target:
-        sch = gpu.DecodeGEMV(max_threads_per_row=threads_per_row, min_blocks=16).apply(func, target, False)
+        sch = gpu_gemv.DecodeGEMV(max_threads_per_row=threads_per_row, min_blocks=16).apply(
+            func, target, False
+        )
     assert sch is not None
     scheduled = sch.mod["main"]
     src = _wgsl(scheduled, target, wgsl_subgroups.tir_pipeline(target))
@@ -151,7 +153,7 @@ def test_sg32_gemv_reduces_with_shuffles_and_broadcasts_from_a_lane_of_the_subgr
     # the profile without subgroups: a workgroup-memory reduction, no subgroup code
     plain = _target(PLAIN)
     with plain:
-        plain_sch = gpu.DecodeGEMV(max_threads_per_row=threads_per_row, min_blocks=16).apply(
+        plain_sch = gpu_gemv.DecodeGEMV(max_threads_per_row=threads_per_row, min_blocks=16).apply(
             func, plain, False
         )
     plain_src = _wgsl(plain_sch.mod["main"], plain, wgsl_subgroups.tir_pipeline(plain))
@@ -203,7 +205,7 @@ def test_the_model_compiled_for_a_sg32_profile_has_every_broadcast_inside_the_su
 def test_gemv_variants_are_named_and_an_unknown_one_is_refused(monkeypatch):
     monkeypatch.delenv(wgsl_gemv.ENV, raising=False)
     target = _target(PLAIN)
-    default = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
+    default = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu_gemv.DecodeGEMV)]
     # the sweep's choice: 8 threads per row, 16-byte loads; u32 loads for rows those do not tile
     assert [(r.load_bytes, r.max_threads_per_row, r.min_blocks, r.pad_shared) for r in default] == [
         (16, 8, 128, True),
@@ -211,10 +213,10 @@ def test_gemv_variants_are_named_and_an_unknown_one_is_refused(monkeypatch):
     ]
     assert default[1].min_reduction == 8192  # rows of 8192 or more only (the 7B down projection)
     monkeypatch.setenv(wgsl_gemv.ENV, wgsl_gemv.PREVIOUS)
-    (previous,) = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
+    (previous,) = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu_gemv.DecodeGEMV)]
     assert (previous.load_bytes, previous.max_threads_per_row, previous.min_blocks) == (16, 32, 512)
     monkeypatch.setenv(wgsl_gemv.ENV, "t32-b128-l4-u4-mb128-nopad, T16-b256-l16-u4")
-    chosen = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu.DecodeGEMV)]
+    chosen = [r for r in gpu.schedule_rules(target) if isinstance(r, gpu_gemv.DecodeGEMV)]
     assert [(r.load_bytes, r.max_threads_per_row, r.pad_shared) for r in chosen] == [
         (4, 32, False),
         (16, 16, True),
@@ -367,7 +369,7 @@ def test_tvm_lowers_wgsl_reductions_for_32_wide_subgroups_whatever_the_target_sa
     )
     _fmt, func, _named = _decode_gemv(1024, 512)
     with target:
-        sch = gpu.DecodeGEMV(max_threads_per_row=16, min_blocks=16).apply(func, target, False)
+        sch = gpu_gemv.DecodeGEMV(max_threads_per_row=16, min_blocks=16).apply(func, target, False)
     src = _wgsl(sch.mod["main"], target, wgsl_subgroups.tir_pipeline(target))
     assert "subgroupShuffleDown(red_buf0[0i], u32(8i))" in src
     with pytest.raises(LlmchatError):

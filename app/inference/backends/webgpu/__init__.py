@@ -264,6 +264,28 @@ def stats(index: int = 0) -> dict[str, Any]:
     return json.loads(str(tvm.get_global_func("llmchat.webgpu.stats")(index)))
 
 
+#: environment switch: the add-on times every dispatch on the GPU (timestamp queries; it makes each
+#: submission wait for its work, so decode gets slower while it is on)
+PROFILE_ENV = "LLMCHAT_WEBGPU_PROFILE"
+
+
+def profile(index: int = 0) -> dict[str, Any]:
+    """GPU time per kernel since the adapter was opened (or :func:`profile_reset`), when the
+    process runs with ``LLMCHAT_WEBGPU_PROFILE=1``: ``{"enabled", "error", "total_ns", "kernels":
+    [{"name", "count", "ns"}, ...]}``, the slowest first. A kernel's time is from the timestamp
+    before it to the one after it (its execution and the barrier in front of it)."""
+    import tvm
+
+    return json.loads(str(tvm.get_global_func("llmchat.webgpu.profile")(index)))
+
+
+def profile_reset(index: int = 0) -> None:
+    """Wait for the queued work, then start :func:`profile`'s sums again."""
+    import tvm
+
+    tvm.get_global_func("llmchat.webgpu.profile_reset")(index)
+
+
 #: the KV cache keeps one page more than the context needs (runtime.ModelRuntime)
 _PAGE = 16
 

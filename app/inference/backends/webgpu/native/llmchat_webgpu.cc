@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -53,6 +54,8 @@ using tvm::runtime::DeviceAttrKind;
 namespace ffi = tvm::ffi;
 
 constexpr int kVersion = 1;
+// timestamps per submission when profiling (LLMCHAT_WEBGPU_PROFILE=1)
+constexpr uint32_t kProfileQueries = 4096;
 constexpr DLDeviceType kDeviceType = static_cast<DLDeviceType>(kDLWebGPU);
 constexpr size_t kUniformRingBytes = 1 << 20;  // scalar arguments of up to 4,096 dispatches
 constexpr size_t kUploadRingBytes = 8 << 20;   // host->device copies recorded into one encoder
@@ -93,6 +96,7 @@ struct Adapter {
   bool f16 = false;
   bool subgroups = false;
   WGPUFeatureName subgroup_feature = WGPUFeatureName_Subgroups;  // the name this wgpu offers it by
+  bool timestamps = false;  // timestamp queries between the dispatches of a compute pass
 };
 
 static std::recursive_mutex& lock() {
@@ -160,6 +164,8 @@ static std::vector<Adapter>& adapters() {
         a.subgroups = true;
         a.subgroup_feature = native_subgroup;
       }
+      a.timestamps = wgpuAdapterHasFeature(h, WGPUFeatureName_TimestampQuery) &&
+                     wgpuAdapterHasFeature(h, static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsidePasses));
       out.push_back(a);
     }
     std::stable_sort(out.begin(), out.end(),
@@ -283,6 +289,22 @@ struct Context {
           bind_group_misses = 0;
   // host time (ns): recording launches, finishing + submitting encoders, waiting for the GPU
   int64_t record_ns = 0, submit_ns = 0, wait_ns = 0;
+
+  // LLMCHAT_WEBGPU_PROFILE=1: a GPU timestamp after every dispatch (and one where a compute pass
+  // begins); each submission waits for its work and charges the time between a dispatch's
+  // timestamp and the one before it to that kernel (llmchat.webgpu.profile). For finding where a
+  // step's GPU time goes, not for speed: it serialises the host and the GPU.
+  bool profiling = false;
+  std::string profile_error;  // why profiling was asked for and is off
+  WGPUQuerySet queries = nullptr;
+  WGPUBuffer query_resolve = nullptr, query_read = nullptr;
+  std::vector<std::string> query_names;  // per timestamp: the kernel it ends ("" marks a pass start)
+  struct KernelTime {
+    int64_t count = 0;
+    double ns = 0;
+  };
+  std::map<std::string, KernelTime> profile;
+  double profile_total_ns = 0;
 };
 
 static int64_t now_ns() {
@@ -367,6 +389,13 @@ static Context* get_context(int index) {
   // WGSL with `enable subgroups;` (a library built for a -sgN profile) needs the feature on the
   // device; code built without subgroups runs the same with it
   if (a.subgroups) features.push_back(a.subgroup_feature);
+  const char* profile_env = getenv("LLMCHAT_WEBGPU_PROFILE");
+  const bool want_profile = profile_env != nullptr && std::string(profile_env) == "1";
+  if (want_profile && a.timestamps) {
+    features.push_back(WGPUFeatureName_TimestampQuery);
+    features.push_back(static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsideEncoders));
+    features.push_back(static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsidePasses));
+  }
 
   WGPUDeviceDescriptor desc = {};
   std::string label = "llmchat";
@@ -407,6 +436,21 @@ static Context* get_context(int index) {
   bd.usage = WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
   ctx->upload = wgpuDeviceCreateBuffer(ctx->device, &bd);
   check(ctx.get(), "creating the device's buffers");
+  if (want_profile && !a.timestamps) {
+    ctx->profile_error = "this adapter has no timestamp queries inside compute passes";
+  } else if (want_profile) {
+    WGPUQuerySetDescriptor qd = WGPU_QUERY_SET_DESCRIPTOR_INIT;
+    qd.type = WGPUQueryType_Timestamp;
+    qd.count = kProfileQueries;
+    ctx->queries = wgpuDeviceCreateQuerySet(ctx->device, &qd);
+    bd.size = uint64_t(kProfileQueries) * 8;
+    bd.usage = WGPUBufferUsage_QueryResolve | WGPUBufferUsage_CopySrc;
+    ctx->query_resolve = wgpuDeviceCreateBuffer(ctx->device, &bd);
+    bd.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+    ctx->query_read = wgpuDeviceCreateBuffer(ctx->device, &bd);
+    check(ctx.get(), "creating the profiler's timestamp queries");
+    ctx->profiling = true;
+  }
 
   if (all.size() <= static_cast<size_t>(index)) all.resize(index + 1);
   all[index] = std::move(ctx);
@@ -428,8 +472,37 @@ static void end_pass(Context* ctx) {
 }
 
 static WGPUComputePassEncoder pass(Context* ctx) {
-  if (ctx->pass == nullptr) ctx->pass = wgpuCommandEncoderBeginComputePass(encoder(ctx), nullptr);
+  if (ctx->pass == nullptr) {
+    ctx->pass = wgpuCommandEncoderBeginComputePass(encoder(ctx), nullptr);
+    if (ctx->profiling) {  // the baseline of the pass's first dispatch
+      wgpuComputePassEncoderWriteTimestamp(ctx->pass, ctx->queries, static_cast<uint32_t>(ctx->query_names.size()));
+      ctx->query_names.emplace_back();
+    }
+  }
   return ctx->pass;
+}
+
+static void wait_map(Context* ctx, WGPUBuffer buf, size_t span, const char* what);
+
+// The timestamps of the submission just made, once it has run: each dispatch's time is its
+// timestamp minus the one before it.
+static void charge_profile(Context* ctx) {
+  size_t n = ctx->query_names.size();
+  wgpuDevicePoll(ctx->device, true, nullptr);
+  wait_map(ctx, ctx->query_read, n * 8, "reading the GPU's timestamps");
+  const uint64_t* t = static_cast<const uint64_t*>(wgpuBufferGetConstMappedRange(ctx->query_read, 0, n * 8));
+  const double period = wgpuQueueGetTimestampPeriod(ctx->queue);
+  for (size_t i = 1; i < n; ++i) {
+    const std::string& name = ctx->query_names[i];
+    if (name.empty() || t[i] < t[i - 1]) continue;
+    double ns = static_cast<double>(t[i] - t[i - 1]) * period;
+    Context::KernelTime& kt = ctx->profile[name];
+    kt.count++;
+    kt.ns += ns;
+    ctx->profile_total_ns += ns;
+  }
+  wgpuBufferUnmap(ctx->query_read);
+  ctx->query_names.clear();
 }
 
 // Submit what was recorded: the scalar arguments go up first (queue writes land before the
@@ -438,6 +511,12 @@ static void flush(Context* ctx) {
   if (ctx->encoder == nullptr) return;
   int64_t t0 = now_ns();
   end_pass(ctx);
+  const bool stamped = ctx->profiling && !ctx->query_names.empty();
+  if (stamped) {
+    uint32_t n = static_cast<uint32_t>(ctx->query_names.size());
+    wgpuCommandEncoderResolveQuerySet(ctx->encoder, ctx->queries, 0, n, ctx->query_resolve, 0);
+    wgpuCommandEncoderCopyBufferToBuffer(ctx->encoder, ctx->query_resolve, 0, ctx->query_read, 0, uint64_t(n) * 8);
+  }
   WGPUCommandBuffer cmd = wgpuCommandEncoderFinish(ctx->encoder, nullptr);
   wgpuCommandEncoderRelease(ctx->encoder);
   ctx->encoder = nullptr;
@@ -449,6 +528,7 @@ static void flush(Context* ctx) {
   ctx->submits++;
   ctx->submit_ns += now_ns() - t0;
   check(ctx, "submitting GPU work");
+  if (stamped) charge_profile(ctx);
 }
 
 static void wait_idle(Context* ctx) {
@@ -482,6 +562,31 @@ static void drop_bind_groups(Context* ctx, WGPUBuffer buf) {
       ++it;
     }
   }
+}
+
+static void wait_map(Context* ctx, WGPUBuffer buf, size_t span, const char* what) {
+  struct MapState {
+    bool done = false;
+    WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
+    std::string message;
+  } state;
+  WGPUBufferMapCallbackInfo cb = {};
+  cb.mode = WGPUCallbackMode_AllowProcessEvents;
+  cb.callback = [](WGPUMapAsyncStatus status, WGPUStringView message, void* ud1, void*) {
+    MapState* st = static_cast<MapState*>(ud1);
+    st->done = true;
+    st->status = status;
+    st->message = sv(message);
+  };
+  cb.userdata1 = &state;
+  wgpuBufferMapAsync(buf, WGPUMapMode_Read, 0, span, cb);
+  while (!state.done) {
+    wgpuDevicePoll(ctx->device, true, nullptr);
+    wgpuInstanceProcessEvents(instance());
+    if (ctx->lost) break;
+  }
+  check(ctx, what);
+  if (state.status != WGPUMapAsyncStatus_Success) LLMCHAT_FAIL(what << " failed: " << state.message);
 }
 
 static void read_back(Context* ctx, WGPUBuffer src, size_t offset, void* dst, size_t nbytes) {
@@ -1006,6 +1111,8 @@ class WebGPUModule final : public ffi::ModuleObj {
       LLMCHAT_FAIL("kernel " << k->name << ": grid " << work[0] << " x " << work[1] << " is too large");
     }
 
+    // the profiler's timestamps of this dispatch (and of a new pass) must fit its query set
+    if (ctx->profiling && ctx->query_names.size() + 2 > kProfileQueries) flush(ctx);
     // scalars into the uniform ring
     size_t slot = round_up(k->pod_bytes, ctx->uniform_align);
     if (ctx->uniform_used + slot > ctx->uniform_host.size()) flush(ctx);
@@ -1080,6 +1187,10 @@ class WebGPUModule final : public ffi::ModuleObj {
     wgpuComputePassEncoderSetBindGroup(p, 0, group, 1, &offset);
     wgpuComputePassEncoderDispatchWorkgroups(p, static_cast<uint32_t>(gx), static_cast<uint32_t>(work[1]),
                                              static_cast<uint32_t>(gz));
+    if (ctx->profiling) {
+      wgpuComputePassEncoderWriteTimestamp(p, ctx->queries, static_cast<uint32_t>(ctx->query_names.size()));
+      ctx->query_names.push_back(k->name);
+    }
     ctx->dispatches++;
     ctx->record_ns += now_ns() - t0;
   }
@@ -1122,6 +1233,22 @@ static std::string stats_json(int index) {
   return os.str();
 }
 
+static std::string profile_json(int index) {
+  std::lock_guard<std::recursive_mutex> guard(lock());
+  Context* ctx = get_context(index);
+  std::vector<std::pair<std::string, Context::KernelTime>> rows(ctx->profile.begin(), ctx->profile.end());
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.ns > y.second.ns; });
+  std::ostringstream os;
+  os << "{\"enabled\":" << (ctx->profiling ? "true" : "false") << ",\"error\":\"" << json_escape(ctx->profile_error)
+     << "\",\"total_ns\":" << static_cast<int64_t>(ctx->profile_total_ns) << ",\"kernels\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    os << (i ? "," : "") << "{\"name\":\"" << json_escape(rows[i].first) << "\",\"count\":" << rows[i].second.count
+       << ",\"ns\":" << static_cast<int64_t>(rows[i].second.ns) << "}";
+  }
+  os << "]}";
+  return os.str();
+}
+
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
   refl::GlobalDef()
@@ -1134,6 +1261,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         return ffi::String(adapters_json());
       })
       .def("llmchat.webgpu.stats", [](int64_t index) -> ffi::String { return ffi::String(stats_json(index)); })
+      .def("llmchat.webgpu.profile", [](int64_t index) -> ffi::String { return ffi::String(profile_json(index)); })
+      .def("llmchat.webgpu.profile_reset",
+           [](int64_t index) {
+             std::lock_guard<std::recursive_mutex> guard(lock());
+             Context* ctx = get_context(static_cast<int>(index));
+             wait_idle(ctx);
+             ctx->profile.clear();
+             ctx->profile_total_ns = 0;
+           })
       .def("llmchat.webgpu.set_device", [](int64_t index) {
         std::lock_guard<std::recursive_mutex> guard(lock());
         get_context(static_cast<int>(index));
