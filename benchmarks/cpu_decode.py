@@ -144,7 +144,7 @@ def main() -> int:
                                 context_window=max(512, args.gen + 16))
     result["load_s_incl_compile"] = round(time.monotonic() - t0, 1)
     result["weight_MB"] = round(engine.info.weight_bytes / 2**20, 1)
-    from app.inference.compile.compiler import libs_dir
+    from app.inference.compile.cache import libs_dir
 
     metas = [json.loads(p.read_text()) for p in libs_dir().glob("*.json")]
     result["compile_s"] = [m.get("compile_s") for m in metas]

@@ -455,6 +455,7 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
         return
     manifest = json.loads(manifest_path.read_text())
     import app.inference.compile.compiler as compiler
+    from app.inference.compile import cache as library_cache
 
     original = compiler.get_library
 
@@ -466,8 +467,8 @@ def _use_manifest(cache: Path, quant: str, context: int) -> None:
         for preset in PRESETS:
             entry = manifest.get(_manifest_key(device.backend, preset, quant, context, plain))
             if entry and cfg.code_key() == _preset_key(preset, quant, context):
-                fields = dict(entry, lib_path=compiler.libs_dir() / entry["lib_path"])
-                return compiler.CompiledModel(**fields)
+                fields = dict(entry, lib_path=library_cache.libs_dir() / entry["lib_path"])
+                return library_cache.CompiledModel(**fields)
         return original(cfg, device, arch=arch, progress=progress, **kwargs)  # fetch= (prebuilt libraries)
 
     compiler.get_library = get_library

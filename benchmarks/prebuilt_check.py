@@ -103,7 +103,7 @@ vocab_size = 1
             "HF_HOME": str(root / "hf-home"),
         }
     )
-    from app.inference.compile import compiler
+    from app.inference.compile import build
     from app.inference.store.downloads import download_model
     from app.inference.engine.tvm_engine import load_engine
 
@@ -111,10 +111,10 @@ vocab_size = 1
     try:
         download_model(MODEL_ID)
         messages: list[str] = []
-        before = compiler.COMPILE_COUNT
+        before = build.COMPILE_COUNT
         engine = load_engine(MODEL_ID, device=args.device, progress=lambda e: messages.append(e.message))
         out["prebuilt_used"] = any("using the prebuilt library" in m for m in messages)
-        out["compiled_instead"] = before != compiler.COMPILE_COUNT
+        out["compiled_instead"] = before != build.COMPILE_COUNT
         out["messages"] = [m for m in messages if "prebuilt" in m]
         pre_logits, pre_tokens = answers(engine)
         engine.close()

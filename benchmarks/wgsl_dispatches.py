@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--quant", default="q4f16_1")
     ap.add_argument("--fusion", default="on,off", help="settings of LLMCHAT_WGSL_FUSION to count")
     args = ap.parse_args()
-    from app.inference.compile.compiler import make_target
+    from app.inference.compile.targets import make_target
     from app.inference.hardware.device_spec import DeviceSpec
     from app.inference.pipelines.kernel_count import decode_step_kernels, scheduled_module
     from app.inference.pipelines.wgsl_fusion import FUSION_ENV

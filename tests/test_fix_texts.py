@@ -122,7 +122,7 @@ def test_a_missing_code_generator_fix(tiny_model_dir, tmp_path):
     """PyPI's apache-tvm has no Vulkan (SPIR-V) code generator: compiling for it says what to do."""
     import tvm
 
-    from app.inference.compile.compiler import compile_library
+    from app.inference.compile.build import compile_library
     from app.inference.store.config import ModelConfig
 
     if tvm.get_global_func("target.build.vulkan", allow_missing=True) is not None:

@@ -326,7 +326,7 @@ class LocalServices:
 
     def cpu_level(self) -> str:
         """The x86-64 level (or ``native``) CPU model libraries are compiled for here."""
-        from app.inference.compile.compiler import cpu_level
+        from app.inference.compile.targets import cpu_level
 
         return cpu_level()
 
@@ -385,11 +385,11 @@ class LocalServices:
         out: Path,
         progress: ProgressCallback | None = None,
     ) -> Bundle:
-        from app.inference.compile import prebuilt
+        from app.inference.compile import cache, prebuilt
 
         folder = prebuilt.build_bundle(model, device, arch, out, progress)
         key = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes()).key
-        digest = prebuilt.compiler.file_digest(folder / prebuilt.MANIFEST)
+        digest = cache.file_digest(folder / prebuilt.MANIFEST)
         return Bundle(folder, key.target, key.tvm, key.engine, key.host_cpu, digest)
 
     def import_gguf(

@@ -59,9 +59,9 @@ def cache_root() -> Path | None:
 def sources_digest() -> str:
     """What the cache's contents are made from: the engine's compile sources (the digest in the
     engine's own library key) and the suite's kernel cases. Another digest: the cache is stale."""
-    from app.inference.compile import compiler
+    from app.inference.compile import sources
 
-    h = hashlib.sha256(compiler._source_digest().encode())
+    h = hashlib.sha256(sources.digest().encode())
     for name in (
         "kernels.py",
         "test_cuda_kernels.py",
@@ -95,14 +95,14 @@ def target_facts(target: Any) -> dict[str, Any]:
 
 
 def cuda_target(arch: str) -> Any:
-    from app.inference.compile.compiler import make_target
+    from app.inference.compile.targets import make_target
     from app.inference.hardware.device_spec import DeviceSpec
 
     return make_target(DeviceSpec("cuda", 0), arch=arch)
 
 
 def _digest(path: Path) -> str:
-    from app.inference.compile.compiler import file_digest
+    from app.inference.compile.cache import file_digest
 
     return file_digest(path)
 
@@ -205,7 +205,7 @@ def parameter_specs(cfg: Any) -> list[dict[str, Any]]:
     the list recorded there (the exporter is a compiler part)."""
     root = cache_root()
     if root is None:
-        from app.inference.compile.compiler import parameter_specs as exported
+        from app.inference.compile.build import parameter_specs as exported
 
         return exported(cfg)
     return Prebuilt(root).parameter_specs(cfg)
@@ -213,9 +213,9 @@ def parameter_specs(cfg: Any) -> list[dict[str, Any]]:
 
 def forbid_compiling(root: Path) -> None:
     """In this process, a library the engine does not find in the cache is an error naming the
-    cache, not a compile (``compiler.compile_library`` refuses)."""
+    cache, not a compile (``build.compile_library`` refuses)."""
     from app.errors import LlmchatError
-    from app.inference.compile import compiler
+    from app.inference.compile import build, targets
 
     def refuse(cfg: Any, target: Any, out_path: Path, *_a: Any, **_k: Any) -> Any:
         raise LlmchatError(
@@ -224,8 +224,8 @@ def forbid_compiling(root: Path) -> None:
             REBUILD.format(arch="sm_90").removeprefix("fix: "),
         )
 
-    compiler.compile_library = refuse
-    compiler.make_target = lambda device, arch=None: None  # never asks the compiler for a Target
+    build.compile_library = refuse
+    targets.make_target = lambda device, arch=None: None  # never asks the compiler for a Target
 
 
 # ------------------------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
 
 def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Compile everything the GPU suite needs for ``arch`` into ``out`` (made anew)."""
-    from app.inference.compile import compiler
+    from app.inference.compile import build, compiler
     from app.inference.hardware.device_spec import DeviceSpec
     from app.inference.store.config import ModelConfig
     from tests.conftest import write_tiny_model
@@ -295,7 +295,7 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
         with tempfile.TemporaryDirectory(prefix="gpu-cache-models-") as tmp:
             for name, (family, quant, overrides, plain) in _tiny_models().items():
                 cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
-                manifest["models"][model_key(cfg)] = compiler.parameter_specs(cfg)
+                manifest["models"][model_key(cfg)] = build.parameter_specs(cfg)
                 for use_plain in (False, True) if plain else (False,):
                     if use_plain:
                         os.environ["LLMCHAT_TVM_PIPELINE"] = "default"

@@ -87,20 +87,20 @@ def test_what_is_missing_or_stale_fails_with_the_rebuild_command(tmp_path, break
 def test_running_from_the_cache_the_engine_compiles_nothing(tmp_path, monkeypatch, tiny_model_dir):
     """A model whose library is not in the cache: an error naming the cache, not a compile."""
     from app.errors import LlmchatError
-    from app.inference.compile import compiler
+    from app.inference.compile import build, compiler, targets
     from app.inference.hardware.device_spec import DeviceSpec
     from app.inference.store.config import ModelConfig
 
     root = _cache(tmp_path / "c")
-    monkeypatch.setattr(compiler, "compile_library", compiler.compile_library)  # restored after
-    monkeypatch.setattr(compiler, "make_target", compiler.make_target)
+    monkeypatch.setattr(build, "compile_library", build.compile_library)  # restored after
+    monkeypatch.setattr(targets, "make_target", targets.make_target)
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(root / prebuilt.ENGINE_CACHE))
     prebuilt.forbid_compiling(root)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f16_1"))
     with pytest.raises(LlmchatError, match="not in the GPU test cache") as info:
         compiler.get_library(cfg, DeviceSpec("cuda"), arch="sm_90")
-    assert "make gpu-cache" in info.value.fix and before == compiler.COMPILE_COUNT
+    assert "make gpu-cache" in info.value.fix and before == build.COMPILE_COUNT
     assert not list((root / prebuilt.ENGINE_CACHE / "libs").iterdir())
 
 
@@ -108,11 +108,11 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
     """Under a runtime-only TVM (TVM_USE_RUNTIME_LIB=1: no compiler library, as on the GPU machine):
     the GPU suite is collected; a tiny model is written from the cache's parameter list; the kernel
     cases' inputs and numpy references are made."""
-    from app.inference.compile import compiler
+    from app.inference.compile import build
     from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.load(tiny_model_dir("qwen2", "q4f16_1", hidden_size=256, intermediate_size=640))
-    root = _cache(tmp_path / "c", models={prebuilt.model_key(cfg): compiler.parameter_specs(cfg)})
+    root = _cache(tmp_path / "c", models={prebuilt.model_key(cfg): build.parameter_specs(cfg)})
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", prebuilt.CACHE_ENV: str(root), "PYTHONPATH": str(ROOT)}
     collect = subprocess.run(
         [

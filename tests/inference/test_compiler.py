@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import LlmchatError
-from app.inference.compile import compiler
+from app.inference.compile import build, cache, compiler, rocm_toolchain, sources, targets
 from app.inference.engine.tvm_engine import load_engine
 from app.inference.hardware.device_spec import DeviceSpec
 from app.inference.store.config import ModelConfig
@@ -30,9 +30,9 @@ def test_second_load_reuses_the_library(tiny_model_dir, fresh_cache, monkeypatch
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(tmp_path / "cache"))
     model = tiny_model_dir("llama", "q4f32_1")
     events = []
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     load_engine(model, device="cpu", progress=events.append).close()
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     compile_events = [e for e in events if e.stage == "compile"]
     assert compile_events and compile_events[-1].fraction == 1.0
     assert compile_events[0].message.startswith("compiling for cpu:0")
@@ -42,7 +42,7 @@ def test_second_load_reuses_the_library(tiny_model_dir, fresh_cache, monkeypatch
 
     events.clear()
     load_engine(model, device="cpu", progress=events.append).close()
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     assert not [e for e in events if e.stage == "compile"]
     assert [e for e in events if e.stage == "load"]
 
@@ -50,53 +50,53 @@ def test_second_load_reuses_the_library(tiny_model_dir, fresh_cache, monkeypatch
 def test_cache_key_covers_what_changes_code(tiny_model_dir, monkeypatch):
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     other = ModelConfig.load(tiny_model_dir("llama", "q0f32"))
-    key = compiler.cache_key(cfg, "cpu", "x86_64|cpu")
-    assert key == compiler.cache_key(cfg, "cpu", "x86_64|cpu")
-    assert key != compiler.cache_key(other, "cpu", "x86_64|cpu")
-    assert key != compiler.cache_key(cfg, "cuda", "sm_90")
-    assert compiler.cache_key(cfg, "cuda", "sm_90") != compiler.cache_key(cfg, "cuda", "sm_89")
-    cuda_key = compiler.cache_key(cfg, "cuda", "sm_90")
+    key = cache.cache_key(cfg, "cpu", "x86_64|cpu")
+    assert key == cache.cache_key(cfg, "cpu", "x86_64|cpu")
+    assert key != cache.cache_key(other, "cpu", "x86_64|cpu")
+    assert key != cache.cache_key(cfg, "cuda", "sm_90")
+    assert cache.cache_key(cfg, "cuda", "sm_90") != cache.cache_key(cfg, "cuda", "sm_89")
+    cuda_key = cache.cache_key(cfg, "cuda", "sm_90")
     monkeypatch.setenv("LLMCHAT_CUDA_GEMM", "tvm")  # a kernel switch: another library
-    assert compiler.cache_key(cfg, "cuda", "sm_90") != cuda_key
+    assert cache.cache_key(cfg, "cuda", "sm_90") != cuda_key
     monkeypatch.delenv("LLMCHAT_CUDA_GEMM")
     monkeypatch.setenv("LLMCHAT_SOMETHING_ELSE", "1")
-    assert compiler.cache_key(cfg, "cuda", "sm_90") == cuda_key
-    monkeypatch.setattr(compiler, "ENGINE_VERSION", "test-bump")
-    assert key != compiler.cache_key(cfg, "cpu", "x86_64|cpu")
+    assert cache.cache_key(cfg, "cuda", "sm_90") == cuda_key
+    monkeypatch.setattr(cache, "ENGINE_VERSION", "test-bump")
+    assert key != cache.cache_key(cfg, "cpu", "x86_64|cpu")
 
 
 def test_library_key_round_trips_and_names_its_differences(tiny_model_dir, monkeypatch):
     """The manifest of a prebuilt library carries the key field by field: read back, it gives the
     same digest (the cache entry's name); another TVM or CPU level is named in words."""
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
-    key = compiler.library_key(cfg, "cpu", "x86-64-v3")
+    key = cache.library_key(cfg, "cpu", "x86-64-v3")
     assert key.host_cpu == "x86-64-v3" and key.target == "cpu-x86-64-v3"
-    assert compiler.LibraryKey.from_dict(json.loads(json.dumps(key.as_dict()))) == key
-    assert key.digest() == compiler.cache_key(cfg, "cpu", "x86-64-v3")
-    gpu = compiler.library_key(cfg, "cuda", "sm_90")
-    assert gpu.host_cpu == compiler.cpu_levels()[0]  # GPU libraries: host code at the baseline
+    assert cache.LibraryKey.from_dict(json.loads(json.dumps(key.as_dict()))) == key
+    assert key.digest() == cache.cache_key(cfg, "cpu", "x86-64-v3")
+    gpu = cache.library_key(cfg, "cuda", "sm_90")
+    assert gpu.host_cpu == targets.cpu_levels()[0]  # GPU libraries: host code at the baseline
     other = dataclasses.replace(key, tvm="0.26.0", device="x86-64-v4", host_cpu="x86-64-v4")
     words = other.differences(key)
     assert "TVM 0.26.0 (here " in " ".join(words) and "target x86-64-v4 (here x86-64-v3)" in words
     with pytest.raises(ValueError):
-        compiler.LibraryKey.from_dict({**key.as_dict(), "extra": "1"})
+        cache.LibraryKey.from_dict({**key.as_dict(), "extra": "1"})
     with pytest.raises(ValueError):
-        compiler.LibraryKey.from_dict({**key.as_dict(), "tvm": 27})
+        cache.LibraryKey.from_dict({**key.as_dict(), "tvm": 27})
 
 
 def test_targets_are_dict_form_with_a_portable_cpu_level():
     import tvm
 
-    cpu = compiler.target_dict(DeviceSpec("cpu"))
-    level = compiler.cpu_level()
-    assert level in compiler.cpu_levels()
+    cpu = targets.target_dict(DeviceSpec("cpu"))
+    level = targets.cpu_level()
+    assert level in targets.cpu_levels()
     # never the build machine's own -mcpu (rocketlake, znver2 ...): the x86-64-vN level it supports
     assert cpu["kind"] == "llvm" and cpu.get("mcpu", level) == level
     assert cpu.get("mcpu") != tvm.target.codegen.llvm_get_system_cpu()
-    assert compiler.target_dict(DeviceSpec("cpu"), arch=compiler.cpu_levels()[0])["kind"] == "llvm"
+    assert targets.target_dict(DeviceSpec("cpu"), arch=targets.cpu_levels()[0])["kind"] == "llvm"
     with pytest.raises(LlmchatError, match="not a CPU level") as err:
-        compiler.target_dict(DeviceSpec("cpu"), arch="rocketlake")
-    assert compiler.cpu_level() in err.value.fix
+        targets.target_dict(DeviceSpec("cpu"), arch="rocketlake")
+    assert targets.cpu_level() in err.value.fix
 
 
 def test_cpu_level_switch(monkeypatch):
@@ -104,23 +104,23 @@ def test_cpu_level_switch(monkeypatch):
     level; anything else: a clear error."""
     import tvm
 
-    detected = compiler.cpu_level()
-    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, "native")
-    native = compiler.cpu_level()
+    detected = targets.cpu_level()
+    monkeypatch.setenv(targets.CPU_LEVEL_ENV, "native")
+    native = targets.cpu_level()
     assert native.startswith("native-") and native != detected
-    assert compiler.device_fingerprint(DeviceSpec("cpu")) == native
-    assert compiler.target_dict(DeviceSpec("cpu"))["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
-    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, compiler.cpu_levels()[0])
-    assert compiler.cpu_level() == compiler.cpu_levels()[0]
-    monkeypatch.setenv(compiler.CPU_LEVEL_ENV, "fastest")
+    assert targets.device_fingerprint(DeviceSpec("cpu")) == native
+    assert targets.target_dict(DeviceSpec("cpu"))["mcpu"] == tvm.target.codegen.llvm_get_system_cpu()
+    monkeypatch.setenv(targets.CPU_LEVEL_ENV, targets.cpu_levels()[0])
+    assert targets.cpu_level() == targets.cpu_levels()[0]
+    monkeypatch.setenv(targets.CPU_LEVEL_ENV, "fastest")
     with pytest.raises(LlmchatError, match="not a CPU level"):
-        compiler.cpu_level()
-    cuda = compiler.make_target(DeviceSpec("cuda"), arch="sm_90")
+        targets.cpu_level()
+    cuda = targets.make_target(DeviceSpec("cuda"), arch="sm_90")
     assert cuda.kind.name == "cuda" and cuda.attrs["arch"] == "sm_90"
     # GPU libraries' host code is for a portable CPU level: their key records only the GPU
     assert "mcpu" not in cuda.host.attrs or not cuda.host.attrs["mcpu"]
-    assert compiler.target_dict(DeviceSpec("rocm"), arch="gfx1100")["host"] == {"kind": "llvm"}
-    assert compiler.target_dict(DeviceSpec("rocm"), arch="gfx1100")["thread_warp_size"] == 32
+    assert targets.target_dict(DeviceSpec("rocm"), arch="gfx1100")["host"] == {"kind": "llvm"}
+    assert targets.target_dict(DeviceSpec("rocm"), arch="gfx1100")["thread_warp_size"] == 32
 
 
 def test_damaged_cache_entry_is_rebuilt(tiny_model_dir, fresh_cache, monkeypatch):
@@ -128,9 +128,9 @@ def test_damaged_cache_entry_is_rebuilt(tiny_model_dir, fresh_cache, monkeypatch
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     lib = compiler.get_library(cfg, DeviceSpec("cpu"))
     lib.lib_path.with_suffix(".json").write_text("{broken")
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     again = compiler.get_library(cfg, DeviceSpec("cpu"))
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     assert json.loads(again.lib_path.with_suffix(".json").read_text())["params"] == lib.params
 
 
@@ -139,7 +139,7 @@ def test_cached_library_runs_on_runtime_only_tvm(tiny_engine, tiny_model_dir):
     """With TVM_USE_RUNTIME_LIB=1 (no compiler), the cached library loads and generates."""
     model = tiny_model_dir("llama", "q4f32_1")
     # make sure the cache holds a library for the current sources (others may be editing them)
-    compiler._source_digest.cache_clear()
+    sources.digest.cache_clear()
     compiler.get_library(ModelConfig.load(model), DeviceSpec("cpu"))
     code = textwrap.dedent(f"""
         import tvm
@@ -148,12 +148,12 @@ def test_cached_library_runs_on_runtime_only_tvm(tiny_engine, tiny_model_dir):
             compiler_present = True
         except Exception:
             compiler_present = False
-        from app.inference.compile import compiler
+        from app.inference.compile import build
         from app.inference.engine.tvm_engine import load_engine
         from app.inference.api import SamplingParams
         e = load_engine({str(model)!r}, device="cpu")
         stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), ignore_eos=True))[-1]
-        print("RESULT", compiler_present, compiler.COMPILE_COUNT, stats.generated_tokens)
+        print("RESULT", compiler_present, build.COMPILE_COUNT, stats.generated_tokens)
     """)
     env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -170,7 +170,7 @@ def test_cross_compiles_for_a_gpu_that_is_not_here(tiny_model_dir, backend, arch
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f16_1"))
     if backend == "rocm":
         try:
-            with compiler.rocm_toolchain():
+            with rocm_toolchain.rocm_toolchain():
                 pass
         except Exception as err:  # LlmchatError naming the missing part
             pytest.skip(f"no ROCm toolchain here: {err}")
@@ -178,7 +178,7 @@ def test_cross_compiles_for_a_gpu_that_is_not_here(tiny_model_dir, backend, arch
     meta = json.loads(lib.lib_path.with_suffix(".json").read_text())
     assert lib.lib_path.stat().st_size > 10_000
     assert arch in meta["target"] and lib.compute_dtype == "float16"
-    assert [p["name"] for p in lib.params] == [p["name"] for p in compiler.parameter_specs(cfg)]
+    assert [p["name"] for p in lib.params] == [p["name"] for p in build.parameter_specs(cfg)]
 
 
 def test_vulkan_compiles_through_tvms_wgsl_code_generator():
@@ -187,7 +187,7 @@ def test_vulkan_compiles_through_tvms_wgsl_code_generator():
     from tests.inference.backends.vulkan_env import need_vulkan
 
     need_vulkan()
-    target = compiler.make_target(DeviceSpec("vulkan"))
+    target = targets.make_target(DeviceSpec("vulkan"))
     assert target.kind.name == "webgpu" and target.host.kind.name == "llvm"
     assert int(target.attrs["max_shared_memory_per_block"]) >= 16384
 
@@ -202,20 +202,37 @@ def test_failing_schedules_fall_back_to_tvms_stock_pipeline(tiny_model_dir, tmp_
     monkeypatch.setattr(pipelines, "pipeline_for", broken)
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     events = []
-    compiler.compile_library(cfg, compiler.make_target(DeviceSpec("cpu")), tmp_path / "lib.so", events.append)
+    build.compile_library(cfg, targets.make_target(DeviceSpec("cpu")), tmp_path / "lib.so", events.append)
     assert (tmp_path / "lib.so").stat().st_size > 0
     assert any("schedule bug" in e.message and "stock pipeline" in e.message for e in events)
 
 
+#: the modules of app/inference/compile whose code decides a library's code: the orchestrator and
+#: every step it imports (a new step must be imported by compiler.py to be covered)
+BUILD_MODULES = (
+    "compiler.py",
+    "targets.py",
+    "cache.py",
+    "sources.py",
+    "build.py",
+    "rocm_toolchain.py",
+    "cuda_support.py",
+    "device_ops.py",
+)
+
+
 def test_library_sources_are_derived_from_the_imports():
-    """Everything a library's code comes from is in the key (device_ops.py, cuda_support.py, the .cu);
-    what only runs the model (tokenizer, generation, the UI) is not."""
-    names = {p.name for p in compiler.library_sources()}
+    """Everything a library's code comes from is in the key (every compile step, device_ops.py,
+    cuda_support.py, the .cu); what only fetches or runs a library (prebuilt bundles, tokenizer,
+    generation, the UI) is not."""
+    listed = sources.library_sources()
+    names = {p.name for p in listed}
+    compile_dir = Path(compiler.__file__).resolve().parent
+    assert {compile_dir / name for name in BUILD_MODULES} <= set(listed)
+    # every module of the compile package but the prebuilt bundles' is a build step
+    assert {p.name for p in compile_dir.glob("*.py")} - {"prebuilt.py"} <= names
     assert {
-        "compiler.py",
         "config.py",
-        "device_ops.py",
-        "cuda_support.py",
         "cuda_kernels.cu",
         "llama.py",
         "qwen2.py",
@@ -227,6 +244,7 @@ def test_library_sources_are_derived_from_the_imports():
         "ggml.py",
     } <= names
     assert not names & {
+        "prebuilt.py",
         "tokenizer.py",
         "generation.py",
         "chat_template.py",
@@ -236,8 +254,9 @@ def test_library_sources_are_derived_from_the_imports():
     }
 
 
-def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, monkeypatch):
-    """The digest reads the files themselves: a copy of the package with device_ops.py edited keys apart."""
+def test_editing_any_library_source_changes_the_key(tmp_path):
+    """The digest reads the files themselves: in a copy of the package, an edit of each module of
+    the compile steps (and of device_ops.py) gives another digest."""
     import shutil
 
     app_copy = tmp_path / "app"
@@ -247,8 +266,8 @@ def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, mo
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     code = (
-        "import sys; sys.path.insert(0, {root!r}); from app.inference.compile import compiler; "
-        "assert compiler.__file__.startswith({root!r}); print(compiler._source_digest())"
+        "import sys; sys.path.insert(0, {root!r}); from app.inference.compile import sources; "
+        "assert sources.__file__.startswith({root!r}); print(sources.digest())"
     )
     run = lambda: subprocess.run(  # noqa: E731
         [sys.executable, "-c", code.format(root=str(tmp_path))],
@@ -258,10 +277,14 @@ def test_editing_any_library_source_changes_the_key(tiny_model_dir, tmp_path, mo
         cwd=tmp_path,
     ).stdout.strip()
     first = run()
-    assert first == run()
-    with open(app_copy / "inference" / "compile" / "device_ops.py", "a") as f:
-        f.write("\n# an edit\n")
-    assert run() != first
+    assert len(first) == 64 and first == run()
+    seen = {first}
+    for name in BUILD_MODULES:
+        with open(app_copy / "inference" / "compile" / name, "a") as f:
+            f.write("\n# an edit\n")
+        digest = run()
+        assert digest not in seen, f"an edit of {name} left the library key as it was"
+        seen.add(digest)
 
 
 def _truncate(path, fraction=0.5):
@@ -271,8 +294,8 @@ def _truncate(path, fraction=0.5):
 def test_truncated_library_is_rebuilt_not_loaded(tiny_model_dir, fresh_cache, monkeypatch):
     """`truncate -s 50%` on a cached library: verified before loading, rebuilt; a fresh process then
     generates with it (before: SIGBUS, and the broken entry reused forever)."""
-    cache = fresh_cache / "cache"
-    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(cache))
+    cache_dir = fresh_cache / "cache"
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(cache_dir))
     model = tiny_model_dir("llama", "q4f32_1")
     cfg = ModelConfig.load(model)
     lib = compiler.get_library(cfg, DeviceSpec("cpu"))
@@ -280,24 +303,24 @@ def test_truncated_library_is_rebuilt_not_loaded(tiny_model_dir, fresh_cache, mo
     assert meta["size"] == lib.lib_path.stat().st_size and len(meta["sha256"]) == 64
     _truncate(lib.lib_path)
     code = textwrap.dedent(f"""
-        from app.inference.compile import compiler
+        from app.inference.compile import build
         from app.inference.engine.tvm_engine import load_engine
         from app.inference.api import SamplingParams
         e = load_engine({str(model)!r}, device="cpu")
         stats = list(e.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=3), ignore_eos=True))[-1]
-        print("RESULT", compiler.COMPILE_COUNT, stats.generated_tokens)
+        print("RESULT", build.COMPILE_COUNT, stats.generated_tokens)
     """)
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, LLMCHAT_CACHE_DIR=str(cache)),
+        env=dict(os.environ, LLMCHAT_CACHE_DIR=str(cache_dir)),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["1", "3"]
     again = json.loads(lib.lib_path.with_suffix(".json").read_text())
-    assert again["sha256"] == compiler.file_digest(lib.lib_path)
+    assert again["sha256"] == cache.file_digest(lib.lib_path)
 
 
 def test_same_size_corruption_is_rebuilt(tiny_model_dir, fresh_cache, monkeypatch):
@@ -307,14 +330,14 @@ def test_same_size_corruption_is_rebuilt(tiny_model_dir, fresh_cache, monkeypatc
     with open(lib.lib_path, "r+b") as f:
         f.seek(lib.lib_path.stat().st_size // 2)
         f.write(b"\xde\xad\xbe\xef" * 8)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     events = []
     compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     assert any("damaged" in e.message for e in events)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     compiler.get_library(cfg, DeviceSpec("cpu"))
-    assert before == compiler.COMPILE_COUNT  # the rebuilt entry verifies
+    assert before == build.COMPILE_COUNT  # the rebuilt entry verifies
 
 
 def test_unwritable_cache_is_a_cache_error_not_a_schedule_failure(tiny_model_dir, tmp_path, monkeypatch):
@@ -322,18 +345,18 @@ def test_unwritable_cache_is_a_cache_error_not_a_schedule_failure(tiny_model_dir
     compile, a message about the cache (no `--device cpu`, no retry with the stock pipeline)."""
     from app.errors import LlmchatError
 
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "libs").write_text("not a directory")
-    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(cache))
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "libs").write_text("not a directory")
+    monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(cache_dir))
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     events = []
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     with pytest.raises(LlmchatError, match="Cannot write the compiled model library") as err:
         compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
     assert "LLMCHAT_CACHE_DIR" in err.value.fix and "--device cpu" not in str(err.value)
     assert not any("stock pipeline" in e.message for e in events)
-    assert before == compiler.COMPILE_COUNT
+    assert before == build.COMPILE_COUNT
     assert not any("generating kernels" in e.message for e in events)  # failed before compiling
 
 
@@ -347,17 +370,17 @@ def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fre
     monkeypatch.setattr(pipelines, "pipeline_for", broken)
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))
     lib = compiler.get_library(cfg, DeviceSpec("cpu"))
-    normal = compiler.cache_key(
+    normal = cache.cache_key(
         dataclasses.replace(cfg, compute_dtype=lib.compute_dtype),
         "cpu",
-        compiler.device_fingerprint(DeviceSpec("cpu")),
+        targets.device_fingerprint(DeviceSpec("cpu")),
     )
     assert normal not in lib.lib_path.name
     assert json.loads(lib.lib_path.with_suffix(".json").read_text())["pipeline"] == "tvm-default"
     assert not list(lib.lib_path.parent.glob(f"*{normal}*"))
     # the next start does not pay for the failing schedules again: the stock library, no compile
-    before, events = compiler.COMPILE_COUNT, []
+    before, events = build.COMPILE_COUNT, []
     again = compiler.get_library(cfg, DeviceSpec("cpu"), progress=events.append)
-    assert again.lib_path == lib.lib_path and before == compiler.COMPILE_COUNT
+    assert again.lib_path == lib.lib_path and before == build.COMPILE_COUNT
     assert any("schedules failed for this model before" in e.message for e in events)
     assert not list(lib.lib_path.parent.glob(f"*{normal}*"))

@@ -227,7 +227,7 @@ def test_decode_attention_matches_numpy(target, dtype):
 
 def test_model_gets_our_kernels(target):
     """The model's matmuls are scheduled and TVM's scalar attention kernels are replaced."""
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
 
     cfg = preset_config("smollm2-135m", "q4f16_1", context_window=256)
@@ -254,7 +254,7 @@ def test_model_gets_our_kernels(target):
 def test_model_builds_with_our_pipeline(tiny_model_dir, target, tmp_path):
     """The whole model compiles with llmchat's CPU pipeline: no kernel of it makes the compiler
     fall back to TVM's stock pipeline (which would still give right answers, slowly)."""
-    from app.inference.compile.compiler import compile_library
+    from app.inference.compile.build import compile_library
     from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f32_1"))

@@ -228,7 +228,7 @@ def test_prompt_attention_to_the_cached_pages_runs_on_tensor_cores(heads, kv_hea
 def test_the_paged_prompt_kernel_can_be_switched_off(monkeypatch):
     """``LLMCHAT_CUDA_PAGED_PREFILL=tvm`` keeps TVM's kernel for the cached pages (comparisons)
     and is part of the library's cache key."""
-    from app.inference.compile import compiler
+    from app.inference.compile import cache
 
     sm90 = _cuda("sm_90")
     monkeypatch.delenv("LLMCHAT_CUDA_ATTENTION", raising=False)
@@ -237,7 +237,7 @@ def test_the_paged_prompt_kernel_can_be_switched_off(monkeypatch):
     assert names[1:] == ["llmchat_prefill_attention", "llmchat_prefill_paged_attention"]
     monkeypatch.setenv("LLMCHAT_CUDA_PAGED_PREFILL", "tvm")
     assert [p.info.name for p in gpu.attention_passes(sm90)][1:] == ["llmchat_prefill_attention"]
-    assert compiler._kernel_switches()["LLMCHAT_CUDA_PAGED_PREFILL"] == "tvm"  # part of the cache key
+    assert cache._kernel_switches()["LLMCHAT_CUDA_PAGED_PREFILL"] == "tvm"  # part of the cache key
     assert gpu_choices.cuda_paged_prefill() == "tvm"
     monkeypatch.setenv("LLMCHAT_CUDA_PAGED_PREFILL", "sync")
     assert gpu_choices.cuda_paged_prefill() == "sync" and len(gpu.attention_passes(sm90)) == 3
@@ -319,7 +319,7 @@ def test_kernels_compile_inside_a_model_library(tmp_path, arch):
     """A Llama-shaped model (head_dim 64, hidden 256) built for sm_90: every decode GEMV, the
     decode attention and the argmax are llmchat's kernels, and nvcc accepts the module; for
     sm_75 (Turing) too, with TVM's prompt attention (llmchat's needs sm_80)."""
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.from_dict(

@@ -48,7 +48,7 @@ def _model_norms(preset: str, **overrides):
 
     from tvm import relax
 
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
 
     target = tvm.target.Target(CUDA_TARGET)

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import tvm
 
-from app.inference.compile.compiler import export_model
+from app.inference.compile.build import export_model
 from app.inference.engine.random_model import preset_config
 from app.inference.pipelines import cuda_rope_append as cra
 from app.inference.pipelines import gpu, gpu_choices

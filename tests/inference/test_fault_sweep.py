@@ -49,7 +49,7 @@ def _mutations(base: dict) -> list[tuple[str, dict]]:
 
 
 def test_mutated_model_configs_end_in_a_clean_error_or_a_sound_config(tiny_model_dir):
-    from app.inference.compile.compiler import parameter_specs
+    from app.inference.compile.build import parameter_specs
 
     base = json.loads((tiny_model_dir("llama", "q4f32_1") / "mlc-chat-config.json").read_text())
     cases = _mutations(base)

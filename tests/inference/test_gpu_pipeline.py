@@ -29,7 +29,7 @@ CUDA_TARGET = {
 
 
 def _tiny_module(target):
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
 
     cfg = preset_config("tiny-llama", "q4f16_1")

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.cli import main
 from app.errors import LlmchatError
-from app.inference.compile import compiler, prebuilt
+from app.inference.compile import build, cache, compiler, prebuilt, targets
 from app.inference.engine.tvm_engine import load_engine
 from app.inference.store import downloads
 from app.inference.store import hub as hub_files
@@ -106,17 +106,17 @@ def hub(tmp_path, monkeypatch):
 
 
 def cache_entries() -> list[dict]:
-    return [json.loads(p.read_text()) for p in compiler.libs_dir().glob("*.json")]
+    return [json.loads(p.read_text()) for p in cache.libs_dir().glob("*.json")]
 
 
 def nothing_broken_cached() -> None:
     """No half-installed library: every entry is complete and verified, no staging left over."""
-    for meta in compiler.libs_dir().glob("*.json"):
-        assert compiler._cached_entry(meta.with_suffix(".so"), meta) is not None
-    assert not list(compiler.libs_dir().glob("*.so")) or all(
-        p.with_suffix(".json").exists() for p in compiler.libs_dir().glob("*.so")
+    for meta in cache.libs_dir().glob("*.json"):
+        assert cache.verified_entry(meta.with_suffix(".so"), meta) is not None
+    assert not list(cache.libs_dir().glob("*.so")) or all(
+        p.with_suffix(".json").exists() for p in cache.libs_dir().glob("*.so")
     )
-    staging = compiler.libs_dir() / prebuilt.STAGING
+    staging = cache.libs_dir() / prebuilt.STAGING
     assert not staging.exists() or not any(staging.iterdir())
 
 
@@ -125,7 +125,7 @@ def forged(folder: Path, out: Path, **key_changes: str) -> Path:
     copy = out / folder.name
     copy.mkdir(parents=True)
     manifest = json.loads((folder / prebuilt.MANIFEST).read_text())
-    key = compiler.LibraryKey.from_dict(manifest["key"])
+    key = cache.LibraryKey.from_dict(manifest["key"])
     key = dataclasses.replace(key, **key_changes)
     manifest["key"], manifest["digest"] = key.as_dict(), key.digest()
     (copy / prebuilt.MANIFEST).write_text(json.dumps(manifest))
@@ -142,7 +142,7 @@ def test_bundle_manifest_carries_the_cache_key(built):
 
     slot = compiler.library_slot(ModelConfig.load(model), DeviceSpec("cpu"))
     assert manifest.key == slot.key and folder.name == slot.digest == manifest.digest
-    level = compiler.cpu_level()
+    level = targets.cpu_level()
     assert manifest.key.host_cpu == level and manifest.key.target == f"cpu-{level}"
     size, sha = manifest.files[prebuilt.LIBRARY]
     lib = folder / prebuilt.LIBRARY
@@ -153,7 +153,7 @@ def test_bundle_manifest_carries_the_cache_key(built):
 def test_model_repo_bundle_downloads_and_answers_exactly_like_a_local_compile(built, hub, capsys):
     model, folder, (ref_logits, ref_tokens) = built
     hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(folder)})
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     assert main(["download", MODEL_ID, "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "prebuilt, from HF://" in err and "sha256 verified" in err
@@ -167,7 +167,7 @@ def test_model_repo_bundle_downloads_and_answers_exactly_like_a_local_compile(bu
         logits, tokens = answers(engine)
     finally:
         engine.close()
-    assert before == compiler.COMPILE_COUNT  # nothing compiled on this machine
+    assert before == build.COMPILE_COUNT  # nothing compiled on this machine
     assert not [e for e in events if e.stage == "compile"]  # a cache hit
     np.testing.assert_array_equal(logits, ref_logits)
     assert tokens == ref_tokens and len(tokens) == GREEDY_STEPS
@@ -179,21 +179,21 @@ def test_catalog_pinned_bundle_is_fetched_on_first_load(built, hub):
     hub.add_repo(MODEL_REPO, model_files(model))
     hub.add_repo(LIBS_REPO, bundle_files(folder, "llmchat/tiny"))
     pin = hashlib.sha256((folder / prebuilt.MANIFEST).read_bytes()).hexdigest()
-    target = f"cpu-{compiler.cpu_level()}"
+    target = f"cpu-{targets.cpu_level()}"
     lib = (
         f'prebuilt_libs = [{{ target = "{target}", repo = "{LIBS_REPO}", '
         f'path = "llmchat/tiny/{folder.name}", sha256 = "{pin}" }}]'
     )
     (hub.root / "config" / "models_registry.toml").write_text(registry(lib))
     downloads.download_model(MODEL_ID)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     events = []
     engine = load_engine(MODEL_ID, device="cpu", progress=events.append)  # the first-run flow's load
     try:
         logits, _ = answers(engine)
     finally:
         engine.close()
-    assert before == compiler.COMPILE_COUNT
+    assert before == build.COMPILE_COUNT
     assert any("using the prebuilt library" in e.message and "the catalog" in e.message for e in events)
     np.testing.assert_array_equal(logits, ref_logits)
     # `llmchat models` says so
@@ -209,7 +209,7 @@ def test_wrong_catalog_pin_and_flipped_byte_fall_back_to_compiling(built, hub):
     model, folder, (ref_logits, _) = built
     hub.add_repo(MODEL_REPO, model_files(model))
     hub.add_repo(LIBS_REPO, bundle_files(folder))
-    target = f"cpu-{compiler.cpu_level()}"
+    target = f"cpu-{targets.cpu_level()}"
     lib = (
         f'prebuilt_libs = [{{ target = "{target}", repo = "{LIBS_REPO}", '
         f'path = "libs/{folder.name}", sha256 = "{"0" * 64}" }}]'
@@ -225,14 +225,14 @@ def test_wrong_catalog_pin_and_flipped_byte_fall_back_to_compiling(built, hub):
     (hub.root / "config" / "models_registry.toml").write_text(registry(lib.replace("0" * 64, pin)))
     so = f"libs/{folder.name}/{prebuilt.LIBRARY}"
     hub.faults.flip_byte[so] = (1000, -1)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     events = []
     engine = load_engine(MODEL_ID, device="cpu", progress=events.append)
     try:
         logits, _ = answers(engine)
     finally:
         engine.close()
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     fallback = [e.message for e in events if "no usable prebuilt library" in e.message]
     assert fallback and "sha256" in fallback[0] and "compiling here" in fallback[0]
     assert hub.counters.gets[so] == 2  # fetched, failed its sha256, fetched once more, failed: given up
@@ -253,7 +253,7 @@ def test_manifest_for_another_machine_is_rejected_before_the_library_is_fetched(
     built, hub, tmp_path, change, words
 ):
     model, folder, _ = built
-    if change.get("device") == compiler.cpu_level():
+    if change.get("device") == targets.cpu_level():
         change = {"device": "x86-64", "host_cpu": "x86-64"}
     bad = forged(folder, tmp_path / "forged", **change)
     hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(bad)})
@@ -303,7 +303,7 @@ def test_cut_download_resumes(built, hub):
     line = prebuilt.prepare_library(MODEL_ID, model_dir, "cpu")
     assert "compiles here on first use" in line and "breaking off" in line
     assert cache_entries() == []
-    parts = list((compiler.libs_dir() / prebuilt.STAGING).rglob("*.part"))
+    parts = list((cache.libs_dir() / prebuilt.STAGING).rglob("*.part"))
     assert len(parts) == 1 and parts[0].stat().st_size == size // 2  # kept for the resume
     hub.counters.reset()
     line = prebuilt.prepare_library(MODEL_ID, model_dir, "cpu")
@@ -328,7 +328,7 @@ def test_a_prebuilt_library_that_fails_to_load_is_removed_and_compiled(built, hu
     (bad / prebuilt.MANIFEST).write_text(json.dumps(manifest))
     hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(bad)})
     downloads.download_model(MODEL_ID)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     events = []
     engine = load_engine(MODEL_ID, device="cpu", progress=events.append)
     try:
@@ -336,7 +336,7 @@ def test_a_prebuilt_library_that_fails_to_load_is_removed_and_compiled(built, hu
     finally:
         engine.close()
     assert any("failed to load" in e.message and "removed it" in e.message for e in events)
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     (entry,) = cache_entries()
     assert entry["origin"] == "compiled"
     np.testing.assert_array_equal(logits, ref_logits)
@@ -387,11 +387,11 @@ def test_ask_with_no_prebuilt_compiles_here(built, hub, capsys):
     model, folder, _ = built
     hub.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(folder)})
     downloads.download_model(MODEL_ID)
-    before = compiler.COMPILE_COUNT
+    before = build.COMPILE_COUNT
     args = ["ask", "--model", MODEL_ID, "--device", "cpu", "--temperature", "0", "--max-tokens", "2"]
     assert main([*args, "--no-prebuilt", "hello"]) == 0
     err = capsys.readouterr().err
     assert "prebuilt libraries are off (--no-prebuilt): compiling here" in err
-    assert before + 1 == compiler.COMPILE_COUNT
+    assert before + 1 == build.COMPILE_COUNT
     assert [e["origin"] for e in cache_entries()] == ["compiled"]
     assert not hub.counters.gets.get(f"libs/{folder.name}/{prebuilt.MANIFEST}")

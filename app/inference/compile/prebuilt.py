@@ -8,7 +8,7 @@ one is used only when every check passes, before anything is loaded:
   ``manifest.json`` and ``model.so``.  The manifest records the ``LibraryKey`` field by field (model
   config hash, quantization, target and GPU architecture or WGSL adapter profile, host CPU level,
   TVM version, engine version, llmchat's library sources, pipeline, kernel switches) and the size
-  and sha256 of every file.  The key is the local compile cache's own (app/inference/compile/compiler.py):
+  and sha256 of every file.  The key is the local compile cache's own (app/inference/compile/cache.py):
   a bundle fits this machine exactly when its key equals the key this machine would compile.
 * **Where bundles come from**: a catalog entry's ``prebuilt_libs`` (repo + folder + the manifest's
   sha256, per target), and a model repo's ``libs/<digest>/`` folder (its listing is recorded at
@@ -38,8 +38,8 @@ from typing import Any
 from app import paths
 from app.errors import LlmchatError
 from app.inference.api import ProgressCallback, ProgressEvent
-from app.inference.compile import compiler
-from app.inference.compile.compiler import CompiledModel, LibraryKey, LibrarySlot
+from app.inference.compile import cache, compiler, targets
+from app.inference.compile.cache import CompiledModel, LibraryKey, LibrarySlot
 
 BUNDLE_FORMAT = "llmchat-model-library"
 BUNDLE_VERSION = 1
@@ -90,7 +90,7 @@ def prebuilt_allowed(flag: bool | None = None) -> tuple[bool, str]:
 
 def compile_estimate_s(backend: str) -> int:
     """About how long a compile takes here: this machine's earlier compiles, else a rough guess."""
-    seen = compiler.compile_seconds(backend)
+    seen = cache.compile_seconds(backend)
     return max(1, round(seen if seen is not None else COMPILE_GUESS_S.get(backend, 40)))
 
 
@@ -153,7 +153,7 @@ def verify_files(manifest: Manifest, folder: Path) -> None:
             raise BundleRejected(f"{name} is missing")
         if path.stat().st_size != size:
             raise BundleRejected(f"{name} is {path.stat().st_size} bytes, the manifest says {size}")
-        got = compiler.file_digest(path)
+        got = cache.file_digest(path)
         if got != sha:
             raise BundleRejected(f"{name} has sha256 {got}, the manifest says {sha}")
 
@@ -184,17 +184,17 @@ def build_bundle(
     _, model_dir = resolve_model_dir(model)
     cfg = ModelConfig.load(model_dir)
     spec = build_spec(device)
-    compiler.make_target(spec, arch)  # a missing --arch or an unknown one fails before anything else
+    targets.make_target(spec, arch)  # a missing --arch or an unknown one fails before anything else
     slot = compiler.library_slot(cfg, spec, arch)
-    found = compiler.cached_library(slot, progress)
+    found = cache.cached_library(slot, progress)
     if found is not None and found.origin != "compiled":
-        compiler.drop_library(slot)  # publish only what was compiled here
+        cache.drop_library(slot)  # publish only what was compiled here
         found = None
     compiled = found or compiler.compile_into(slot, spec, arch, progress)
     meta = json.loads(compiled.lib_path.with_suffix(".json").read_text(encoding="utf-8"))
     key = slot.key
     if meta.get("pipeline") == "tvm-default" and key.pipeline != "tvm-default":
-        key = compiler.library_key(slot.cfg, spec.backend, key.device, plain_pipeline=True)
+        key = cache.library_key(slot.cfg, spec.backend, key.device, plain_pipeline=True)
     manifest = {
         "format": BUNDLE_FORMAT,
         "version": BUNDLE_VERSION,
@@ -208,7 +208,7 @@ def build_bundle(
         "files": {
             LIBRARY: {
                 "size": compiled.lib_path.stat().st_size,
-                "sha256": compiler.file_digest(compiled.lib_path),
+                "sha256": cache.file_digest(compiled.lib_path),
             }
         },
     }
@@ -279,8 +279,8 @@ def candidates(model_id: str, model_dir: Path, slot: LibrarySlot) -> tuple[list[
             Candidate(lib.repo, lib.revision, lib.path.strip("/"), lib.sha256, "the catalog") for lib in mine
         ]
         if not mine:
-            targets = ", ".join(sorted({lib.target for lib in entry.prebuilt_libs}))
-            notes.append(f"the catalog has prebuilt libraries for {targets}, not for {slot.key.target}")
+            offered = ", ".join(sorted({lib.target for lib in entry.prebuilt_libs}))
+            notes.append(f"the catalog has prebuilt libraries for {offered}, not for {slot.key.target}")
     record = _download_record(model_dir)
     libs, repo = record.get("libs") or {}, record.get("repo")
     if libs and isinstance(repo, str):
@@ -304,7 +304,7 @@ def candidates(model_id: str, model_dir: Path, slot: LibrarySlot) -> tuple[list[
 # ------------------------------------------------------------------------------------------
 def staging_dir(slot: LibrarySlot, candidate: Candidate, commit: str) -> Path:
     tag = hashlib.sha256(f"{candidate.repo}|{commit}|{candidate.folder}".encode()).hexdigest()[:12]
-    return compiler.libs_dir() / STAGING / f"{slot.digest}-{tag}"
+    return cache.libs_dir() / STAGING / f"{slot.digest}-{tag}"
 
 
 def fetch_one(
@@ -357,7 +357,7 @@ def _fetch_locked(
             label,
         )
         folder = staging / candidate.folder
-        pinned, got = candidate.manifest_sha256, compiler.file_digest(folder / MANIFEST)
+        pinned, got = candidate.manifest_sha256, cache.file_digest(folder / MANIFEST)
         if pinned and got != pinned:  # also when an earlier run left the file complete
             raise BundleRejected(f"{MANIFEST} has sha256 {got}, the catalog says {pinned}")
         manifest = parse_manifest((folder / MANIFEST).read_bytes())
@@ -399,7 +399,7 @@ def _fetch_locked(
         "source": f"HF://{candidate.repo}@{commit}/{candidate.folder}",
     }
     try:
-        return compiler.install_library(slot, folder / LIBRARY, meta)
+        return cache.install_library(slot, folder / LIBRARY, meta)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -482,7 +482,7 @@ def prepare_library(
     cfg = ModelConfig.load(model_dir)
     slot = compiler.library_slot(cfg, resolve_device(device))
     target = slot.key.target
-    if compiler.cached_library(slot) is not None:
+    if cache.cached_library(slot) is not None:
         return f"library for {target}: already in the cache"
     compiles = f"library for {target}: compiles here on first use (~{compile_estimate_s(slot.key.backend)} s)"
     found, notes = candidates(model_id, model_dir, slot)

@@ -388,7 +388,8 @@ def load_engine(
     cache, else a verified prebuilt one (``prebuilt`` False: never; None: as the settings say),
     else compiled here."""
     from app.inference.compile import prebuilt as prebuilt_libs
-    from app.inference.compile.compiler import CompiledModel, drop_library, get_library, library_slot
+    from app.inference.compile.cache import CompiledModel, drop_library
+    from app.inference.compile.compiler import get_library, library_slot
     from app.inference.engine.chat_template import ChatFormatter
     from app.inference.engine.tokenizer import Tokenizer
     from app.inference.hardware.device_spec import resolve_device, tvm_device

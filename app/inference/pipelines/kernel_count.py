@@ -108,7 +108,7 @@ def scheduled_module(cfg: Any, target: Any) -> Any:
     """The model of ``cfg`` through llmchat's GPU passes up to scheduled kernels for ``target``."""
     import tvm
 
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.pipelines.gpu import schedule_passes
 
     mod, _ = export_model(cfg, target)

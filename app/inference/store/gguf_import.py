@@ -385,7 +385,7 @@ class _LazyParams(Mapping[str, np.ndarray]):
 
 def _check_against_engine(config: dict[str, Any], params: _LazyParams) -> None:
     """The parameters the engine's model takes are exactly the ones written (names, shapes, dtypes)."""
-    from app.inference.compile.compiler import parameter_specs
+    from app.inference.compile.build import parameter_specs
     from app.inference.store.config import ModelConfig, check_tokenizer_fits
 
     source = f"{params.source}"

@@ -42,10 +42,10 @@ def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def _need_rocm_toolchain() -> None:
-    from app.inference.compile import compiler
+    from app.inference.compile import rocm_toolchain
 
     try:
-        with compiler.rocm_toolchain():
+        with rocm_toolchain.rocm_toolchain():
             pass
     except Exception as err:  # LlmchatError naming the missing part
         pytest.skip(f"no ROCm toolchain here: {err} (Debian: apt install lld-19 rocm-device-libs)")
@@ -57,7 +57,7 @@ def _scale_library(tmp_path: Path, arch: str) -> Path:
     import tvm
     from tvm import s_tir, te
 
-    from app.inference.compile.compiler import rocm_toolchain
+    from app.inference.compile.rocm_toolchain import rocm_toolchain
 
     n = te.var("n")
     s = te.var("s", dtype="float32")

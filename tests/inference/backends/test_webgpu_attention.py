@@ -162,7 +162,7 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     import tvm
     from tvm import relax
 
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
     from app.inference.pipelines import gpu
     from app.inference.pipelines.wgsl_attention import DECODE_ATTENTION, split_decode_attention_pass

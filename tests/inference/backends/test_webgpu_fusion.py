@@ -263,7 +263,7 @@ def test_only_tvms_own_prologues_are_recognised():
 
 
 def _tiny_counts(monkeypatch, fusion: str):
-    from app.inference.compile.compiler import make_target
+    from app.inference.compile.targets import make_target
     from app.inference.engine.random_model import preset_config
     from app.inference.hardware.device_spec import DeviceSpec
 
@@ -288,7 +288,7 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
     llmchat's device API records per greedy decode step (fusion on, then off)."""
     need_vulkan()
     from app.inference.backends import webgpu
-    from app.inference.compile.compiler import make_target
+    from app.inference.compile.targets import make_target
     from app.inference.engine.tvm_engine import load_engine
     from app.inference.hardware.device_spec import DeviceSpec
 
@@ -311,7 +311,7 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
 
 def test_the_switch_is_part_of_the_library_key(monkeypatch):
     """A library compiled with the fusion off is never reused with it on (and back)."""
-    from app.inference.compile.compiler import library_key
+    from app.inference.compile.cache import library_key
     from app.inference.engine.random_model import preset_config
 
     cfg = preset_config("tiny-llama", "q4f16_1")

@@ -119,7 +119,7 @@ def test_the_models_prefill_matmuls_get_the_rule_and_decode_keeps_the_gemv():
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
 
     target = _target()

@@ -72,15 +72,15 @@ def test_a_weight_larger_than_a_binding_is_refused_before_loading():
 def test_another_adapter_profile_is_another_library(tiny_model_dir):
     """A library built for other adapter features is not reused: the profile is in the cache key."""
     need_vulkan()
-    from app.inference.compile import compiler
+    from app.inference.compile import cache, targets
     from app.inference.hardware.device_spec import DeviceSpec
     from app.inference.store.config import ModelConfig
 
     cfg = ModelConfig.load(tiny_model_dir("llama", "q4f16_1"))
     dev = DeviceSpec("vulkan", 0)
-    here = compiler.device_fingerprint(dev)
-    other = compiler.device_fingerprint(dev, "wgsl-f16-wg16384-t256")
+    here = targets.device_fingerprint(dev)
+    other = targets.device_fingerprint(dev, "wgsl-f16-wg16384-t256")
     assert here != other
-    assert compiler.cache_key(cfg, "vulkan", here) != compiler.cache_key(cfg, "vulkan", other)
+    assert cache.cache_key(cfg, "vulkan", here) != cache.cache_key(cfg, "vulkan", other)
     with pytest.raises(LlmchatError, match="profile"):
-        compiler.device_fingerprint(dev, "gfx1100")
+        targets.device_fingerprint(dev, "gfx1100")

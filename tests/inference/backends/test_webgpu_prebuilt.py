@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.inference.compile import compiler, prebuilt
+from app.inference.compile import build, prebuilt, targets
 from app.inference.engine.tvm_engine import load_engine
 from app.inference.store import downloads
 from tests.hub_server import HubServer, use_hub
@@ -64,7 +64,7 @@ def test_wgsl_bundle_built_without_an_adapter_loads_on_vulkan(tiny_model_dir, tm
     assert built.returncode == 0, built.stderr[-3000:]
     folder = Path(built.stdout.strip().splitlines()[-1])
     manifest = prebuilt.parse_manifest((folder / prebuilt.MANIFEST).read_bytes())
-    assert manifest.key.target == f"vulkan-{profile}" and manifest.key.host_cpu == compiler.cpu_levels()[0]
+    assert manifest.key.target == f"vulkan-{profile}" and manifest.key.host_cpu == targets.cpu_levels()[0]
     assert "webgpu" in manifest.target and f"vulkan-{profile}" in built.stderr
 
     # the library compiled here (the build above put it in this session's cache under the same key)
@@ -80,7 +80,7 @@ def test_wgsl_bundle_built_without_an_adapter_loads_on_vulkan(tiny_model_dir, tm
         (tmp_path / "fresh" / "config" / "models_registry.toml").write_text(registry())
         server.add_repo(MODEL_REPO, {**model_files(model), **bundle_files(folder)})
         downloads.download_model(MODEL_ID)
-        before = compiler.COMPILE_COUNT
+        before = build.COMPILE_COUNT
         events = []
         engine = load_engine(MODEL_ID, device="vulkan", progress=events.append)
         try:
@@ -89,7 +89,7 @@ def test_wgsl_bundle_built_without_an_adapter_loads_on_vulkan(tiny_model_dir, tm
             engine.close()
     finally:
         server.stop()
-    assert before == compiler.COMPILE_COUNT
+    assert before == build.COMPILE_COUNT
     assert any("using the prebuilt library for vulkan-" in e.message for e in events)
     np.testing.assert_array_equal(logits, ref_logits)
     assert tokens == ref_tokens

@@ -93,11 +93,11 @@ def test_targets_use_subgroups_only_for_a_sg_profile():
     assert wgsl_subgroups.tir_pipeline(_target(SG32)) == wgsl_subgroups.PIPELINE
     assert wgsl_subgroups.tir_pipeline(_target(PLAIN)) == "default"
     # --arch with -sgN: the library's fingerprint (cache key, prebuilt label) carries the size
-    from app.inference.compile import compiler
+    from app.inference.compile import targets
     from app.inference.hardware.device_spec import DeviceSpec
 
-    assert compiler.device_fingerprint(DeviceSpec("vulkan", 0), SG32) == SG32
-    assert compiler.device_fingerprint(DeviceSpec("vulkan", 0), PLAIN) == PLAIN
+    assert targets.device_fingerprint(DeviceSpec("vulkan", 0), SG32) == SG32
+    assert targets.device_fingerprint(DeviceSpec("vulkan", 0), PLAIN) == PLAIN
 
 
 def _decode_gemv(in_f: int, out_f: int):
@@ -179,16 +179,16 @@ def _lanes(call_args: str, rows: int, cols: int = 1, depth: int = 1) -> list[int
 
 def test_the_model_compiled_for_a_sg32_profile_has_every_broadcast_inside_the_subgroup(tmp_path):
     """The tiny Llama through llmchat's real compile path (``--arch`` with ``-sg32``), WGSL checked."""
-    from app.inference.compile import compiler
-    from app.inference.compile.compiler import export_model
+    from app.inference.compile import build, targets
+    from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
     from app.inference.hardware.device_spec import DeviceSpec
 
-    target = compiler.make_target(DeviceSpec("vulkan", 0), arch=SG32)
+    target = targets.make_target(DeviceSpec("vulkan", 0), arch=SG32)
     assert int(target.attrs["thread_warp_size"]) == 32
     mod, _ = export_model(preset_config("tiny-llama", "q4f16_1"), target)
     out = tmp_path / "lib.so"
-    compiler._build(mod, target, gpu.gpu_pipeline(target), out, None)
+    build._build(mod, target, gpu.gpu_pipeline(target), out, None)
     # the library embeds its WGSL as text (read without loading: lavapipe has no subgroups)
     src = out.read_bytes().decode("latin-1")
     assert "enable subgroups;" in src
@@ -227,9 +227,9 @@ def test_gemv_variants_are_named_and_an_unknown_one_is_refused(monkeypatch):
         gpu.schedule_rules(target)
     assert "t7-fast" in str(err.value) and "t32-b256-l16-u4" in err.value.fix
     # the switch is part of the library's cache key
-    from app.inference.compile import compiler
+    from app.inference.compile import cache
 
-    assert wgsl_gemv.ENV in compiler.KERNEL_SWITCHES
+    assert wgsl_gemv.ENV in cache.KERNEL_SWITCHES
 
 
 def test_the_adapter_here_reports_its_subgroups_consistently():
