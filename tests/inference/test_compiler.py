@@ -384,3 +384,21 @@ def test_stock_fallback_is_never_cached_under_the_normal_key(tiny_model_dir, fre
     assert again.lib_path == lib.lib_path and before == build.COMPILE_COUNT
     assert any("schedules failed for this model before" in e.message for e in events)
     assert not list(lib.lib_path.parent.glob(f"*{normal}*"))
+
+
+def test_every_kernel_switch_the_pipelines_read_is_part_of_the_cache_key():
+    """An ``LLMCHAT_*`` variable named in the pipelines' code changes the kernels it builds: a
+    library built under one value must not be taken from the cache under another."""
+    import ast
+
+    from app.inference.compile import cache
+
+    root = Path(__file__).resolve().parents[2] / "app" / "inference" / "pipelines"
+    named = set()
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            value = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(value, str) and value.startswith("LLMCHAT_") and value.replace("_", "").isalnum():
+                named.add(value)
+    assert "LLMCHAT_TENSOR_CORE_MATMUL" in named and "LLMCHAT_WGSL_GEMV" in named  # the scan sees them
+    assert named <= set(cache.KERNEL_SWITCHES), sorted(named - set(cache.KERNEL_SWITCHES))
