@@ -132,7 +132,9 @@ async def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
                 first = first or last
                 chunks += 1
     tokens = int(usage.completion_tokens) if usage is not None else chunks
+    prompt_tokens = int(usage.prompt_tokens) if usage is not None else 0
     return {"ttft_s": (first or time.perf_counter()) - started, "tokens": tokens, "chunks": chunks,
+            "prompt_tokens": prompt_tokens,
             "decode_s": (last - first) if first and last else 0.0, "total_s": time.perf_counter() - started,
             "extra": dict(getattr(usage, "extra", None) or {}) if usage is not None else {}}
 
@@ -162,10 +164,12 @@ async def load(url: str, model: str, clients: int, per_client: int, max_tokens: 
             "mean_tokens": round(tokens / len(results), 1)}
 
 
-def bench_in_process(device: str, gen: int, env: dict[str, str]) -> float:
-    """``llmchat bench`` decode tok/s for ``gen`` tokens (its own process, the compiled library cached)."""
+def bench_in_process(device: str, gen: int, env: dict[str, str], depth: int = 0) -> float:
+    """``llmchat bench`` decode tok/s for ``gen`` tokens after ``depth`` tokens of context (the
+    served request's prompt: the same decode work), its own process, the compiled library cached."""
     out = subprocess.run([*LLMCHAT, "bench", "--model", MODEL_ID, "--device", device, "--gen", str(gen),
-                          "--json"], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+                          "--depth", str(depth), "--prompt-tokens", "0", "--json"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, check=True)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"])
 
 
@@ -254,13 +258,14 @@ def main() -> int:
                 served = {interval: asyncio.run(through_server(url, MODEL_ID, args.overhead_tokens))
                           for interval, url in order}
                 tokens = served[intervals[0]]["tokens"]
-                bench = bench_in_process(args.device, tokens, env)
+                depth = served[intervals[0]]["prompt_tokens"]
+                bench = bench_in_process(args.device, tokens, env, depth)
                 for interval, result in served.items():
                     engine_rate = float(result["extra"].get("decode_tokens_per_s", 0))
                     row = {"stream_interval": interval, "tokens": result["tokens"], "chunks": result["chunks"],
                            "served_client_decode_tok_s": round(result["client_decode_tok_s"], 1),
                            "served_engine_decode_tok_s": round(engine_rate, 1),
-                           "bench_decode_tok_s": round(bench, 1),
+                           "bench_decode_tok_s": round(bench, 1), "bench_depth": depth,
                            "ratio": round(result["client_decode_tok_s"] / bench, 3) if bench else None}
                     figures["overhead"].append(row)
                     print(f"overhead: {row}", flush=True)
