@@ -45,12 +45,24 @@ screenshots: $(BIN)/llmchat  ## the README's pictures (assets/*.svg) from the re
 # here (TVM's compiler and nvcc, no GPU), carry GPU_CACHE there and run test-gpu-prebuilt with the
 # Python that has llmchat's dependencies (PY); anything missing or stale in the cache fails
 GPU_ARCH ?= sm_90
+# the Vulkan adapter profile of the WGSL libraries (tests/gpu/test_engine_vulkan.py): the H200's
+# NVIDIA driver; `llmchat doctor --json` names an adapter's (lavapipe: wgsl-f16-wg32768-t256)
+GPU_WGSL_PROFILE ?= wgsl-f16-wg49152-t256
 GPU_CACHE ?= scratch/gpu-test-cache
 PY ?= python3
 gpu-cache: $(BIN)/llmchat  ## compile everything the GPU suite needs into GPU_CACHE (no GPU needed)
-	$(BIN)/python -m tests.gpu.prebuilt build --arch $(GPU_ARCH) --out $(GPU_CACHE)
+	$(BIN)/python -m tests.gpu.prebuilt build --arch $(GPU_ARCH) --wgsl-profile $(GPU_WGSL_PROFILE) \
+		--out $(GPU_CACHE)
 
+# The Vulkan loader of a machine that lacks it comes from .debs in .gl/ (unpacked into /, as root),
+# NVIDIA's ICD from the driver's files; the WebGPU add-on is built there, into the cache, if missing
 test-gpu-prebuilt:  ## the GPU suite loading only from GPU_CACHE (no TVM compiler; no venv made)
+	@if ls .gl/*.deb >/dev/null 2>&1 && ! $(PY) -c "import ctypes; ctypes.CDLL('libvulkan.so.1')" 2>/dev/null; \
+		then for f in .gl/*.deb; do dpkg -x "$$f" /; done; ldconfig; fi
+	if [ -z "$$VK_DRIVER_FILES" ] && ! ls /usr/share/vulkan/icd.d/*nvidia* /etc/vulkan/icd.d/*nvidia* \
+		>/dev/null 2>&1 && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then \
+		export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; fi; \
+	LLMCHAT_CACHE_DIR=$(GPU_CACHE)/llmchat-cache $(PY) -m app.inference.backends.webgpu.addon --optional; \
 	LLMCHAT_GPU_TEST_CACHE=$(GPU_CACHE) LLMCHAT_NO_SKIP=1 $(PY) -m pytest -q -m gpu -rs -p no:cacheprovider \
 		$(PYTEST_ARGS) tests/gpu
 

@@ -101,3 +101,66 @@ def _engine_cache_from_the_prebuilt_cache(_isolated_dirs: None, monkeypatch: pyt
     except prebuilt.CacheError as err:
         pytest.fail(str(err))
     monkeypatch.setenv("LLMCHAT_CACHE_DIR", str(path))
+
+
+@dataclass
+class VulkanAdapter:
+    """Vulkan adapter 0 (llmchat's WebGPU device API on wgpu-native) as the suite sees it: its
+    name, its WGSL profile (what the engine's libraries are compiled for) and the prebuilt cache
+    its libraries come from (None: compiled here)."""
+
+    name: str
+    profile: str
+    cache: prebuilt.Prebuilt | None = None
+
+    def check_library(self, model: str) -> None:
+        """Running from a prebuilt cache: the WGSL library of the tiny model ``model`` is there,
+        intact (the engine then loads it from the cache's engine libraries, compiling nothing)."""
+        if self.cache is None:
+            return
+        try:
+            self.cache.wgsl_library(model)
+        except prebuilt.CacheError as err:
+            pytest.fail(str(err))
+
+
+@pytest.fixture(scope="session")
+def vulkan() -> VulkanAdapter:
+    """Vulkan adapter 0 and where its engine libraries come from (see :class:`VulkanAdapter`).
+    Without an adapter the test skips with the reason (a failure under LLMCHAT_NO_SKIP=1); from a
+    prebuilt cache built for another adapter profile it fails with the command that rebuilds it."""
+    import os
+
+    from app.inference.backends import webgpu
+
+    root = prebuilt.cache_root()
+    cache = None
+    if root is not None:
+        try:
+            cache = prebuilt.Prebuilt(root)
+            engine_cache = cache.engine_cache()
+        except prebuilt.CacheError as err:
+            pytest.fail(str(err))
+    # the add-on (built for this machine's TVM and wgpu-native) is looked up in the engine cache,
+    # where `make test-gpu-prebuilt` builds it first; built there now if missing
+    old = os.environ.get("LLMCHAT_CACHE_DIR")
+    if cache is not None:
+        os.environ["LLMCHAT_CACHE_DIR"] = str(engine_cache)
+    try:
+        why = webgpu.problem(0)
+    finally:
+        if old is None:
+            os.environ.pop("LLMCHAT_CACHE_DIR", None)
+        else:
+            os.environ["LLMCHAT_CACHE_DIR"] = old
+    if why:
+        pytest.skip(f"no Vulkan adapter: {why} (fix: {webgpu.fix_for(why)})")
+    adapter = webgpu.adapter(0)
+    profile = webgpu.fingerprint(0)
+    if cache is not None:
+        try:
+            cache.check_wgsl(profile)
+        except prebuilt.CacheError as err:
+            pytest.fail(f"{err} (adapter: {adapter.name})")
+        prebuilt.forbid_compiling(cache.root)
+    return VulkanAdapter(adapter.name, profile, cache)

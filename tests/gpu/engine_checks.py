@@ -192,3 +192,27 @@ def check_long_context_against_engine(
     )
     _same_clear_picks(got, ref, tol)
     return float(rel.max())
+
+
+def check_kv_reuse(engine: Any, vocab: int, tol: float) -> float:
+    """Multi-turn KV reuse: a prompt, greedy steps on the device, three of them rolled back (the
+    chat's unused steps), then a second turn on the kept cache: its logits equal those of a fresh
+    prefill of everything kept within ``tol`` (relative to the row's largest), with the same
+    greedy pick. The relative error."""
+    rt = engine.runtime
+    prompt, _, second = token_script(vocab)
+    rt.clear()
+    first = int(np.argmax(rt.prefill(prompt)))
+    picked = rt.decode_greedy_ahead(first, 8)
+    rt.popn(3)
+    # fed: the prompt, ``first`` and the first 7 picks (the 8th is not fed yet); 3 rolled back
+    kept = [*prompt, first, *picked[:4]]
+    assert rt.kv_sequence_length() == len(kept), "the rollback left another cache length"
+    got = rt.prefill(second)
+    rt.clear()
+    want = rt.prefill([*kept, *second])
+    rt.clear()
+    rel = float(relative_errors(got.reshape(1, -1), want.reshape(1, -1)).max())
+    assert rel <= tol, f"second turn on the kept KV cache off a fresh prefill by {rel:.2e}"
+    _same_clear_picks(got.reshape(1, -1), want.reshape(1, -1), tol)
+    return rel

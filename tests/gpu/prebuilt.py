@@ -9,8 +9,11 @@ carry there), so the suite runs in two steps:
 
    compiles into DIR the kernel libraries of tests/gpu/test_cuda_kernels.py (fatbins: no compiler
    needed to load them), the twin's scale kernel, the engine libraries of the tiny models (llmchat's
-   pipeline and TVM's plain one, under ``DIR/llmchat-cache``, the engine's own cache layout) and the
-   parameter lists of the tiny models (which TVM's model exporter, a compiler part, gives);
+   pipeline and TVM's plain one, under ``DIR/llmchat-cache``, the engine's own cache layout), the
+   WGSL libraries of the tiny models for one Vulkan adapter profile (``--wgsl-profile``, default
+   the H200's NVIDIA driver: ``wgsl-f16-wg49152-t256``; tests/gpu/test_engine_vulkan.py) in the same
+   engine cache, and the parameter lists of the tiny models (which TVM's model exporter, a compiler
+   part, gives);
 2. on the GPU machine, ``LLMCHAT_GPU_TEST_CACHE=DIR`` (``make test-gpu-prebuilt``): the suite loads
    only from DIR. Nothing is compiled there: a library that is missing, built for another GPU
    architecture or from other sources fails its test with the command that rebuilds the cache,
@@ -44,6 +47,12 @@ REBUILD = (
     "fix: on a machine with TVM's compiler and nvcc, `make gpu-cache GPU_ARCH={arch}` "
     "(python -m tests.gpu.prebuilt build --arch {arch} --out DIR), then carry DIR here"
 )
+#: the WGSL adapter profile of the H200's Vulkan driver (NVIDIA 580, wgpu-native 29: BENCHMARKS.md)
+DEFAULT_WGSL_PROFILE = "wgsl-f16-wg49152-t256"
+REBUILD_WGSL = (
+    "fix: on a machine with TVM's compiler, `make gpu-cache GPU_WGSL_PROFILE={profile}` "
+    "(python -m tests.gpu.prebuilt build --wgsl-profile {profile} --out DIR), then carry DIR here"
+)
 
 
 class CacheError(Exception):
@@ -67,6 +76,7 @@ def sources_digest() -> str:
         "test_cuda_kernels.py",
         "test_cuda_twin.py",
         "test_engine_cuda.py",
+        "test_engine_vulkan.py",
         "prebuilt.py",
     ):
         h.update(name.encode())
@@ -143,13 +153,48 @@ class Prebuilt:
                 f"the GPU test cache {self.root} was built for {self.arch}, this GPU is "
                 f"{device_arch}; " + REBUILD.format(arch=device_arch)
             )
+        self._check_sources(REBUILD.format(arch=self.arch))
+
+    def _check_sources(self, rebuild: str) -> None:
         here = sources_digest()
         if self.manifest.get("sources") != here:
             raise CacheError(
                 f"the GPU test cache {self.root} was built from other sources (commit "
                 f"{self.manifest.get('commit')}, digest {self.manifest.get('sources')}; "
-                f"this checkout: {here}); " + REBUILD.format(arch=self.arch)
+                f"this checkout: {here}); " + rebuild
             )
+
+    @property
+    def wgsl_profile(self) -> str | None:
+        """The Vulkan adapter profile the cache's WGSL libraries were built for (None: none)."""
+        return self.manifest.get("wgsl", {}).get("profile")
+
+    def check_wgsl(self, adapter_profile: str) -> None:
+        """The cache holds WGSL libraries for this adapter's profile, from this checkout's sources."""
+        rebuild = REBUILD_WGSL.format(profile=adapter_profile)
+        if self.wgsl_profile is None:
+            raise CacheError(f"the GPU test cache {self.root} has no WGSL libraries; " + rebuild)
+        if adapter_profile != self.wgsl_profile:
+            raise CacheError(
+                f"the GPU test cache {self.root} holds WGSL libraries for the adapter profile "
+                f"{self.wgsl_profile}, this Vulkan adapter is {adapter_profile}; " + rebuild
+            )
+        self._check_sources(rebuild)
+
+    def wgsl_library(self, name: str) -> Path:
+        """The verified WGSL engine library of the tiny model ``name`` (in the engine cache)."""
+        rebuild = REBUILD_WGSL.format(profile=self.wgsl_profile or DEFAULT_WGSL_PROFILE)
+        entry = self.manifest.get("wgsl", {}).get("libraries", {}).get(name)
+        if entry is None:
+            raise CacheError(
+                f"the WGSL library of '{name}' is not in the GPU test cache {self.root}; " + rebuild
+            )
+        path = self.root / entry["file"]
+        if not path.is_file() or path.stat().st_size != entry["size"] or _digest(path) != entry["sha256"]:
+            raise CacheError(
+                f"{path} is missing or damaged (size/sha256 differ from the manifest); " + rebuild
+            )
+        return path
 
     def file(self, section: str, name: str) -> Path:
         """The verified file of entry ``name`` in ``section`` (size and sha256 as recorded)."""
@@ -255,21 +300,35 @@ def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
     return models
 
 
-def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Compile everything the GPU suite needs for ``arch`` into ``out`` (made anew)."""
-    from app.inference.compile import build, compiler
-    from app.inference.hardware.device_spec import DeviceSpec
-    from app.inference.store.config import ModelConfig
-    from tests.conftest import write_tiny_model
-    from tests.gpu import kernels
-    from tests.gpu.test_cuda_kernels import kernel_groups
-    from tests.gpu.test_cuda_twin import compile_scale_kernel
+def _vulkan_models() -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """The tiny models of tests/gpu/test_engine_vulkan.py: name -> (family, quantization, overrides)."""
+    from tests.gpu.test_engine_vulkan import LONG_MODELS, MODELS
 
+    return {
+        name: (family, "q4f16_1", overrides)
+        for name, (family, overrides) in {**MODELS, **LONG_MODELS}.items()
+    }
+
+
+def build(
+    arch: str,
+    out: Path,
+    log: Callable[[str], None] = print,
+    wgsl_profile: str | None = DEFAULT_WGSL_PROFILE,
+    cuda: bool = True,
+) -> dict[str, Any]:
+    """Compile everything the GPU suite needs for ``arch`` and the Vulkan adapter profile
+    ``wgsl_profile`` (None: no WGSL) into ``out`` (made anew); ``cuda=False``: only the WGSL part
+    (no nvcc needed)."""
+    if wgsl_profile is not None:
+        from app.inference.backends import webgpu
+
+        wgsl_profile = str(webgpu.Profile.parse(wgsl_profile))  # a bad one fails before anything is removed
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    target = cuda_target(arch)
-    facts = target_facts(target)
+    target = cuda_target(arch) if cuda else None
+    facts = target_facts(target) if cuda else {}
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "facts": facts,
@@ -280,6 +339,28 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
         "files": {},
         "models": {},
     }
+    if cuda:
+        _build_cuda(arch, out, manifest, target, log)
+    if wgsl_profile is not None:
+        _build_wgsl(wgsl_profile, out, manifest, log)
+    shutil.rmtree(out / ENGINE_CACHE / "tmp", ignore_errors=True)  # the compiler's scratch
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return manifest
+
+
+def _build_cuda(
+    arch: str, out: Path, manifest: dict[str, Any], target: Any, log: Callable[[str], None]
+) -> None:
+    from app.inference.compile import build as library_build
+    from app.inference.compile import compiler
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
+    from tests.conftest import write_tiny_model
+    from tests.gpu import kernels
+    from tests.gpu.test_cuda_kernels import kernel_groups
+    from tests.gpu.test_cuda_twin import compile_scale_kernel
+
+    facts = manifest["facts"]
     for group, make_cases in kernel_groups(facts).items():
         t0 = time.time()
         cases = make_cases()
@@ -295,7 +376,7 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
         with tempfile.TemporaryDirectory(prefix="gpu-cache-models-") as tmp:
             for name, (family, quant, overrides, plain) in _tiny_models().items():
                 cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
-                manifest["models"][model_key(cfg)] = build.parameter_specs(cfg)
+                manifest["models"][model_key(cfg)] = library_build.parameter_specs(cfg)
                 for use_plain in (False, True) if plain else (False,):
                     if use_plain:
                         os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
@@ -312,9 +393,38 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict[str,
             os.environ["LLMCHAT_CACHE_DIR"] = old_cache
         if old_pipeline is not None:
             os.environ["LLMCHAT_TVM_PIPELINE"] = old_pipeline
-    shutil.rmtree(out / ENGINE_CACHE / "tmp", ignore_errors=True)  # the compiler's scratch
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    return manifest
+
+
+def _build_wgsl(profile: str, out: Path, manifest: dict[str, Any], log: Callable[[str], None]) -> None:
+    """The WGSL libraries of the Vulkan test's tiny models for ``profile``, in the engine cache
+    (llmchat's pipeline, as ``llmchat build --device vulkan --arch PROFILE`` builds them)."""
+    from app.inference.compile.build import parameter_specs
+    from app.inference.compile.compiler import get_library
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.store.config import ModelConfig
+    from tests.conftest import write_tiny_model
+
+    libraries: dict[str, Any] = {}
+    old_cache = os.environ.get("LLMCHAT_CACHE_DIR")
+    old_pipeline = os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+    os.environ["LLMCHAT_CACHE_DIR"] = str(out / ENGINE_CACHE)
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpu-cache-wgsl-") as tmp:
+            for name, (family, quant, overrides) in _vulkan_models().items():
+                cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
+                manifest["models"].setdefault(model_key(cfg), parameter_specs(cfg))
+                t0 = time.time()
+                lib = get_library(cfg, DeviceSpec("vulkan", 0), arch=profile)
+                libraries[name] = _entry(out, lib.lib_path)
+                size = lib.lib_path.stat().st_size
+                log(f"wgsl {name} ({profile}): {lib.lib_path.name}, {size:,} bytes, {time.time() - t0:.0f} s")
+    finally:
+        os.environ.pop("LLMCHAT_CACHE_DIR", None)
+        if old_cache is not None:
+            os.environ["LLMCHAT_CACHE_DIR"] = old_cache
+        if old_pipeline is not None:
+            os.environ["LLMCHAT_TVM_PIPELINE"] = old_pipeline
+    manifest["wgsl"] = {"profile": profile, "libraries": libraries}
 
 
 def _commit() -> str | None:
@@ -345,13 +455,27 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="compile what the GPU suite needs (TVM's compiler, nvcc; no GPU)")
     b.add_argument("--arch", default="sm_90", help="the GPU's architecture (default sm_90: an H100/H200)")
     b.add_argument("--out", required=True, type=Path, help="the cache directory (replaced)")
+    b.add_argument(
+        "--wgsl-profile",
+        default=DEFAULT_WGSL_PROFILE,
+        help=f"the Vulkan adapter profile of the WGSL libraries (default {DEFAULT_WGSL_PROFILE}: the H200's "
+        "NVIDIA driver; `llmchat doctor` names an adapter's; 'none': no WGSL)",
+    )
+    b.add_argument("--no-cuda", action="store_true", help="only the WGSL libraries (no nvcc needed)")
     c = sub.add_parser("check", help="is the cache complete and current for this checkout? (no GPU)")
     c.add_argument("cache", type=Path)
     c.add_argument("--arch", default=None, help="the GPU's architecture (default: the cache's)")
     args = ap.parse_args(argv)
+    from app.errors import LlmchatError
+
     if args.cmd == "build":
         t0 = time.time()
-        build(args.arch, args.out.resolve())
+        profile = None if args.wgsl_profile.strip().lower() == "none" else args.wgsl_profile
+        try:
+            build(args.arch, args.out.resolve(), wgsl_profile=profile, cuda=not args.no_cuda)
+        except LlmchatError as err:
+            print(f"error: {err.problem}\nfix: {err.fix}", file=sys.stderr)
+            return 2
         print(
             f"GPU test cache: {args.out} ({_size(args.out):,} bytes, {time.time() - t0:.0f} s); "
             f"run the suite from it with {CACHE_ENV}={args.out}"
@@ -359,7 +483,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cache = Prebuilt(args.cache.resolve())
-        cache.check(args.arch or cache.arch)
+        if cache.manifest.get("facts"):
+            cache.check(args.arch or cache.arch)
+        if cache.wgsl_profile is not None:
+            cache.check_wgsl(cache.wgsl_profile)
+            for name in cache.manifest["wgsl"]["libraries"]:
+                cache.wgsl_library(name)
         for group, entry in cache.manifest["kernels"].items():
             cache.kernel_library(group, entry["cases"])
         for name in cache.manifest["files"]:
@@ -368,7 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     except CacheError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"GPU test cache {args.cache}: complete and current ({cache.arch}, {_size(args.cache):,} bytes)")
+    what = ", ".join(
+        x for x in (cache.arch if cache.manifest.get("facts") else "", cache.wgsl_profile or "") if x
+    )
+    print(f"GPU test cache {args.cache}: complete and current ({what}, {_size(args.cache):,} bytes)")
     return 0
 
 

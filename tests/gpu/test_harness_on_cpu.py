@@ -155,6 +155,8 @@ def test_engine_checks_on_the_cpu_pipeline(tiny_model_dir, monkeypatch):
         assert engine_checks.check_against_reference(engine, model_dir, 1e-4) > 0
         tokens = engine_checks.check_device_greedy(engine, steps=12)
         assert len(set(tokens)) > 1
+        # a second turn after greedy steps on the device and a rollback: as a fresh prefill
+        assert engine_checks.check_kv_reuse(engine, vocab, 1e-4) <= 1e-4
         monkeypatch.setenv("LLMCHAT_TVM_PIPELINE", "default")
         plain = load_engine(model_dir, device="cpu")
         try:

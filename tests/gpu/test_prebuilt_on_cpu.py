@@ -137,6 +137,7 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
     collected = [line for line in collect.stdout.splitlines() if "::" in line]
     assert any("test_cuda_kernels.py::test_matmul_kernels" in x for x in collected)
     assert any("test_engine_cuda.py" in x for x in collected)
+    assert any("test_engine_vulkan.py::test_long_prompt_over_several_chunks" in x for x in collected)
     assert any("test_cuda_twin.py" in x for x in collected)
     code = textwrap.dedent(f"""
         import json
@@ -185,3 +186,121 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
     )
     assert out.returncode != 0 and "has no parameter list for the model" in out.stderr
+
+
+LAVAPIPE = "wgsl-f16-wg32768-t256"
+VULKAN_TEST = "tests/gpu/test_engine_vulkan.py"
+
+
+def _wgsl_cache(root: Path, profile: str = LAVAPIPE, **changes) -> Path:
+    """A cache holding the WGSL library of one tiny model for ``profile`` (bytes in its place)."""
+    _cache(root)
+    lib = root / prebuilt.ENGINE_CACHE / "libs" / "llama-q4f16_1-vulkan-0123.so"
+    lib.write_bytes(b"\x7fELF wgsl")
+    manifest = json.loads((root / prebuilt.MANIFEST).read_text())
+    manifest["wgsl"] = {"profile": profile, "libraries": {"llama-d128": prebuilt._entry(root, lib)}}
+    manifest.update(changes)
+    (root / prebuilt.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def test_the_wgsl_libraries_of_the_adapters_profile_are_read(tmp_path):
+    cache = prebuilt.Prebuilt(_wgsl_cache(tmp_path / "c"))
+    cache.check_wgsl(LAVAPIPE)
+    assert cache.wgsl_profile == LAVAPIPE
+    assert cache.wgsl_library("llama-d128").name == "llama-q4f16_1-vulkan-0123.so"
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        ("no wgsl", "has no WGSL libraries"),
+        (
+            "other profile",
+            f"for the adapter profile {prebuilt.DEFAULT_WGSL_PROFILE}, this Vulkan adapter is {LAVAPIPE}",
+        ),
+        ("other sources", "built from other sources"),
+        ("library missing", "WGSL library of 'qwen2-d64' is not in the GPU test cache"),
+        ("damaged library", "missing or damaged"),
+    ],
+)
+def test_a_wgsl_library_missing_stale_or_for_another_adapter_fails_with_the_rebuild_command(
+    tmp_path, breakage, message
+):
+    profile = prebuilt.DEFAULT_WGSL_PROFILE if breakage == "other profile" else LAVAPIPE
+    root = _wgsl_cache(
+        tmp_path / "c", profile, **({"sources": "0" * 24} if breakage == "other sources" else {})
+    )
+    name = "qwen2-d64" if breakage == "library missing" else "llama-d128"
+    if breakage == "no wgsl":
+        manifest = json.loads((root / prebuilt.MANIFEST).read_text())
+        del manifest["wgsl"]
+        (root / prebuilt.MANIFEST).write_text(json.dumps(manifest))
+    elif breakage == "damaged library":
+        next((root / prebuilt.ENGINE_CACHE / "libs").glob("*.so")).write_bytes(b"\x7fELF wgsL")
+    with pytest.raises(prebuilt.CacheError, match=message) as info:
+        cache = prebuilt.Prebuilt(root)
+        cache.check_wgsl(LAVAPIPE)
+        cache.wgsl_library(name)
+    assert f"--wgsl-profile {LAVAPIPE}" in str(info.value)
+
+
+def test_the_cache_gets_the_wgsl_libraries_of_a_profile_and_check_finds_a_damaged_one(tmp_path, monkeypatch):
+    """``build --no-cuda --wgsl-profile P`` (a real compile, one small model): the engine cache holds
+    its WGSL library, the manifest its entry; ``check`` passes, then fails on a damaged library; a
+    profile that is not one fails before the old cache is touched."""
+    monkeypatch.setattr(prebuilt, "_vulkan_models", lambda: {"small": ("llama", "q4f16_1", {})})
+    out = tmp_path / "cache"
+    manifest = prebuilt.build("sm_90", out, log=lambda _: None, wgsl_profile=LAVAPIPE, cuda=False)
+    assert manifest["wgsl"]["profile"] == LAVAPIPE and list(manifest["wgsl"]["libraries"]) == ["small"]
+    lib = out / manifest["wgsl"]["libraries"]["small"]["file"]
+    assert lib.parent == out / prebuilt.ENGINE_CACHE / "libs" and "-vulkan-" in lib.name
+    meta = json.loads(lib.with_suffix(".json").read_text())
+    target = json.loads(meta["target"])  # compiled for the profile, not for this machine's adapter
+    assert (target["kind"], target["max_shared_memory_per_block"], target["max_num_threads"]) == (
+        "webgpu",
+        32768,
+        256,
+    )
+    assert len(manifest["models"]) == 1 and not manifest["kernels"]
+    assert prebuilt.main(["check", str(out)]) == 0
+    lib.write_bytes(lib.read_bytes()[:-1])
+    assert prebuilt.main(["check", str(out)]) == 1
+    assert prebuilt.main(["build", "--no-cuda", "--wgsl-profile", "wgsl-x", "--out", str(out)]) == 2
+    assert (out / prebuilt.MANIFEST).is_file()
+
+
+def test_the_vulkan_engine_test_fails_not_skips_on_a_cache_for_another_adapter(tmp_path):
+    """On this machine's Vulkan adapter (lavapipe in CI) with a cache built for the H200's profile:
+    the Vulkan engine test fails, naming both profiles and the rebuild command."""
+    from tests.inference.backends.vulkan_env import need_vulkan
+
+    need_vulkan()
+    root = _wgsl_cache(tmp_path / "c", prebuilt.DEFAULT_WGSL_PROFILE)
+    env = {**os.environ, prebuilt.CACHE_ENV: str(root), "PYTHONPATH": str(ROOT), "LLMCHAT_NO_SKIP": "1"}
+    env["LLMCHAT_CACHE_DIR"] = str(tmp_path / "llmchat-cache")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "llama-d128",
+            VULKAN_TEST,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 1, run.stdout[-3000:]
+    # the fixture fails: an error of the test, never a skip
+    assert "1 error" in run.stdout and "skipped" not in run.stdout, run.stdout[-3000:]
+    assert f"for the adapter profile {prebuilt.DEFAULT_WGSL_PROFILE}, this Vulkan adapter is" in run.stdout
+    assert "--wgsl-profile wgsl-" in run.stdout

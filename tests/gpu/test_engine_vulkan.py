@@ -1,0 +1,75 @@
+"""The engine on Vulkan, end to end (tests/gpu/engine_checks.py): the tiny random-weight models of
+tests/gpu/test_engine_cuda.py built with llmchat's WGSL pipeline and run through llmchat's WebGPU
+device API on wgpu-native (``--device vulkan``: NVIDIA's Vulkan driver on the GPU machine, Mesa's
+lavapipe on a machine without a GPU); their logits against the numpy float64 reference, greedy
+tokens picked on the device against numpy's argmax, a second turn on the kept KV cache against a
+fresh prefill, and a long prompt over several prefill chunks.
+
+From a prebuilt cache (``LLMCHAT_GPU_TEST_CACHE``, ``make test-gpu-prebuilt``) the libraries are
+only loaded, never compiled, and a cache built for another adapter profile fails with the command
+that rebuilds it (tests/gpu/prebuilt.py ``--wgsl-profile``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.inference.engine.tvm_engine import load_engine
+from tests.gpu import engine_checks
+from tests.gpu.test_engine_cuda import LONG_MODELS, LONG_PROMPT, LONG_STEPS, MODELS
+
+pytestmark = pytest.mark.gpu
+
+#: float16 compute: the relative tolerance of the lavapipe tests for the f16 weight formats
+#: (tests/inference/backends/test_webgpu_engine.py), here per row of logits
+REFERENCE_TOL = 1e-2
+
+
+def _load(vulkan, name: str, model_dir):
+    vulkan.check_library(name)
+    events: list = []
+    engine = load_engine(model_dir, device="vulkan", progress=events.append)
+    # llmchat's own WGSL pipeline built it (no fall-back to TVM's stock pipeline), with its argmax
+    assert not any("stock pipeline" in e.message for e in events), [e.message for e in events]
+    assert engine.runtime.has_device_argmax
+    return engine
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_engine_logits_greedy_tokens_and_kv_reuse(vulkan, tiny_model_dir, monkeypatch, name):
+    family, overrides = MODELS[name]
+    model_dir = tiny_model_dir(family, "q4f16_1", **overrides)
+    vocab = json.loads((model_dir / "mlc-chat-config.json").read_text())["vocab_size"]
+    monkeypatch.delenv("LLMCHAT_TVM_PIPELINE", raising=False)
+    engine = _load(vulkan, name, model_dir)
+    try:
+        err = engine_checks.check_against_reference(engine, model_dir, REFERENCE_TOL)
+        print(f"{name} on {vulkan.name} ({vulkan.profile}): max relative error against float64: {err:.2e}")
+        engine_checks.check_device_greedy(engine)
+        err = engine_checks.check_kv_reuse(engine, vocab, REFERENCE_TOL)
+        print(f"{name}: second turn on the kept KV cache against a fresh prefill: {err:.2e}")
+        long_err = engine_checks.check_long_context(engine, model_dir, 1000, 8, REFERENCE_TOL)
+        print(f"{name}: 1,000-token prompt + 8 steps: {long_err:.2e}")
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("name", list(LONG_MODELS))
+def test_long_prompt_over_several_chunks(vulkan, tiny_model_dir, monkeypatch, name):
+    """A 4,500-token prompt (chunks of 2,048, 2,048 and 404 tokens: the later ones attend to the
+    cached pages), then greedy steps over its keys: the logits against the float64 reference and
+    the device's greedy batches against numpy's argmax."""
+    family, overrides = LONG_MODELS[name]
+    model_dir = tiny_model_dir(family, "q4f16_1", **overrides)
+    vocab = json.loads((model_dir / "mlc-chat-config.json").read_text())["vocab_size"]
+    monkeypatch.delenv("LLMCHAT_TVM_PIPELINE", raising=False)
+    engine = _load(vulkan, name, model_dir)
+    try:
+        err = engine_checks.check_long_context(engine, model_dir, LONG_PROMPT, LONG_STEPS, REFERENCE_TOL)
+        print(f"{name}: {LONG_PROMPT:,}-token prompt + {LONG_STEPS} steps against float64: {err:.2e}")
+        prompt = engine_checks.long_prompt(vocab, LONG_PROMPT, seed=12)
+        tokens = engine_checks.check_device_greedy(engine, steps=12, start=prompt)
+        print(f"{name}: greedy after {LONG_PROMPT:,} tokens: {len(set(tokens))} distinct of {len(tokens)}")
+    finally:
+        engine.close()
