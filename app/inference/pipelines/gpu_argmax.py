@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.inference.pipelines.tir_facts import argmax_buffers
+from app.inference.pipelines.tir_facts import WebGPUKernelRule, argmax_buffers
 
 #: threads of the one workgroup (WebGPU guarantees 256 invocations per workgroup)
 THREADS = 256
@@ -77,24 +77,9 @@ def argmax_kernel(vocab: int) -> Any:
     return kernel
 
 
-class GpuArgmax:
+class GpuArgmax(WebGPUKernelRule):
     """Replace the annotated argmax PrimFunc by :func:`argmax_kernel` (WebGPU targets)."""
 
-    def is_target_available(self, target: Any) -> bool:
-        return target.kind.name == "webgpu"
-
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-        from tvm import s_tir, tirx
-
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
+    def kernel(self, func: Any) -> Any | None:
         found = argmax_buffers(func)
-        if found is None:
-            return None
-        _logits, _out, vocab = found
-        new = argmax_kernel(vocab)
-        if func.attrs is not None:
-            for key in ("global_symbol", "target"):
-                if key in func.attrs:
-                    new = new.with_attr(key, func.attrs[key])
-        return s_tir.Schedule(new)
+        return None if found is None else argmax_kernel(found[2])

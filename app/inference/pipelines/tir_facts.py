@@ -125,3 +125,29 @@ def rewrite_dataflow_blocks(mod: Any, rewrite_block: Any) -> Any:
     unused = {name for pair in fused for name in pair} - called
     kept = {gv: f for gv, f in out.functions.items() if gv.name_hint not in unused}
     return tvm.IRModule(kept, attrs=out.attrs, global_infos=out.global_infos)
+
+
+class WebGPUKernelRule:
+    """A dlight-style rule for WebGPU targets that swaps a PrimFunc it recognises for llmchat's
+    own scheduled kernel (:meth:`kernel`: the new PrimFunc, or None to leave it alone); the new one
+    keeps the old one's symbol and target."""
+
+    def is_target_available(self, target: Any) -> bool:
+        return target.kind.name == "webgpu"
+
+    def kernel(self, func: Any) -> Any | None:
+        raise NotImplementedError
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        from tvm import s_tir, tirx
+
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        new = self.kernel(func)
+        if new is None:
+            return None
+        if func.attrs is not None:
+            for key in ("global_symbol", "target"):
+                if key in func.attrs:
+                    new = new.with_attr(key, func.attrs[key])
+        return s_tir.Schedule(new)

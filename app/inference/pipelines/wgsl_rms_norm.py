@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.inference.pipelines.cuda_rms_norm import match_rms_norm
+from app.inference.pipelines.tir_facts import WebGPUKernelRule
 
 #: threads of the one workgroup (WebGPU guarantees 256 invocations per workgroup)
 THREADS = 256
@@ -65,23 +66,9 @@ def rms_norm_kernel(k: int, eps: float) -> Any:
     return kernel
 
 
-class WgslRmsNorm:
+class WgslRmsNorm(WebGPUKernelRule):
     """Replace TVM's decode rms_norm PrimFunc by :func:`rms_norm_kernel` (WebGPU targets)."""
 
-    def is_target_available(self, target: Any) -> bool:
-        return target.kind.name == "webgpu"
-
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-        from tvm import s_tir, tirx
-
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
+    def kernel(self, func: Any) -> Any | None:
         found = match_rms_norm(func)
-        if found is None:
-            return None
-        new = rms_norm_kernel(*found)
-        if func.attrs is not None:
-            for key in ("global_symbol", "target"):
-                if key in func.attrs:
-                    new = new.with_attr(key, func.attrs[key])
-        return s_tir.Schedule(new)
+        return None if found is None else rms_norm_kernel(*found)

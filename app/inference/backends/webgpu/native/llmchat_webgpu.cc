@@ -607,33 +607,10 @@ static void read_back(Context* ctx, WGPUBuffer src, size_t offset, void* dst, si
   end_pass(ctx);
   wgpuCommandEncoderCopyBufferToBuffer(encoder(ctx), src, begin, ctx->staging, 0, span);
   flush(ctx);
-  struct MapState {
-    bool done = false;
-    WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
-    std::string message;
-  } state;
-  WGPUBufferMapCallbackInfo cb = {};
-  cb.mode = WGPUCallbackMode_AllowProcessEvents;
-  cb.callback = [](WGPUMapAsyncStatus status, WGPUStringView message, void* ud1, void*) {
-    MapState* s = static_cast<MapState*>(ud1);
-    s->done = true;
-    s->status = status;
-    s->message = sv(message);
-  };
-  cb.userdata1 = &state;
-  wgpuBufferMapAsync(ctx->staging, WGPUMapMode_Read, 0, span, cb);
   int64_t t0 = now_ns();
-  while (!state.done) {
-    wgpuDevicePoll(ctx->device, true, nullptr);
-    wgpuInstanceProcessEvents(instance());
-    if (ctx->lost) break;
-  }
-  ctx->wait_ns += now_ns() - t0;
   ctx->readbacks++;
-  check(ctx, "reading a result back from the GPU");
-  if (state.status != WGPUMapAsyncStatus_Success) {
-    LLMCHAT_FAIL("reading a result back from the GPU failed: " << state.message);
-  }
+  wait_map(ctx, ctx->staging, span, "reading a result back from the GPU");
+  ctx->wait_ns += now_ns() - t0;
   const uint8_t* mapped = static_cast<const uint8_t*>(wgpuBufferGetConstMappedRange(ctx->staging, 0, span));
   memcpy(dst, mapped + (offset - begin), nbytes);
   wgpuBufferUnmap(ctx->staging);
