@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 from textual.css.query import NoMatches
 
@@ -197,6 +198,7 @@ async def test_escape_stops_the_reply_and_keeps_the_text(make_app):
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
         app.params.max_tokens = 8000
+        decode_slowly(chat)
         await type_and_send(pilot, "Tell me a long story")
         reply = None
 
@@ -271,6 +273,7 @@ async def test_ctrl_q_quits_mid_reply_and_cancels_the_engine(make_app):
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await open_chat(pilot)
         app.params.max_tokens = 8000
+        decode_slowly(chat)
         await type_and_send(pilot, "go on forever")
         await wait_until(pilot, lambda: chat.replying and chat.query_one(ChatLog).query(AssistantMessage))
         replies_before = chat.engine.session_stats.replies
@@ -281,8 +284,23 @@ async def test_ctrl_q_quits_mid_reply_and_cancels_the_engine(make_app):
     assert app.return_code == 0
 
 
+def decode_slowly(chat: ChatScreen) -> None:
+    """Keep an 8,000-token reply running while a test acts on it: the tiny model decodes it in ~2 s
+    here, which a CI run's polling could miss (seen 2026-12-02: the reply over before the app was
+    looked at), so each decode step of this chat's engine waits 2 ms (at most 16 s a reply)."""
+    runtime = chat.engine.runtime
+    real_decode = runtime.decode
+
+    def slow_decode(token):
+        time.sleep(0.002)
+        return real_decode(token)
+
+    runtime.decode = slow_decode
+
+
 async def start_long_reply(pilot, app, chat: ChatScreen) -> AssistantMessage:
     app.params.max_tokens = 8000
+    decode_slowly(chat)
     await type_and_send(pilot, "go on forever")
     await wait_until(
         pilot,
