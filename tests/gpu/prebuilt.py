@@ -25,6 +25,7 @@ Expected values need no compiler: the numpy float64 references are computed on t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -32,7 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,21 @@ def build(
     return manifest
 
 
+@contextlib.contextmanager
+def _engine_cache_env(out: Path) -> Iterator[None]:
+    """The engine compiles into ``out``'s engine cache with llmchat's pipeline while inside; the
+    caller's ``LLMCHAT_CACHE_DIR`` and ``LLMCHAT_TVM_PIPELINE`` come back after."""
+    saved = {name: os.environ.pop(name, None) for name in ("LLMCHAT_CACHE_DIR", "LLMCHAT_TVM_PIPELINE")}
+    os.environ["LLMCHAT_CACHE_DIR"] = str(out / ENGINE_CACHE)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
 def _build_cuda(
     arch: str, out: Path, manifest: dict[str, Any], target: Any, log: Callable[[str], None]
 ) -> None:
@@ -369,30 +385,20 @@ def _build_cuda(
         log(f"kernels {group}: {len(cases)} cases, {path.stat().st_size:,} bytes, {time.time() - t0:.0f} s")
     scale = compile_scale_kernel(target, out / "twin" / "scale.so")
     manifest["files"]["twin-scale"] = _entry(out, scale)
-    old_cache = os.environ.get("LLMCHAT_CACHE_DIR")
-    old_pipeline = os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
-    os.environ["LLMCHAT_CACHE_DIR"] = str(out / ENGINE_CACHE)
-    try:
-        with tempfile.TemporaryDirectory(prefix="gpu-cache-models-") as tmp:
-            for name, (family, quant, overrides, plain) in _tiny_models().items():
-                cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
-                manifest["models"][model_key(cfg)] = library_build.parameter_specs(cfg)
-                for use_plain in (False, True) if plain else (False,):
-                    if use_plain:
-                        os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
-                    t0 = time.time()
-                    lib = compiler.get_library(cfg, DeviceSpec("cuda", 0), arch=arch)
-                    os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
-                    log(
-                        f"engine {name}{' (plain pipeline)' if use_plain else ''}: {lib.lib_path.name}, "
-                        f"{lib.lib_path.stat().st_size:,} bytes, {time.time() - t0:.0f} s"
-                    )
-    finally:
-        os.environ.pop("LLMCHAT_CACHE_DIR", None)
-        if old_cache is not None:
-            os.environ["LLMCHAT_CACHE_DIR"] = old_cache
-        if old_pipeline is not None:
-            os.environ["LLMCHAT_TVM_PIPELINE"] = old_pipeline
+    with _engine_cache_env(out), tempfile.TemporaryDirectory(prefix="gpu-cache-models-") as tmp:
+        for name, (family, quant, overrides, plain) in _tiny_models().items():
+            cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
+            manifest["models"][model_key(cfg)] = library_build.parameter_specs(cfg)
+            for use_plain in (False, True) if plain else (False,):
+                if use_plain:
+                    os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
+                t0 = time.time()
+                lib = compiler.get_library(cfg, DeviceSpec("cuda", 0), arch=arch)
+                os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+                log(
+                    f"engine {name}{' (plain pipeline)' if use_plain else ''}: {lib.lib_path.name}, "
+                    f"{lib.lib_path.stat().st_size:,} bytes, {time.time() - t0:.0f} s"
+                )
 
 
 def _build_wgsl(profile: str, out: Path, manifest: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -405,25 +411,15 @@ def _build_wgsl(profile: str, out: Path, manifest: dict[str, Any], log: Callable
     from tests.conftest import write_tiny_model
 
     libraries: dict[str, Any] = {}
-    old_cache = os.environ.get("LLMCHAT_CACHE_DIR")
-    old_pipeline = os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
-    os.environ["LLMCHAT_CACHE_DIR"] = str(out / ENGINE_CACHE)
-    try:
-        with tempfile.TemporaryDirectory(prefix="gpu-cache-wgsl-") as tmp:
-            for name, (family, quant, overrides) in _vulkan_models().items():
-                cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
-                manifest["models"].setdefault(model_key(cfg), parameter_specs(cfg))
-                t0 = time.time()
-                lib = get_library(cfg, DeviceSpec("vulkan", 0), arch=profile)
-                libraries[name] = _entry(out, lib.lib_path)
-                size = lib.lib_path.stat().st_size
-                log(f"wgsl {name} ({profile}): {lib.lib_path.name}, {size:,} bytes, {time.time() - t0:.0f} s")
-    finally:
-        os.environ.pop("LLMCHAT_CACHE_DIR", None)
-        if old_cache is not None:
-            os.environ["LLMCHAT_CACHE_DIR"] = old_cache
-        if old_pipeline is not None:
-            os.environ["LLMCHAT_TVM_PIPELINE"] = old_pipeline
+    with _engine_cache_env(out), tempfile.TemporaryDirectory(prefix="gpu-cache-wgsl-") as tmp:
+        for name, (family, quant, overrides) in _vulkan_models().items():
+            cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
+            manifest["models"].setdefault(model_key(cfg), parameter_specs(cfg))
+            t0 = time.time()
+            lib = get_library(cfg, DeviceSpec("vulkan", 0), arch=profile)
+            libraries[name] = _entry(out, lib.lib_path)
+            size = lib.lib_path.stat().st_size
+            log(f"wgsl {name} ({profile}): {lib.lib_path.name}, {size:,} bytes, {time.time() - t0:.0f} s")
     manifest["wgsl"] = {"profile": profile, "libraries": libraries}
 
 

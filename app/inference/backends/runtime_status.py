@@ -7,6 +7,7 @@ Each question runs in a thread with a timeout: a hanging driver cannot hang ``do
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,6 +21,14 @@ def add_runtime_status(report: HardwareReport) -> None:
     """The Vulkan adapters and the ROCm devices, in ``report.runtimes``."""
     add_vulkan_adapters(report)
     add_rocm_devices(report)
+
+
+def _ask_in_time(ask: Callable[[], None], name: str) -> None:
+    """Run ``ask`` in a daemon thread for at most :data:`TIMEOUT_S` (a driver that hangs is left
+    behind; ``ask`` records its answer where the caller looks for it)."""
+    worker = threading.Thread(target=ask, name=name, daemon=True)
+    worker.start()
+    worker.join(TIMEOUT_S)
 
 
 def add_vulkan_adapters(report: HardwareReport) -> None:
@@ -44,9 +53,7 @@ def add_vulkan_adapters(report: HardwareReport) -> None:
         except Exception as err:  # never let doctor fail on a driver
             outcome.append(([], f"listing Vulkan adapters failed: {err}"))
 
-    worker = threading.Thread(target=ask, name="vulkan-adapters", daemon=True)
-    worker.start()
-    worker.join(TIMEOUT_S)
+    _ask_in_time(ask, "vulkan-adapters")
     if not outcome:
         vk["adapters_problem"] = f"the Vulkan driver did not answer within {TIMEOUT_S} s"
         return
@@ -76,9 +83,7 @@ def add_rocm_devices(report: HardwareReport) -> None:
         except Exception as err:  # never let doctor fail on a driver
             outcome.append(({}, f"asking HIP failed: {err}"))
 
-    worker = threading.Thread(target=ask, name="rocm-devices", daemon=True)
-    worker.start()
-    worker.join(TIMEOUT_S)
+    _ask_in_time(ask, "rocm-devices")
     if not outcome:
         rocm["runtime_problem"] = f"the HIP runtime did not answer within {TIMEOUT_S} s"
         return
