@@ -1,0 +1,365 @@
+"""A hand-scheduled q4f16_1 decode GEMV for WGSL (WebGPU/Vulkan): the CUDA kernel's design
+(:mod:`.cuda_gemv`) written as TIR that TVM's WebGPU code generator lowers.
+
+Rule :class:`WgslQ4Gemv` takes the batch-1 ``q4f16_1`` GEMVs :func:`.cuda_gemv.match_q4f16_gemv`
+recognises (float32 logits; float16 output with an optional bias before the cast and an optional
+residual after it) and gives them a new body:
+
+- a workgroup of ``sets x lanes`` threads; each set of ``lanes`` threads owns ``rows`` output rows
+  and splits their 32-value groups (one 16-byte word of weights and one scale per row) between
+  its lanes: lane ``l`` takes groups ``l, l + lanes, ...``;
+- per group a lane loads the ``rows`` weight words and scales first, then the group's 32
+  activations (L1/L2: every set reads the same vector), which it reuses for all its rows;
+- the 4-bit values are decoded two at a time into ``vec2<f16>`` with the exponent trick of
+  llmchat's CUDA kernel (``(w & 0x000F000F) | 0x64006400`` is 1024 + n in each half) and multiplied
+  by activation pairs ``(x_i, x_{i+4})`` in fp16, 8 products per word summed in fp16; each group's
+  sum is scaled and added in fp32 (the CUDA kernel's arithmetic: ``decode="f32"`` instead decodes
+  each value with TVM's own fp32 exponent trick and sums in fp32 throughout);
+- the lanes' fp32 partial sums meet in workgroup memory (one barrier), and the first ``rows``
+  lanes of a set write the set's rows through the epilogue.
+
+Why: every layout of dlight-style ``DecodeGEMV`` on WGSL (:mod:`.wgsl_gemv`, 91 swept on the H200)
+stayed at or below 1.36 TB/s of weights, the down projection at 0.54, against a 2.74 TB/s WGSL
+copy; on CUDA the same kind of TIR GEMV was limited by instruction throughput and shared-memory
+traffic until the hand-written kernel (registers reused across rows, two-at-a-time fp16 decode).
+Whether this one does better on WGSL is for the H200 sweep (``benchmarks/wgsl_gemv_sweep.py``,
+variants ``q4-...``) to say: the layouts below are not yet measured.
+
+``LLMCHAT_WGSL_GEMV`` (:mod:`.wgsl_gemv`) names the rules; ``q4-rR-lL-tT[-f32]`` is this kernel
+with ``R`` rows per set, ``L`` lanes per set, ``T`` threads per workgroup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.inference.pipelines.cuda_gemv import Q4MatmulMatch, match_q4f16_gemv
+from app.inference.pipelines.tir_facts import WebGPUKernelRule, static_shape
+
+#: 1024 + 7 and the other constants of the fp16 decode (see :func:`gemv_kernel`)
+_MAGIC = 0x64006400
+_LO = 0x000F000F
+_HI = 0x00F000F0
+
+
+@dataclass(frozen=True)
+class Q4GemvLayout:
+    """``rows`` output rows per set of ``lanes`` threads, ``threads`` per workgroup, and the decode:
+    ``unpack`` (``unpack2x16float``, two values at a time) or ``f32`` (TVM's, one at a time)."""
+
+    rows: int
+    lanes: int
+    threads: int
+    decode: str = "unpack"
+
+    @property
+    def sets(self) -> int:
+        return self.threads // self.lanes
+
+    @property
+    def rows_per_workgroup(self) -> int:
+        return self.rows * self.sets
+
+    def fits(self, out_features: int, in_features: int) -> bool:
+        return (
+            self.threads % self.lanes == 0
+            and out_features % self.rows_per_workgroup == 0
+            and in_features % 32 == 0
+        )
+
+    @property
+    def name(self) -> str:
+        return f"q4-r{self.rows}-l{self.lanes}-t{self.threads}" + ("" if self.decode == "unpack" else f"-{self.decode}")
+
+
+def parse(name: str) -> Q4GemvLayout | None:
+    """The layout a ``q4-rR-lL-tT[-f32]`` name gives, None for another name."""
+    parts = name.split("-")
+    if len(parts) not in (4, 5) or parts[0] != "q4" or (len(parts) == 5 and parts[4] not in ("f32", "dp4a")):
+        return None
+    try:
+        rows, lanes, threads = (int(p[1:]) for p, c in zip(parts[1:4], "rlt") if p[:1] == c)
+    except ValueError:
+        return None
+    layout = Q4GemvLayout(rows, lanes, threads, parts[4] if len(parts) == 5 else "unpack")
+    if rows < 1 or lanes < 1 or threads > 256 or threads % lanes or rows > 8:
+        return None
+    return layout
+
+
+def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
+    """The scheduled PrimFunc of ``m`` in ``layout``: parameters (x, weight, scale, bias, residual,
+    out); :func:`build` drops those ``m`` lacks and orders them as the original function."""
+    from tvm.script import tirx as T
+
+    k, n = m.in_features, m.out_features
+    rows, lanes, sets = layout.rows, layout.lanes, layout.sets
+    groups = k // 32
+    iters = -(-groups // lanes)
+    has_bias, has_res = m.bias is not None, m.residual is not None
+    unpack = layout.decode == "unpack"
+    blocks = n // layout.rows_per_workgroup
+    out_f32 = out_dtype == "float32"
+
+    @T.prim_func(private=True)
+    def kernel(
+        x: T.Buffer((1, 1, k), "float16"),
+        w: T.Buffer((n, k // 8), "uint32"),
+        s: T.Buffer((n, groups), "float16"),
+        b: T.Buffer((n,), "float16"),
+        r: T.Buffer((1, 1, n), "float16"),
+        out: T.Buffer((1, 1, n), out_dtype),
+    ):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        bx = T.launch_thread("blockIdx.x", blocks)
+        ty = T.launch_thread("threadIdx.y", sets)
+        tx = T.launch_thread("threadIdx.x", lanes)
+        part = T.decl_buffer((sets * rows * lanes,), "float32", scope="shared")
+        acc = T.decl_buffer((rows,), "float32", scope="local")
+        wq = T.decl_buffer((rows * 4,), "uint32", scope="local")
+        sc = T.decl_buffer((rows,), "float16", scope="local")
+        xf = T.decl_buffer((32,), "float32", scope="local")
+        u = T.decl_buffer((1,), "float32x2", scope="local")
+        us = T.decl_buffer((2,), "float32", scope="local")
+        corr = T.decl_buffer((1,), "float32", scope="local")
+        gsum = T.decl_buffer((1,), "float32", scope="local")
+        row0 = (bx * sets + ty) * rows
+        for rr in T.unroll(rows):
+            acc[rr] = T.float32(0)
+        for it in T.unroll(iters):
+            if tx + it * lanes < groups:
+                # the rows' weights and scales (DRAM) before the activations (cached)
+                for rr in T.unroll(rows):
+                    wq[T.ramp(rr * 4, 1, 4)] = w.vload([row0 + rr, (tx + it * lanes) * 4], "uint32x4")
+                    sc[rr] = s[row0 + rr, tx + it * lanes]
+                if unpack:
+                    # the group's activations in fp32; those met as 16 n + 1024 pre-divided by 16
+                    for j in T.unroll(32):
+                        xf[j] = T.Cast("float32", x[0, 0, (tx + it * lanes) * 32 + j]) * T.if_then_else(
+                            (j % 8) % 2 == 1, T.float32(0.0625), T.float32(1)
+                        )
+                    # sum x (n + 1024) - 1031 x (low nibbles) and x / 16 (16 n + 1024) - 71 x (high)
+                    corr[0] = T.float32(0)
+                    for j in T.unroll(32):
+                        corr[0] = corr[0] + xf[j] * T.if_then_else(
+                            (j % 8) % 2 == 1, T.float32(71 * 16), T.float32(1031)
+                        )
+                    for rr in T.unroll(rows):
+                        gsum[0] = T.float32(0) - corr[0]
+                        for q in T.unroll(4):
+                            for e in T.unroll(4):
+                                # e: 0 -> nibbles (0, 4), 1 -> (1, 5), 2 -> (2, 6), 3 -> (3, 7) of word q
+                                u[0] = T.call_pure_extern(
+                                    "float32x2",
+                                    "unpack2x16float",
+                                    ((wq[rr * 4 + q] >> T.uint32((e // 2) * 8)) & (T.uint32(_LO) << T.Cast("uint32", (e % 2) * 4)))
+                                    | T.uint32(_MAGIC),
+                                )
+                                us[T.ramp(0, 1, 2)] = u[0]
+                                gsum[0] = gsum[0] + us[0] * xf[q * 8 + (e // 2) * 2 + e % 2]
+                                gsum[0] = gsum[0] + us[1] * xf[q * 8 + 4 + (e // 2) * 2 + e % 2]
+                        acc[rr] = acc[rr] + T.Cast("float32", sc[rr]) * gsum[0]
+                else:
+                    for j in T.unroll(32):
+                        xf[j] = T.Cast("float32", x[0, 0, (tx + it * lanes) * 32 + j])
+                    for rr in T.unroll(rows):
+                        gsum[0] = T.float32(0)
+                        for j in T.unroll(32):
+                            gsum[0] = gsum[0] + xf[j] * (
+                                T.reinterpret(
+                                    "float32",
+                                    ((wq[rr * 4 + j // 8] >> T.uint32((j % 8) * 4)) & T.uint32(15))
+                                    | T.uint32(1258291200),
+                                )
+                                - T.float32(8388615.0)
+                            )
+                        acc[rr] = acc[rr] + T.Cast("float32", sc[rr]) * gsum[0]
+        for rr in T.unroll(rows):
+            part[(ty * rows + rr) * lanes + tx] = acc[rr]
+        T.tvm_storage_sync("shared")
+        # lane l of a set sums row l % rows over the set's lanes (every lane reads; rows write)
+        gsum[0] = T.float32(0)
+        for l in T.unroll(lanes):
+            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + l]
+        if tx < rows:
+            if out_f32:
+                out[0, 0, row0 + tx] = gsum[0]
+            elif has_bias and has_res:
+                out[0, 0, row0 + tx] = (
+                    T.Cast("float16", gsum[0] + T.Cast("float32", b[row0 + tx])) + r[0, 0, row0 + tx]
+                )
+            elif has_bias:
+                out[0, 0, row0 + tx] = T.Cast("float16", gsum[0] + T.Cast("float32", b[row0 + tx]))
+            elif has_res:
+                out[0, 0, row0 + tx] = T.Cast("float16", gsum[0]) + r[0, 0, row0 + tx]
+            else:
+                out[0, 0, row0 + tx] = T.Cast("float16", gsum[0])
+
+    return kernel
+
+
+def _epilogue(T: Any, out: Any, b: Any, r: Any, row: Any, value: Any, out_f32: bool, has_bias: bool, has_res: bool):
+    """The store of one output row: float32 as is; float16 with the bias before the cast and the
+    residual after it (TVM's ``dequant_matmul_out`` and ``T_add``)."""
+    if out_f32:
+        return value
+    if has_bias:
+        value = value + T.Cast("float32", b[row])
+    value = T.Cast("float16", value)
+    return value + r[0, 0, row] if has_res else value
+
+
+def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
+    """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
+    llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
+    four at a time by WGSL's ``dot4I8Packed``: two masks and two integer dot products per word of
+    8 weights. The activations' rounding (at most half a step of max|x| / 127 per value) is the
+    difference from the float kernels."""
+    from tvm.script import tirx as T
+
+    k, n = m.in_features, m.out_features
+    rows, lanes, sets, threads = layout.rows, layout.lanes, layout.sets, layout.threads
+    groups = k // 32
+    iters = -(-groups // lanes)
+    stage_iters = -(-groups // threads)
+    padded = stage_iters * threads
+    has_bias, has_res = m.bias is not None, m.residual is not None
+    blocks = n // layout.rows_per_workgroup
+    out_f32 = out_dtype == "float32"
+    nib = 0x0F0F0F0F
+
+    @T.prim_func(private=True)
+    def kernel(
+        x: T.Buffer((1, 1, k), "float16"),
+        w: T.Buffer((n, k // 8), "uint32"),
+        s: T.Buffer((n, groups), "float16"),
+        b: T.Buffer((n,), "float16"),
+        r: T.Buffer((1, 1, n), "float16"),
+        out: T.Buffer((1, 1, n), out_dtype),
+    ):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        bx = T.launch_thread("blockIdx.x", blocks)
+        ty = T.launch_thread("threadIdx.y", sets)
+        tx = T.launch_thread("threadIdx.x", lanes)
+        # the quantized activations: per group two vec4 words of int8 (even / odd values of each
+        # 8-value word interleaved), their scale and the sum of the quantized values
+        xq = T.decl_buffer((padded * 2,), "uint32x4", scope="shared")
+        xd = T.decl_buffer((padded,), "float32", scope="shared")
+        xs = T.decl_buffer((padded,), "int32", scope="shared")
+        part = T.decl_buffer((sets * rows * lanes,), "float32", scope="shared")
+        xv = T.decl_buffer((32,), "float32", scope="local")
+        qv = T.decl_buffer((32,), "int32", scope="local")
+        pk = T.decl_buffer((8,), "uint32", scope="local")
+        amax = T.decl_buffer((1,), "float32", scope="local")
+        qsum = T.decl_buffer((1,), "int32", scope="local")
+        acc = T.decl_buffer((rows,), "float32", scope="local")
+        wq = T.decl_buffer((rows * 4,), "uint32", scope="local")
+        sc = T.decl_buffer((rows,), "float16", scope="local")
+        xw = T.decl_buffer((8,), "uint32", scope="local")
+        isum = T.decl_buffer((1,), "int32", scope="local")
+        gsum = T.decl_buffer((1,), "float32", scope="local")
+        row0 = (bx * sets + ty) * rows
+        tid = ty * lanes + tx
+        # the first step's weights (DRAM) go out before the staging
+        for rr in T.unroll(rows):
+            wq[T.ramp(rr * 4, 1, 4)] = w.vload([row0 + rr, T.min(tx, groups - 1) * 4], "uint32x4")
+            sc[rr] = s[row0 + rr, T.min(tx, groups - 1)]
+        for st in T.unroll(stage_iters):
+            amax[0] = T.float32(0)
+            for j in T.unroll(32):
+                xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
+                amax[0] = T.max(amax[0], T.fabs(xv[j]))
+            qsum[0] = 0
+            for j in T.unroll(32):
+                qv[j] = T.Cast(
+                    "int32",
+                    T.round(xv[j] * T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))),
+                )
+                qsum[0] = qsum[0] + qv[j]
+            for q in T.unroll(4):
+                for o in T.unroll(2):
+                    pk[q * 2 + o] = (
+                        (T.Cast("uint32", qv[q * 8 + o]) & T.uint32(255))
+                        | ((T.Cast("uint32", qv[q * 8 + o + 2]) & T.uint32(255)) << T.uint32(8))
+                        | ((T.Cast("uint32", qv[q * 8 + o + 4]) & T.uint32(255)) << T.uint32(16))
+                        | ((T.Cast("uint32", qv[q * 8 + o + 6]) & T.uint32(255)) << T.uint32(24))
+                    )
+            xq[(tid + st * threads) * 2] = pk.vload([0], "uint32x4")
+            xq[(tid + st * threads) * 2 + 1] = pk.vload([4], "uint32x4")
+            xd[tid + st * threads] = amax[0] / T.float32(127)
+            xs[tid + st * threads] = qsum[0]
+        T.tvm_storage_sync("shared")
+        for rr in T.unroll(rows):
+            acc[rr] = T.float32(0)
+        for it in T.unroll(iters):
+            if it > 0:
+                for rr in T.unroll(rows):
+                    wq[T.ramp(rr * 4, 1, 4)] = w.vload(
+                        [row0 + rr, T.min(tx + it * lanes, groups - 1) * 4], "uint32x4"
+                    )
+                    sc[rr] = s[row0 + rr, T.min(tx + it * lanes, groups - 1)]
+            xw[T.ramp(0, 1, 4)] = xq[T.min(tx + it * lanes, groups - 1) * 2]
+            xw[T.ramp(4, 1, 4)] = xq[T.min(tx + it * lanes, groups - 1) * 2 + 1]
+            for rr in T.unroll(rows):
+                isum[0] = 0
+                for q in T.unroll(4):
+                    isum[0] = (
+                        isum[0]
+                        + T.call_pure_extern("int32", "dot4I8Packed", wq[rr * 4 + q] & T.uint32(nib), xw[q * 2])
+                        + T.call_pure_extern(
+                            "int32", "dot4I8Packed", (wq[rr * 4 + q] >> T.uint32(4)) & T.uint32(nib), xw[q * 2 + 1]
+                        )
+                    )
+                acc[rr] = acc[rr] + T.if_then_else(
+                    tx + it * lanes < groups,
+                    T.Cast("float32", isum[0] - 7 * xs[T.min(tx + it * lanes, groups - 1)])
+                    * (T.Cast("float32", sc[rr]) * xd[T.min(tx + it * lanes, groups - 1)]),
+                    T.float32(0),
+                )
+        for rr in T.unroll(rows):
+            part[(ty * rows + rr) * lanes + tx] = acc[rr]
+        T.tvm_storage_sync("shared")
+        gsum[0] = T.float32(0)
+        for l in T.unroll(lanes):
+            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + l]
+        if tx < rows:
+            out[0, 0, row0 + tx] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
+
+    return kernel
+
+
+def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
+    """``func`` (the matched GEMV) as :func:`gemv_kernel`, with ``func``'s parameters in its order;
+    None when its buffers are not 3-D ``[1, 1, .]`` rows."""
+    from tvm import tirx
+
+    for buf in (m.x, m.out, m.residual):
+        if buf is not None and (static_shape(buf) or [0])[:-1] != [1, 1]:
+            return None
+    make = dp4a_kernel if layout.decode == "dp4a" else gemv_kernel
+    new = make(m, layout, str(m.out.dtype))
+    roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params))
+    old_roles = {"x": m.x, "w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual, "out": m.out}
+    params = []
+    for p in func.params:
+        role = next(name for name, b in old_roles.items() if b is not None and b.same_as(p))
+        params.append(roles[role])
+    return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
+
+
+class WgslQ4Gemv(WebGPUKernelRule):
+    """Batch-1 q4f16_1 GEMVs on WebGPU -> :func:`build` in ``layout`` (where it tiles the rows)."""
+
+    def __init__(self, layout: Q4GemvLayout, min_rows: int = 0, min_reduction: int = 0) -> None:
+        self.layout = layout
+        self.min_rows = min_rows
+        self.min_reduction = min_reduction
+
+    def kernel(self, func: Any) -> Any | None:
+        m = match_q4f16_gemv(func)
+        if m is None or not self.layout.fits(m.out_features, m.in_features):
+            return None
+        if m.out_features < self.min_rows or m.in_features < self.min_reduction:
+            return None
+        return build(func, m, self.layout)

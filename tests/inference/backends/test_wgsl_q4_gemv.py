@@ -1,0 +1,115 @@
+"""llmchat's WGSL q4f16_1 decode GEMV (app/inference/pipelines/wgsl_q4_gemv.py) on a real Vulkan
+driver (lavapipe in CI) against float64 numpy: every epilogue the models make, rows and groups
+that leave lanes idle, both decodes; and which functions the rule takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu.kernels import MATMUL_TOL, _close, _matmul_run, q4_matmul64, q4_matmul_func
+from tests.inference.backends.vulkan_env import need_vulkan
+
+
+def _layout(name: str):
+    from app.inference.pipelines import wgsl_q4_gemv
+
+    layout = wgsl_q4_gemv.parse(name)
+    assert layout is not None, name
+    return layout
+
+
+def _run_on_vulkan(func, args, tmp_path, name="gemv"):
+    import tvm
+
+    from app.inference.backends import webgpu
+
+    target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile="wgsl-f16-wg32768-t256"))
+    lib = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target=target)
+    lib.export_library(str(tmp_path / f"{name}.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / f"{name}.so"))
+    dev = webgpu.device(0)
+    tensors = [tvm.runtime.tensor(a, dev) for a in args]
+    lib[name](*tensors)
+    return tensors[-1].numpy()
+
+
+def _int8_rounded(x: np.ndarray) -> np.ndarray:
+    """``x`` (float16) as the dp4a kernel sees it, in float64: per 32 values, max|x| / 127 steps,
+    rounded half to even (WGSL's ``round``)."""
+    x64 = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(x64).max(axis=1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.round(x64 * inv)
+    return (q.astype(np.float64) * (amax.astype(np.float64) / 127)).reshape(x.shape)
+
+
+CASES = [
+    # k, n, epilogue, layout: groups a multiple of the lanes, and not (11008 / 32 = 344 groups)
+    (4096, 256, "f16", "q4-r4-l32-t256"),
+    (4096, 128, "res", "q4-r2-l64-t256"),
+    (896, 128, "bias", "q4-r4-l32-t128"),
+    (11008, 64, "res", "q4-r4-l64-t256"),
+    (2048, 512, "f32", "q4-r4-l32-t256"),
+    (4096, 256, "f16", "q4-r4-l32-t256-f32"),
+    (11008, 64, "bias", "q4-r2-l128-t256-f32"),
+    (4096, 256, "res", "q4-r4-l32-t256-dp4a"),
+    (11008, 64, "f16", "q4-r4-l64-t256-dp4a"),
+    (896, 128, "bias", "q4-r2-l32-t128-dp4a"),
+    (2048, 512, "f32", "q4-r4-l32-t256-dp4a"),
+]
+
+
+@pytest.mark.parametrize(("k", "n", "epilogue", "name"), CASES, ids=[f"{c[0]}x{c[1]}-{c[2]}-{c[3]}" for c in CASES])
+def test_q4_gemv_matches_float64_on_vulkan(k, n, epilogue, name, tmp_path):
+    need_vulkan()
+    from app.inference.pipelines.wgsl_q4_gemv import WgslQ4Gemv
+
+    func = q4_matmul_func(k, n, epilogue)
+    new = WgslQ4Gemv(_layout(name)).kernel(func)
+    assert new is not None, "the rule did not take the GEMV"
+    run = _matmul_run(k, n, epilogue, 1, seed=k + n)
+    if name.endswith("-dp4a"):
+        # the kernel's own arithmetic: the activations rounded to int8 per 32 values; the same
+        # rounding here, then the float64 reference of that input
+        x, w, s = run.args[:3]
+        expected = q4_matmul64(_int8_rounded(x)[0], w, s)[None]
+        for extra in run.args[3:-1]:
+            expected = expected + extra.astype(np.float64)
+
+        def run_check(outs):
+            _close(outs[0], expected, MATMUL_TOL, f"dp4a {name} k={k} n={n} {epilogue}")
+    else:
+        run_check = run.check
+    got = _run_on_vulkan(new, run.args, tmp_path)
+    run_check([got])
+    # a wrong row, nibble or scale is far outside the tolerance: the check can fail
+    bad = got.copy()
+    bad[0, 0, 1] += np.float32(0.05) * max(1.0, float(np.abs(got).max()))
+    with pytest.raises(AssertionError):
+        run_check([bad])
+
+
+def test_rule_takes_only_what_tiles_and_keeps_parameter_order():
+    from app.inference.pipelines.wgsl_q4_gemv import WgslQ4Gemv
+
+    rule = WgslQ4Gemv(_layout("q4-r4-l32-t256"))  # 32 rows per workgroup
+    assert rule.kernel(q4_matmul_func(4096, 48, "f16")) is None  # 48 rows do not tile
+    assert rule.kernel(q4_matmul_func(4096, 64, "f16", rows=1)) is not None
+    assert WgslQ4Gemv(_layout("q4-r4-l32-t256"), min_rows=4096).kernel(q4_matmul_func(4096, 64, "f16")) is None
+    func = q4_matmul_func(896, 64, "bias")
+    new = rule.kernel(func)
+    assert [tuple(int(d) for d in p.shape) for p in new.params] == [tuple(int(d) for d in p.shape) for p in func.params]
+    assert [str(p.dtype) for p in new.params] == [str(p.dtype) for p in func.params]
+
+
+@pytest.mark.parametrize("name", ["q4-r4-l32-t256", "q4-r2-l128-t256-f32", "q4-r4-l64-t256-dp4a"])
+def test_layout_names_round_trip(name):
+    assert _layout(name).name == name
+
+
+@pytest.mark.parametrize("name", ["q4-r4-l32", "q4-r4-l48-t256", "q4-r4-l32-t512", "q4-x4-l32-t256", "q4-r4-l32-t256-f8"])
+def test_bad_layout_names_are_refused(name):
+    from app.inference.pipelines import wgsl_q4_gemv
+
+    assert wgsl_q4_gemv.parse(name) is None
