@@ -61,6 +61,7 @@ from app.inference.pipelines.gpu_choices import (
     use_cuda_prompt_attention,
     use_llmchat_gemv,
     use_wgsl_attention,
+    wgsl_attention_variant,
     use_wgsl_gemm,
     uses_cuda_graph,
 )
@@ -93,6 +94,7 @@ def attention_passes(target: Any) -> list[Any]:
             wgsl_split(
                 max_threads=int(target.attrs["max_num_threads"]),
                 shared_bytes=int(target.attrs["max_shared_memory_per_block"]),
+                variant=wgsl_attention_variant(),
             )
         ]
     if not use_cuda_attention(target):
