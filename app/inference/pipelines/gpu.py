@@ -61,9 +61,9 @@ from app.inference.pipelines.gpu_choices import (
     use_cuda_prompt_attention,
     use_llmchat_gemv,
     use_wgsl_attention,
-    wgsl_attention_variant,
     use_wgsl_gemm,
     uses_cuda_graph,
+    wgsl_attention_variant,
 )
 from app.inference.pipelines.gpu_gemv import DecodeGEMV, fast_small_uint_to_float
 

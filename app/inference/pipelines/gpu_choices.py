@@ -134,15 +134,6 @@ def use_wgsl_gemm(target: Any) -> bool:
     return target.kind.name == "webgpu" and choice != "tvm"
 
 
-def wgsl_attention_variant() -> str:
-    """Which of llmchat's WGSL decode attention kernels :func:`use_wgsl_attention` puts in:
-    ``split-v2`` (default; one workgroup per KV head and chunk, no merge launch on short contexts)
-    or ``split-v1`` (``LLMCHAT_WGSL_ATTENTION=split-v1``: the earlier per-query-head-group split,
-    kept for A/B comparisons)."""
-    choice = os.environ.get("LLMCHAT_WGSL_ATTENTION", "").strip().lower()
-    return "split-v1" if choice == "split-v1" else "split-v2"
-
-
 def uses_cuda_graph(target: Any) -> bool:
     """CUDA graphs are a CUDA runtime feature; other GPU runtimes launch kernels one by one."""
     return target.kind.name == "cuda"

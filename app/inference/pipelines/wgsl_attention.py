@@ -415,11 +415,8 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
         lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
         length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
 
-        chunk_pages = T.meta_var(
-            T.if_then_else(
-                nnz_pages <= single_pages, T.max(nnz_pages, 1), T.max(min_pages, T.ceildiv(nnz_pages, max_chunks))
-            )
-        )
+        split_pages = T.meta_var(T.max(min_pages, T.ceildiv(nnz_pages, max_chunks)))
+        chunk_pages = T.meta_var(T.if_then_else(nnz_pages <= single_pages, T.max(nnz_pages, 1), split_pages))
         chunks = T.meta_var(T.max(1, T.ceildiv(nnz_pages, chunk_pages)))
         part_o = T.decl_buffer((B * h_qo * chunks * d,), "float32", scope="global")
         part_ml = T.decl_buffer((B * h_qo * chunks * 2,), "float32", scope="global")
@@ -552,12 +549,13 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
                 for ci in range(T.ceildiv(chunks, lanes)):  # this lane's chunks, one pass
                     idx = T.meta_var(T.min(ci * lanes + tx2 // d, chunks - 1))
                     live = T.meta_var(ci * lanes + tx2 // d < chunks)
-                    mi[0] = T.if_then_else(live, part_ml[((b2 * h_qo + hq) * chunks + idx) * 2], T.float32(NEG))
+                    base = T.meta_var((b2 * h_qo + hq) * chunks + idx)
+                    mi[0] = T.if_then_else(live, part_ml[base * 2], T.float32(NEG))
                     mx[0] = T.max(mm[0], mi[0])
                     w[0] = T.exp2(mm[0] - mx[0])
                     w2[0] = T.if_then_else(live, T.exp2(mi[0] - mx[0]), T.float32(0))
-                    ll[0] = ll[0] * w[0] + part_ml[((b2 * h_qo + hq) * chunks + idx) * 2 + 1] * w2[0]
-                    oo[0] = oo[0] * w[0] + part_o[((b2 * h_qo + hq) * chunks + idx) * d + tx2 % d] * w2[0]
+                    ll[0] = ll[0] * w[0] + part_ml[base * 2 + 1] * w2[0]
+                    oo[0] = oo[0] * w[0] + part_o[base * d + tx2 % d] * w2[0]
                     mm[0] = mx[0]
                 o_sh[tx2] = oo[0]
                 m_sh[tx2] = mm[0]
