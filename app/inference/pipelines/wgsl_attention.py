@@ -3,7 +3,10 @@
 TVM 0.27's ``batch_decode_paged_kv`` runs one workgroup per (sequence, KV head) that scans every
 key serially: 2 workgroups for Qwen2.5-3B, 32 for Llama-2-7B, and the step time grows with the
 context. :func:`split_decode_attention` keeps that PrimFunc's signature (TVM's paged KV cache
-calls it by name) and gives it a new body of two kernel launches:
+calls it by name) and gives it a new body, one of two variants (``LLMCHAT_WGSL_ATTENTION``:
+``split-v2`` by default, ``split-v1`` for A/B comparisons, ``tvm`` keeps TVM's kernel).
+
+**split-v1** (:func:`decode_kernel`), two launches:
 
 1. ``partial``: a grid of (chunks, query-head groups x sequences) workgroups. A workgroup takes
    ``heads`` query heads of one KV head (one thread per (head, dimension)) and one chunk of a
@@ -15,16 +18,67 @@ calls it by name) and gives it a new body of two kernel launches:
    writes the output and the log-sum-exp (base 2, TVM's convention).
 
 The chunk count comes from the page table's size (``nnz_pages``, known on the host): about
-:data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page. The scratch is a host-level
-``global`` allocation (the device API's workspace pool); kernels cannot allocate ``global``
-memory on WebGPU. These kernels use no subgroup operations (also on a ``-sgN`` profile): every
-reduction goes through workgroup memory, and no workgroup-memory access sits under an ``if``
-(TVM's barrier pass refuses that).
+:data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page.
+
+Why v1 is slow at short contexts (H200 profile of Qwen2.5-0.5B at 3-67 keys: 33.85 us partial +
+8.62 us merge per layer; an empty dispatch ~5 us): Qwen2.5-0.5B's group of 7 query heads is odd,
+so ``heads`` is 1: 64 threads per workgroup, 14 workgroups per chunk that each load the same keys
+and values again; the tile is 64 keys whatever the context, so at 3-67 keys (chunks of one page,
+16 keys) each thread still loads 64 keys and 64 values (each behind its own page-table load,
+clamped loads of the tile's padding included) and runs 64-step serial max and exp2 loops over
+the padded tile, with 4 barriers per tile; and the merge is always a second dispatch.
+
+**split-v2** (:func:`decode_kernel_v2`, default):
+
+1. one workgroup per (chunk, KV head x sequence) for *all* the query heads of the KV head (the
+   group padded to a power of two, ``heads``: 8 for both Qwen2.5 shapes), 256 threads: the staged
+   keys and values serve every query head (v1 loaded them once per head group);
+2. a tile of 32 keys (16 for head_dim 128 in 32 KiB of workgroup memory, lavapipe's) holds K
+   and V together: one thread per (head, key) score (several when heads x tile < 256, their
+   sums added while reading the scores), then each thread keeps its head's tile scores in
+   registers for the max and the exp2/weighted-value loop over its ``head_dim x heads / 256``
+   output dimensions (2 or 4);
+3. the next tile's keys and values are loaded into registers right after this tile is staged, so
+   their global loads are in flight during this tile's scores and softmax (software pipelining);
+4. chunks: one chunk (one launch, no merge: the partial writes the output and the lse) while the
+   page table holds at most :data:`SINGLE_CHUNK_KEYS` keys' pages; beyond, chunks of at least one
+   tile, at most ``TARGET_WORKGROUPS_V2 / KV heads`` (64) of them; the merge launch sits under a
+   host-side ``if`` (the host knows ``nnz_pages``), and merges with ``256 / head_dim`` lanes per
+   output dimension (one online pass each, then one barrier).
+
+Barriers and serial steps per workgroup, counted from the kernels' structure (**not measured**;
+Qwen2.5-0.5B, H200 profile, one sequence; "serial" = the longest dependent chain of one thread:
+dot-product FMAs + max steps + exp2 steps, per-thread global loads separately):
+
+- 64 keys. v1: 4 chunks x 14 groups = 56 WGs of 1 tile: 4 barriers, 128 loads/thread,
+  64 + 64 + 64 = 192 serial, then the merge launch (4 chunks). v2: 1 chunk x 2 KV heads = 2 WGs
+  of 2 tiles: 6 barriers, 48 loads/thread (16 a tile, the next tile's in flight, 16 past the
+  end), 2 x (64 + 32 + 32) = 256 serial, no merge launch.
+- 1,024 keys. v1: 16 chunks x 14 = 224 WGs of 4 pages (1 tile): 4 barriers, 128 loads, 192
+  serial; merge over 16 chunks. v2: 32 chunks x 2 = 64 WGs of 2 pages (1 tile): 3 barriers, 32
+  loads, 128 serial; merge: 32 chunks over 4 lanes = 8 steps and 1 barrier.
+- 4,096 keys. v1: 18 x 14 = 252 WGs of 15 pages (4 tiles): 16 barriers, 512 loads, 768 serial;
+  merge over 18 chunks. v2: 64 chunks x 2 = 128 WGs of 4 pages (2 tiles): 6 barriers, 48 loads,
+  256 serial; merge: 16 steps and 1 barrier.
+
+(Qwen2.5-3B, head_dim 128: v1 runs 8 head groups of 2 heads, 256 threads, tile 64: per tile 4
+barriers, 64 + 64 loads/thread, 64 FMAs + 64 max + 64 exp2 serial, and 8 x 16 chunks of one page
+at 64 keys; v2 runs 2 workgroups of 8 heads, tile 32: per tile 3 barriers, 16 + 16 loads/thread,
+128 FMAs + 32 max + 32 exp2 serial, one launch up to 128 keys.) v2 does more serial work at 64
+keys than v1 does for its one padded tile, but in one launch instead of two, with fewer loads
+per thread (48 against 128) and the keys loaded once per KV head instead of once per query-head
+group. Whether it is faster is for the H200 to tell: not measured.
+
+Common to both: the scratch is a host-level ``global`` allocation (the device API's workspace
+pool); kernels cannot allocate ``global`` memory on WebGPU. These kernels use no subgroup
+operations (also on a ``-sgN`` profile): every reduction goes through workgroup memory, and no
+workgroup-memory access sits under an ``if`` (TVM's barrier pass refuses that).
 
 The keys in the cache must already carry the rotary embedding: the pass replaces the kernel only
 in a module whose KV cache is created with ``RopeMode.NORMAL`` (llmchat's models; TVM's runtime
 then passes ``rotary_mode`` 0 at decode). Shapes it does not handle (sliding window, head_dim
-over the thread limit or not a power of two, dtypes other than float16/float32) keep TVM's kernel.
+over the thread limit or not a power of two, dtypes other than float16/float32, 16 KV heads or
+more: measured with v1 only, kept for v2) keep TVM's kernel.
 """
 
 from __future__ import annotations

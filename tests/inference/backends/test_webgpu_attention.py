@@ -206,12 +206,13 @@ def test_v2_layout_takes_all_query_heads_of_a_kv_head():
     128 keys, then chunks of at least one tile, at most 64 per KV head (128 workgroups)."""
     from app.inference.pipelines.wgsl_attention import kv_head_layout
 
-    for h_qo, d, tile in ((14, 64, 32), (16, 128, 16)):
+    for h_qo, d, tile in ((14, 64, 32), (16, 128, 32)):
         layout = kv_head_layout(h_qo, 2, d, PAGE, max_threads=256, shared_bytes=49152)
         assert layout is not None
         assert (layout.group, layout.heads, layout.threads, layout.tile) == (h_qo // 2, 8, 256, tile)
         assert (2 * layout.tile * (d + 1) + layout.heads * d + layout.threads) * 4 <= 49152
         assert layout.single_pages * PAGE == 128 and layout.max_chunks == 64
+    assert kv_head_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=32768).tile == 16  # lavapipe
     assert kv_head_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
 
 
