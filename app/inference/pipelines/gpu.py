@@ -63,6 +63,7 @@ from app.inference.pipelines.gpu_choices import (
     use_wgsl_attention,
     use_wgsl_gemm,
     uses_cuda_graph,
+    wgsl_attention_variant,
 )
 from app.inference.pipelines.gpu_gemv import DecodeGEMV, fast_small_uint_to_float
 
@@ -93,6 +94,7 @@ def attention_passes(target: Any) -> list[Any]:
             wgsl_split(
                 max_threads=int(target.attrs["max_num_threads"]),
                 shared_bytes=int(target.attrs["max_shared_memory_per_block"]),
+                variant=wgsl_attention_variant(),
             )
         ]
     if not use_cuda_attention(target):

@@ -94,6 +94,15 @@ def use_wgsl_attention(target: Any) -> bool:
     return target.kind.name == "webgpu" and choice != "tvm"
 
 
+def wgsl_attention_variant() -> str:
+    """Which of llmchat's WGSL decode attention kernels :func:`use_wgsl_attention` puts in:
+    ``split-v2`` (default; one workgroup per KV head and chunk, no merge launch on short contexts)
+    or ``split-v1`` (``LLMCHAT_WGSL_ATTENTION=split-v1``: the earlier per-query-head-group split,
+    kept for A/B comparisons)."""
+    choice = os.environ.get("LLMCHAT_WGSL_ATTENTION", "").strip().lower()
+    return "split-v1" if choice == "split-v1" else "split-v2"
+
+
 def cuda_paged_prefill() -> str:
     """How a prompt chunk's attention to the cached keys runs where llmchat's prompt attention
     does (``LLMCHAT_CUDA_PAGED_PREFILL``): ``async`` (default), llmchat's tensor-core kernel

@@ -5,7 +5,7 @@ cuts. A step of llmchat's runtime calls ``embed`` (the new token), ``decode`` (e
 KV cache's attention call runs TVM's split-rotary, append and decode-attention kernels for one
 token) and, when greedy on the device, ``argmax``. :func:`decode_step_kernels` walks those Relax
 functions in order and counts the kernel launches of every PrimFunc they call (a PrimFunc may
-launch several: the split decode attention launches two).
+launch several: the split decode attention launches two, its merge only past one chunk).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ _THREAD_TAGS = ("blockIdx.", "threadIdx.")
 
 def kernel_launches(func: Any) -> int:
     """The kernels ``func`` (a scheduled PrimFunc) launches: its outermost thread-bound loops or
-    ``thread_extent`` scopes (what the lowering splits off as device kernels)."""
+    ``thread_extent`` scopes (what the lowering splits off as device kernels). A launch under a
+    host-side ``if`` (the split decode attention's merge, run only when more than one chunk
+    covers the sequence: over 128 keys) is not counted: the count is a short-context step's."""
     import tvm_ffi
     from tvm import tirx
 
@@ -34,6 +36,8 @@ def kernel_launches(func: Any) -> int:
 
     def launch(node: Any) -> Any:
         nonlocal count
+        if isinstance(node, tirx.IfThenElse):
+            return tvm_ffi.WalkResult.SKIP
         if isinstance(node, tirx.For):
             binding = node.thread_binding
             is_launch = binding is not None and str(binding.thread_tag).startswith(_THREAD_TAGS)
@@ -44,7 +48,7 @@ def kernel_launches(func: Any) -> int:
             return tvm_ffi.WalkResult.SKIP
         return tvm_ffi.WalkResult.ADVANCE
 
-    tvm_ffi.structural_walk(func.body, [((tirx.For, tirx.AttrStmt), launch)], order="pre")
+    tvm_ffi.structural_walk(func.body, [((tirx.For, tirx.AttrStmt, tirx.IfThenElse), launch)], order="pre")
     return count
 
 

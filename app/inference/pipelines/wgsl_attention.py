@@ -3,7 +3,10 @@
 TVM 0.27's ``batch_decode_paged_kv`` runs one workgroup per (sequence, KV head) that scans every
 key serially: 2 workgroups for Qwen2.5-3B, 32 for Llama-2-7B, and the step time grows with the
 context. :func:`split_decode_attention` keeps that PrimFunc's signature (TVM's paged KV cache
-calls it by name) and gives it a new body of two kernel launches:
+calls it by name) and gives it a new body, one of two variants (``LLMCHAT_WGSL_ATTENTION``:
+``split-v2`` by default, ``split-v1`` for A/B comparisons, ``tvm`` keeps TVM's kernel).
+
+**split-v1** (:func:`decode_kernel`), two launches:
 
 1. ``partial``: a grid of (chunks, query-head groups x sequences) workgroups. A workgroup takes
    ``heads`` query heads of one KV head (one thread per (head, dimension)) and one chunk of a
@@ -15,16 +18,67 @@ calls it by name) and gives it a new body of two kernel launches:
    writes the output and the log-sum-exp (base 2, TVM's convention).
 
 The chunk count comes from the page table's size (``nnz_pages``, known on the host): about
-:data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page. The scratch is a host-level
-``global`` allocation (the device API's workspace pool); kernels cannot allocate ``global``
-memory on WebGPU. These kernels use no subgroup operations (also on a ``-sgN`` profile): every
-reduction goes through workgroup memory, and no workgroup-memory access sits under an ``if``
-(TVM's barrier pass refuses that).
+:data:`TARGET_WORKGROUPS` workgroups per sequence, chunks of at least one page.
+
+Why v1 is slow at short contexts (H200 profile of Qwen2.5-0.5B at 3-67 keys: 33.85 us partial +
+8.62 us merge per layer; an empty dispatch ~5 us): Qwen2.5-0.5B's group of 7 query heads is odd,
+so ``heads`` is 1: 64 threads per workgroup, 14 workgroups per chunk that each load the same keys
+and values again; the tile is 64 keys whatever the context, so at 3-67 keys (chunks of one page,
+16 keys) each thread still loads 64 keys and 64 values (each behind its own page-table load,
+clamped loads of the tile's padding included) and runs 64-step serial max and exp2 loops over
+the padded tile, with 4 barriers per tile; and the merge is always a second dispatch.
+
+**split-v2** (:func:`decode_kernel_v2`, default):
+
+1. one workgroup per (chunk, KV head x sequence) for *all* the query heads of the KV head (the
+   group padded to a power of two, ``heads``: 8 for both Qwen2.5 shapes), 256 threads: the staged
+   keys and values serve every query head (v1 loaded them once per head group);
+2. a tile of 32 keys (16 for head_dim 128 in 32 KiB of workgroup memory, lavapipe's) holds K
+   and V together: one thread per (head, key) score (several when heads x tile < 256, their
+   sums added while reading the scores), then each thread keeps its head's tile scores in
+   registers for the max and the exp2/weighted-value loop over its ``head_dim x heads / 256``
+   output dimensions (2 or 4);
+3. the next tile's keys and values are loaded into registers right after this tile is staged, so
+   their global loads are in flight during this tile's scores and softmax (software pipelining);
+4. chunks: one chunk (one launch, no merge: the partial writes the output and the lse) while the
+   page table holds at most :data:`SINGLE_CHUNK_KEYS` keys' pages; beyond, chunks of at least one
+   tile, at most ``TARGET_WORKGROUPS_V2 / KV heads`` (64) of them; the merge launch sits under a
+   host-side ``if`` (the host knows ``nnz_pages``), and merges with ``256 / head_dim`` lanes per
+   output dimension (one online pass each, then one barrier).
+
+Barriers and serial steps per workgroup, counted from the kernels' structure (**not measured**;
+Qwen2.5-0.5B, H200 profile, one sequence; "serial" = the longest dependent chain of one thread:
+dot-product FMAs + max steps + exp2 steps, per-thread global loads separately):
+
+- 64 keys. v1: 4 chunks x 14 groups = 56 WGs of 1 tile: 4 barriers, 128 loads/thread,
+  64 + 64 + 64 = 192 serial, then the merge launch (4 chunks). v2: 1 chunk x 2 KV heads = 2 WGs
+  of 2 tiles: 6 barriers, 48 loads/thread (16 a tile, the next tile's in flight, 16 past the
+  end), 2 x (64 + 32 + 32) = 256 serial, no merge launch.
+- 1,024 keys. v1: 16 chunks x 14 = 224 WGs of 4 pages (1 tile): 4 barriers, 128 loads, 192
+  serial; merge over 16 chunks. v2: 32 chunks x 2 = 64 WGs of 2 pages (1 tile): 3 barriers, 32
+  loads, 128 serial; merge: 32 chunks over 4 lanes = 8 steps and 1 barrier.
+- 4,096 keys. v1: 18 x 14 = 252 WGs of 15 pages (4 tiles): 16 barriers, 512 loads, 768 serial;
+  merge over 18 chunks. v2: 64 chunks x 2 = 128 WGs of 4 pages (2 tiles): 6 barriers, 48 loads,
+  256 serial; merge: 16 steps and 1 barrier.
+
+(Qwen2.5-3B, head_dim 128: v1 runs 8 head groups of 2 heads, 256 threads, tile 64: per tile 4
+barriers, 64 + 64 loads/thread, 64 FMAs + 64 max + 64 exp2 serial, and 8 x 16 chunks of one page
+at 64 keys; v2 runs 2 workgroups of 8 heads, tile 32: per tile 3 barriers, 16 + 16 loads/thread,
+128 FMAs + 32 max + 32 exp2 serial, one launch up to 128 keys.) v2 does more serial work at 64
+keys than v1 does for its one padded tile, but in one launch instead of two, with fewer loads
+per thread (48 against 128) and the keys loaded once per KV head instead of once per query-head
+group. Whether it is faster is for the H200 to tell: not measured.
+
+Common to both: the scratch is a host-level ``global`` allocation (the device API's workspace
+pool); kernels cannot allocate ``global`` memory on WebGPU. These kernels use no subgroup
+operations (also on a ``-sgN`` profile): every reduction goes through workgroup memory, and no
+workgroup-memory access sits under an ``if`` (TVM's barrier pass refuses that).
 
 The keys in the cache must already carry the rotary embedding: the pass replaces the kernel only
 in a module whose KV cache is created with ``RopeMode.NORMAL`` (llmchat's models; TVM's runtime
 then passes ``rotary_mode`` 0 at decode). Shapes it does not handle (sliding window, head_dim
-over the thread limit or not a power of two, dtypes other than float16/float32) keep TVM's kernel.
+over the thread limit or not a power of two, dtypes other than float16/float32, 16 KV heads or
+more: measured with v1 only, kept for v2) keep TVM's kernel.
 """
 
 from __future__ import annotations
@@ -45,6 +99,9 @@ TARGET_WORKGROUPS = 256
 MAX_TILE = 64
 #: TVM's "minus infinity" of the running maximum (log2 domain), kept for the same lse
 NEG = -5e4
+#: the kernel variants (``LLMCHAT_WGSL_ATTENTION``): v2 by default, v1 for A/B comparisons
+VARIANTS = ("split-v2", "split-v1")
+DEFAULT_VARIANT = "split-v2"
 LOG2E = math.log2(math.e)
 PARAMS = [
     "Q",
@@ -291,7 +348,295 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
     return kernel
 
 
-def split_decode_attention(func: Any, max_threads: int, shared_bytes: int) -> Any | None:
+#: keys of the sequence up to which v2 runs one chunk per (sequence, KV head) and no merge launch
+SINGLE_CHUNK_KEYS = 128
+#: v2: workgroups aimed at over the chunks and KV heads of one sequence at long contexts
+TARGET_WORKGROUPS_V2 = 128
+#: v2: the most keys of a tile (K and V staged as float32: 2 x tile x (head_dim + 1) x 4 bytes)
+MAX_TILE_V2 = 32
+
+
+@dataclass(frozen=True)
+class KVHeadLayout:
+    """How :func:`decode_kernel_v2` splits the work: one workgroup per (chunk, KV head, sequence)
+    for all ``group`` query heads of the KV head (padded to ``heads``, a power of two) with
+    ``threads`` threads, ``tile`` keys per step, chunks of at least ``min_pages`` pages (one chunk
+    up to ``single_pages`` pages) and at most ``max_chunks`` of them."""
+
+    group: int
+    heads: int
+    threads: int
+    tile: int
+    min_pages: int
+    single_pages: int
+    max_chunks: int
+
+
+def _v2_shared_bytes(heads: int, d: int, threads: int, tile: int) -> int:
+    return (2 * tile * (d + 1) + heads * d + threads) * 4
+
+
+def kv_head_layout(
+    h_qo: int, h_kv: int, d: int, page: int, max_threads: int, shared_bytes: int
+) -> KVHeadLayout | None:
+    """The v2 layout for these shapes within the target's limits, or None (TVM's kernel stays)."""
+    if h_qo % h_kv or d > max_threads or d & (d - 1) or d < 4:
+        return None
+    if h_kv >= TVM_KERNEL_MIN_KV_HEADS:  # measured with v1 only; kept for v2 (not measured)
+        return None
+    group = h_qo // h_kv
+    heads = 1 << (group - 1).bit_length()
+    threads = min(max_threads, 256, heads * d)
+    if threads < heads:
+        return None
+    tile = min(MAX_TILE_V2, threads // heads)
+    while tile > 1 and _v2_shared_bytes(heads, d, threads, tile) > shared_bytes:
+        tile //= 2
+    if _v2_shared_bytes(heads, d, threads, tile) > shared_bytes or tile * d < threads:
+        return None
+    min_pages = max(1, -(-tile // page))  # a chunk of at least one tile
+    single_pages = max(1, SINGLE_CHUNK_KEYS // page)
+    max_chunks = max(1, TARGET_WORKGROUPS_V2 // h_kv)
+    return KVHeadLayout(group, heads, threads, tile, min_pages, single_pages, max_chunks)
+
+
+def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KVHeadLayout) -> Any:
+    """The v2 decode attention (module docstring) as a scheduled PrimFunc with
+    ``batch_decode_paged_kv``'s parameters (no sliding window)."""
+    from tvm.script import tirx as T
+
+    group, heads, threads, tile = layout.group, layout.heads, layout.threads, layout.tile
+    pairs = heads * tile  # scores of a tile (padded heads included)
+    tpp = threads // pairs  # threads per score
+    dpp = d // tpp  # products each of them adds
+    tph = threads // heads  # threads per query head in the softmax and weighted values
+    outs = d // tph  # output dimensions of a thread
+    loads = tile * d // threads  # elements of a K (and a V) tile each thread loads
+    row = d + 1  # padded row of a staged tile (no bank conflicts between keys)
+    min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
+    lanes = max(1, min(256, threads) // d)  # merge: threads per output dimension
+
+    # pylint: disable=too-many-locals,too-many-statements
+    @T.prim_func(private=True)
+    def kernel(
+        Q_handle: T.handle,
+        pages_handle: T.handle,
+        page_table_indptr_handle: T.handle,
+        page_table_values_handle: T.handle,
+        var_length_info: T.handle,
+        k_rope_pos_offset_handle: T.handle,
+        q_rope_position_handle: T.handle,
+        output_handle: T.handle,
+        lse_handle: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        B = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        pages_elem_offset = T.int64()
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        Q = T.match_buffer(Q_handle, (B, h_qo, d), dtype)
+        pages = T.match_buffer(
+            pages_handle, (max_num_pages, 2, h_kv, page, d), dtype, elem_offset=pages_elem_offset
+        )
+        page_table_indptr = T.match_buffer(
+            page_table_indptr_handle, (B + 1,), "int32", elem_offset=page_indptr_elem_offset
+        )
+        page_table_values = T.match_buffer(
+            page_table_values_handle, (nnz_pages,), "int32", elem_offset=page_values_elem_offset
+        )
+        k_rope_pos_offset = T.match_buffer(  # noqa: F841
+            k_rope_pos_offset_handle,
+            (B,),
+            "int32",
+            elem_offset=k_rope_pos_offset_elem_offset,
+        )
+        q_rope_position = T.match_buffer(  # noqa: F841
+            q_rope_position_handle,
+            (B,),
+            "int32",
+            elem_offset=q_rope_position_elem_offset,
+        )
+        output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
+        lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
+        length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
+
+        split_pages = T.meta_var(T.max(min_pages, T.ceildiv(nnz_pages, max_chunks)))
+        chunk_pages = T.meta_var(T.if_then_else(nnz_pages <= single_pages, T.max(nnz_pages, 1), split_pages))
+        chunks = T.meta_var(T.max(1, T.ceildiv(nnz_pages, chunk_pages)))
+        part_o = T.decl_buffer((B * h_qo * chunks * d,), "float32", scope="global")
+        part_ml = T.decl_buffer((B * h_qo * chunks * 2,), "float32", scope="global")
+
+        with T.launch_thread("blockIdx.x", chunks) as c:
+            by = T.launch_thread("blockIdx.y", h_kv * B)  # WebGPU: no blockIdx.z
+            hk = T.meta_var(by % h_kv)
+            b = T.meta_var(by // h_kv)
+            tx = T.launch_thread("threadIdx.x", threads)
+            q_sh = T.decl_buffer((heads * d,), "float32", scope="shared")
+            k_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
+            v_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
+            red = T.decl_buffer((threads,), "float32", scope="shared")
+            info = T.decl_buffer((4,), "int32", scope="local")  # 1st page, length, chunk start, chunk keys
+            kr = T.decl_buffer((loads,), dtype, scope="local")  # the next tile's keys and values
+            vr = T.decl_buffer((loads,), dtype, scope="local")
+            s_loc = T.decl_buffer((tile,), "float32", scope="local")
+            acc = T.decl_buffer((outs,), "float32", scope="local")
+            m = T.decl_buffer((1,), "float32", scope="local")
+            m_new = T.decl_buffer((1,), "float32", scope="local")
+            l_run = T.decl_buffer((1,), "float32", scope="local")
+            part = T.decl_buffer((1,), "float32", scope="local")
+            p = T.decl_buffer((1,), "float32", scope="local")
+
+            info[0] = page_table_indptr[b]
+            info[1] = T.if_then_else(
+                info[0] != page_table_indptr[b + 1],
+                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
+                0,
+            )  # sequence length
+            info[2] = c * chunk_pages * page  # first key of the chunk
+            info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+            for i in T.unroll(heads * d // threads):
+                hq = T.meta_var((i * threads + tx) // d)  # of the KV head's query heads (padded)
+                q_sh[i * threads + tx] = T.if_then_else(
+                    hq < group,
+                    T.Cast("float32", Q[b, hk * group + T.min(hq, group - 1), (i * threads + tx) % d])
+                    * sm_scale
+                    * LOG2E,
+                    T.float32(0),
+                )
+            m[0] = T.float32(NEG)
+            l_run[0] = T.float32(0)
+            for j in T.unroll(outs):
+                acc[j] = T.float32(0)
+            for i in T.unroll(loads):  # tile 0 into registers
+                key = T.meta_var((i * threads + tx) // d)
+                col = T.meta_var((i * threads + tx) % d)
+                pos = T.meta_var(T.max(T.min(info[2] + key, info[1] - 1), 0))  # clamped
+                slot = T.meta_var(page_table_values[info[0] + pos // page])
+                kr[i] = pages[slot, 0, hk, pos % page, col]
+                vr[i] = pages[slot, 1, hk, pos % page, col]
+            for t in range(T.ceildiv(info[3], tile)):
+                T.tvm_storage_sync("shared")  # the previous tile's readers are done
+                for i in T.unroll(loads):
+                    key = T.meta_var((i * threads + tx) // d)
+                    col = T.meta_var((i * threads + tx) % d)
+                    valid = T.meta_var(t * tile + key < info[3])
+                    k_sh[key * row + col] = T.if_then_else(valid, T.Cast("float32", kr[i]), T.float32(0))
+                    v_sh[key * row + col] = T.if_then_else(valid, T.Cast("float32", vr[i]), T.float32(0))
+                T.tvm_storage_sync("shared")
+                for i in T.unroll(loads):  # the next tile's loads, in flight during this tile's work
+                    key = T.meta_var((i * threads + tx) // d)
+                    col = T.meta_var((i * threads + tx) % d)
+                    pos = T.meta_var(T.max(T.min(info[2] + (t + 1) * tile + key, info[1] - 1), 0))
+                    slot = T.meta_var(page_table_values[info[0] + pos // page])
+                    kr[i] = pages[slot, 0, hk, pos % page, col]
+                    vr[i] = pages[slot, 1, hk, pos % page, col]
+                part[0] = T.float32(0)
+                for j in T.unroll(dpp):  # score (head, key) of this thread: dpp of its products
+                    part[0] = (
+                        part[0]
+                        + q_sh[(tx // tpp) // tile * d + j * tpp + tx % tpp]
+                        * k_sh[(tx // tpp) % tile * row + j * tpp + tx % tpp]
+                    )
+                red[tx] = part[0]
+                T.tvm_storage_sync("shared")
+                m_new[0] = m[0]
+                for k in T.unroll(tile):  # the tile's scores of this thread's query head
+                    part[0] = T.float32(0)
+                    for i in T.unroll(tpp):
+                        part[0] = part[0] + red[((tx // tph) * tile + k) * tpp + i]
+                    s_loc[k] = T.if_then_else(t * tile + k < info[3], part[0], T.float32(NEG))
+                    m_new[0] = T.max(m_new[0], s_loc[k])
+                p[0] = T.exp2(m[0] - m_new[0])
+                l_run[0] = l_run[0] * p[0]
+                for j in T.unroll(outs):
+                    acc[j] = acc[j] * p[0]
+                for k in T.unroll(tile):
+                    p[0] = T.if_then_else(t * tile + k < info[3], T.exp2(s_loc[k] - m_new[0]), T.float32(0))
+                    l_run[0] = l_run[0] + p[0]
+                    for j in T.unroll(outs):
+                        acc[j] = acc[j] + p[0] * v_sh[k * row + j * tph + tx % tph]
+                m[0] = m_new[0]
+            hq2 = T.meta_var(tx // tph)  # this thread's query head (of the KV head's, padded)
+            if hq2 < group:
+                if chunks == 1:  # the whole sequence: the final output (no merge launch)
+                    for j in T.unroll(outs):
+                        output[b, hk * group + hq2, j * tph + tx % tph] = T.Cast(
+                            dtype, T.if_then_else(l_run[0] > T.float32(0), acc[j] / l_run[0], T.float32(0))
+                        )
+                    if tx % tph == 0:
+                        lse[b, hk * group + hq2] = T.if_then_else(
+                            l_run[0] > T.float32(0), m[0] + T.log2(l_run[0]), T.float32(NEG)
+                        )
+                else:
+                    for j in T.unroll(outs):
+                        part_o[((b * h_qo + hk * group + hq2) * chunks + c) * d + j * tph + tx % tph] = acc[j]
+                    if tx % tph == 0:
+                        part_ml[((b * h_qo + hk * group + hq2) * chunks + c) * 2] = m[0]
+                        part_ml[((b * h_qo + hk * group + hq2) * chunks + c) * 2 + 1] = l_run[0]
+
+        if chunks > 1:  # on the host: one chunk wrote the output already
+            with T.launch_thread("blockIdx.x", h_qo) as hq:
+                b2 = T.launch_thread("blockIdx.y", B)
+                tx2 = T.launch_thread("threadIdx.x", lanes * d)
+                o_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
+                m_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
+                l_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
+                mm = T.decl_buffer((1,), "float32", scope="local")
+                mi = T.decl_buffer((1,), "float32", scope="local")
+                mx = T.decl_buffer((1,), "float32", scope="local")
+                ll = T.decl_buffer((1,), "float32", scope="local")
+                oo = T.decl_buffer((1,), "float32", scope="local")
+                w = T.decl_buffer((1,), "float32", scope="local")
+                w2 = T.decl_buffer((1,), "float32", scope="local")
+                mm[0] = T.float32(NEG)
+                ll[0] = T.float32(0)
+                oo[0] = T.float32(0)
+                for ci in range(T.ceildiv(chunks, lanes)):  # this lane's chunks, one pass
+                    idx = T.meta_var(T.min(ci * lanes + tx2 // d, chunks - 1))
+                    live = T.meta_var(ci * lanes + tx2 // d < chunks)
+                    base = T.meta_var((b2 * h_qo + hq) * chunks + idx)
+                    mi[0] = T.if_then_else(live, part_ml[base * 2], T.float32(NEG))
+                    mx[0] = T.max(mm[0], mi[0])
+                    w[0] = T.exp2(mm[0] - mx[0])
+                    w2[0] = T.if_then_else(live, T.exp2(mi[0] - mx[0]), T.float32(0))
+                    ll[0] = ll[0] * w[0] + part_ml[base * 2 + 1] * w2[0]
+                    oo[0] = oo[0] * w[0] + part_o[base * d + tx2 % d] * w2[0]
+                    mm[0] = mx[0]
+                o_sh[tx2] = oo[0]
+                m_sh[tx2] = mm[0]
+                l_sh[tx2] = ll[0]
+                T.tvm_storage_sync("shared")
+                mx[0] = T.float32(NEG)
+                for i in T.unroll(lanes):
+                    mx[0] = T.max(mx[0], m_sh[i * d + tx2 % d])
+                ll[0] = T.float32(0)
+                oo[0] = T.float32(0)
+                for i in T.unroll(lanes):
+                    w[0] = T.exp2(m_sh[i * d + tx2 % d] - mx[0])
+                    ll[0] = ll[0] + l_sh[i * d + tx2 % d] * w[0]
+                    oo[0] = oo[0] + o_sh[i * d + tx2 % d] * w[0]
+                if tx2 < d:
+                    output[b2, hq, tx2] = T.Cast(
+                        dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0))
+                    )
+                if tx2 == 0:
+                    lse[b2, hq] = T.if_then_else(ll[0] > T.float32(0), mx[0] + T.log2(ll[0]), T.float32(NEG))
+
+    return kernel
+
+
+def split_decode_attention(
+    func: Any, max_threads: int, shared_bytes: int, variant: str = DEFAULT_VARIANT
+) -> Any | None:
     """``func`` (TVM's ``batch_decode_paged_kv``) with the split kernels as its body, or None when
     its shapes are not the ones handled. The new body ignores ``rotary_mode`` (keys and query must
     carry RoPE already: :func:`split_decode_attention_pass` checks the module's KV cache)."""
@@ -311,17 +656,21 @@ def split_decode_attention(func: Any, max_threads: int, shared_bytes: int) -> An
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
     if None in (h_qo, d, h_kv, page):
         return None
-    layout = split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
-    if layout is None:
+    if variant == "split-v1":
+        layout = split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
+        new = None if layout is None else decode_kernel(h_qo, h_kv, d, page, dtype, layout)
+    else:
+        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
+        new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2)
+    if new is None:
         return None
-    new = decode_kernel(h_qo, h_kv, d, page, dtype, layout)
     for key, value in (func.attrs or {}).items():
         if key not in ("tirx.is_scheduled", "tirx.noalias"):
             new = new.with_attr(key, value)
     return new
 
 
-def split_decode_attention_pass(max_threads: int, shared_bytes: int) -> Any:
+def split_decode_attention_pass(max_threads: int, shared_bytes: int, variant: str = DEFAULT_VARIANT) -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc, in a
     module whose KV cache is created with ``RopeMode.NORMAL`` (else TVM's kernel stays: it
     applies RoPE itself when ``rotary_mode`` is 1)."""
@@ -330,7 +679,7 @@ def split_decode_attention_pass(max_threads: int, shared_bytes: int) -> Any:
     def rewrite(func: Any) -> Any | None:
         if func.attrs is None or str(func.attrs.get("global_symbol", "")) != DECODE_ATTENTION:
             return None
-        return split_decode_attention(func, max_threads, shared_bytes)
+        return split_decode_attention(func, max_threads, shared_bytes, variant)
 
     replace = prim_func_pass("llmchat_wgsl_split_decode_attention_funcs", rewrite)
 

@@ -25,7 +25,13 @@ CASES = [
     (8, 8, 64, "float16", [100, 2]),
     (8, 4, 64, "float32", [31, 32, 33, 48]),  # group 2
     (8, 1, 64, "float16", [2100]),  # group 8, many chunks
+    # the Qwen2.5 shapes at short contexts (v2: one chunk, no merge) and long ones (the merge)
+    (14, 2, 64, "float16", [1, 17, 64]),  # Qwen2.5-0.5B
+    (14, 2, 64, "float16", [1030]),
+    (16, 2, 128, "float16", [17, 64]),  # Qwen2.5-3B
+    (16, 2, 128, "float16", [1100]),
 ]
+VARIANTS = ["split-v2", "split-v1"]
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +81,14 @@ def _reference(q, pages, indptr, values, lens, sm_scale):
     return out, lse
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
     ("h_qo", "h_kv", "d", "dtype", "lens"),
     CASES,
     ids=[f"{a}q{b}kv-d{c}-{t}-{'_'.join(map(str, n))}" for a, b, c, t, n in CASES],
 )
 def test_split_decode_attention_matches_float64_reference(
-    webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens
+    webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant
 ):
     import tvm
 
@@ -91,7 +98,10 @@ def test_split_decode_attention_matches_float64_reference(
     target = webgpu_target
     tvm_func = _tvm_kernel(h_qo, h_kv, d, dtype, target)
     func = split_decode_attention(
-        tvm_func, int(target.attrs["max_num_threads"]), int(target.attrs["max_shared_memory_per_block"])
+        tvm_func,
+        int(target.attrs["max_num_threads"]),
+        int(target.attrs["max_shared_memory_per_block"]),
+        variant,
     )
     assert func is not None, "these shapes should get the split kernel"
     lib = _build(func, target, tmp_path)
@@ -118,7 +128,12 @@ def test_split_decode_attention_matches_float64_reference(
     out = tvm.runtime.empty((b_n, h_qo, d), dtype, dev)
     lse = tvm.runtime.empty((b_n, h_qo), "float32", dev)
     t = [tvm.runtime.tensor(a, dev) for a in (q, pages, indptr, values, last, zeros, zeros)]
+    before = webgpu.stats(dev.index)["dispatches"]
     lib[DECODE_ATTENTION](*t, out, lse, 0, 1.0, 10000.0, sm_scale)
+    dispatches = webgpu.stats(dev.index)["dispatches"] - before
+    # v2 runs one chunk and no merge while the page table holds at most 128 keys' pages
+    one_chunk = variant == "split-v2" and nnz * PAGE <= 128
+    assert dispatches == (1 if one_chunk else 2)
 
     ref, ref_lse = _reference(q, pages, indptr, values, lens, sm_scale)
     tol = 2e-3 if dtype == "float16" else 2e-5  # float16 output rounding; float32 accumulation
@@ -183,6 +198,34 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     assert 'T.sblock("attn")' in old_text and 'T.sblock("attn")' not in new_text
     assert new_text.count('T.launch_thread("blockIdx.x"') == 2  # the partial and the merge kernels
     assert plain[DECODE_ATTENTION].same_as(mod[DECODE_ATTENTION])  # no NORMAL-RoPE KV cache: kept
+
+
+def test_v2_layout_takes_all_query_heads_of_a_kv_head():
+    """v2 on the H200 profile: one workgroup holds every query head of its KV head (Qwen2.5-0.5B:
+    7, padded to 8; 3B: 8), within the profile's threads and workgroup memory; one chunk up to
+    128 keys, then chunks of at least one tile, at most 64 per KV head (128 workgroups)."""
+    from app.inference.pipelines.wgsl_attention import kv_head_layout
+
+    for h_qo, d, tile in ((14, 64, 32), (16, 128, 32)):
+        layout = kv_head_layout(h_qo, 2, d, PAGE, max_threads=256, shared_bytes=49152)
+        assert layout is not None
+        assert (layout.group, layout.heads, layout.threads, layout.tile) == (h_qo // 2, 8, 256, tile)
+        assert (2 * layout.tile * (d + 1) + layout.heads * d + layout.threads) * 4 <= 49152
+        assert layout.single_pages * PAGE == 128 and layout.max_chunks == 64
+    assert kv_head_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=32768).tile == 16  # lavapipe
+    assert kv_head_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
+
+
+def test_attention_variant_switch(monkeypatch):
+    """``LLMCHAT_WGSL_ATTENTION``: split-v2 by default, split-v1 for A/B, tvm for TVM's kernel."""
+    from app.inference.compile.cache import _kernel_switches
+    from app.inference.pipelines import gpu_choices
+
+    monkeypatch.delenv("LLMCHAT_WGSL_ATTENTION", raising=False)
+    assert gpu_choices.wgsl_attention_variant() == "split-v2"
+    monkeypatch.setenv("LLMCHAT_WGSL_ATTENTION", "split-v1")
+    assert gpu_choices.wgsl_attention_variant() == "split-v1"
+    assert _kernel_switches()["LLMCHAT_WGSL_ATTENTION"] == "split-v1"  # a library of its own
 
 
 def test_tvm_switch_keeps_tvm_attention(monkeypatch):
