@@ -6,7 +6,7 @@
 #                    platformdirs, gguf, wgpu (+ cffi), keyring and its deps
 #   scratch/whl-hub/ huggingface_hub of the version llmchat's venv has (the image's is older), with
 #                    the needs the image lacks (httpx2, httpcore2) or has older (hf-xet, click)
-#   .gl/             Debian's Vulkan loader (libvulkan1) for `dpkg -x` there (NVIDIA's ICD is the driver's)
+#   .gl/             Debian's Vulkan loader and libglvnd (NVIDIA's ICD, from the driver, links libGLdispatch)
 # Versions are those of this checkout's .venv, so what runs there is what was tested here.
 # Usage: bash benchmarks/device_kit.sh   (then carry .whl, .gl, scratch/whl-hub)
 set -eu
@@ -45,5 +45,5 @@ PY
 cp /tmp/device-kit/runtime-apache_tvm-*.whl .whl/"$(basename /tmp/device-kit/apache_tvm-*.whl)"
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 mkdir -p /tmp/amd64/partial
-ls .gl/libvulkan1_*.deb >/dev/null 2>&1 || { apt-get $o update -qq && (cd .gl && apt-get $o download -qq libvulkan1); }
+ls .gl/libglvnd0_*.deb >/dev/null 2>&1 || { apt-get $o update -qq && (cd .gl && apt-get $o download -qq libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2); }
 du -sh .whl scratch/whl-hub .gl

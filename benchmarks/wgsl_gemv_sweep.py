@@ -52,8 +52,9 @@ SHAPES = (
     ("down", 11008, 4096),
     ("lm_head", 4096, 32000),
 )
-#: the variants: app/inference/pipelines/wgsl_gemv.py's family (its docstring names the layouts)
-VARIANTS = wgsl_gemv.VARIANTS
+#: the variants: app/inference/pipelines/wgsl_gemv.py's family (its docstring names the layouts),
+#: then llmchat's hand-scheduled kernel (app/inference/pipelines/wgsl_q4_gemv.py) in several layouts
+VARIANTS = {**wgsl_gemv.VARIANTS, **{name: {"q4": True} for name in wgsl_gemv.Q4_SWEEP}}
 TOLERANCE = {False: 1e-2, True: 3e-2}  # of max |reference|, for fp32 / fp16 accumulation
 
 
@@ -151,10 +152,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for shape, in_f, out_f in shapes:
         base = {False: _gemv_f32(in_f, out_f), True: _gemv_f16(in_f, out_f)}
         for profile in PROFILES:
+            if args.profiles and profile not in args.profiles.split(","):
+                continue
             target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile=profile))
             entries: list[dict[str, Any]] = []
             seen: dict[int, dict[str, Any]] = {}
-            for name in ("current", "dlight", "dlight-f16acc", *VARIANTS):
+            names = ("current", "dlight", "dlight-f16acc", *VARIANTS)
+            if args.variants:
+                names = tuple(n for n in names if n in args.variants.split(","))
+            for name in names:
                 f16acc = name.endswith("f16acc")
                 try:
                     scheduled = _schedule(base[f16acc], target, name)
@@ -190,7 +196,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                     "variant": name,
                     "symbol": symbol,
                     "lib": lib_name,
-                    "f16acc": f16acc,
+                    # fp16 sums, or int8-rounded activations: the looser tolerance
+                    "f16acc": f16acc or name.endswith("-dp4a"),
                     "subgroup_ops": "subgroupShuffle" in src,
                     "aliases": [],
                 }
@@ -419,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile", help="compile the variants (needs the TVM compiler)")
     c.add_argument("--out", required=True)
     c.add_argument("--shapes", default="", help="comma-separated subset of " + ",".join(s[0] for s in SHAPES))
+    c.add_argument("--variants", default="", help="comma-separated subset of the variants (default: all)")
+    c.add_argument("--profiles", default="", help="comma-separated subset of " + ",".join(PROFILES))
     r = sub.add_parser("run", help="check and time the variants on Vulkan adapter 0")
     r.add_argument("--dir", required=True)
     r.add_argument("--out", required=True)

@@ -93,15 +93,47 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: layouts of the hand-scheduled kernel (:mod:`.wgsl_q4_gemv`) that ``wgsl_gemv_sweep.py`` times:
+#: rows per set, lanes per set, threads; ``unpack2x16float`` decode, TVM's fp32 decode, int8 dot4
+Q4_SWEEP = (
+    "q4-r2-l32-t256",
+    "q4-r4-l32-t256",
+    "q4-r2-l64-t256",
+    "q4-r4-l64-t256",
+    "q4-r2-l128-t256",
+    "q4-r4-l128-t256",
+    "q4-r4-l32-t128",
+    "q4-r1-l32-t256",
+    "q4-r4-l32-t256-f32",
+    "q4-r2-l64-t256-f32",
+    "q4-r1-l32-t256-dp4a",
+    "q4-r2-l32-t256-dp4a",
+    "q4-r4-l32-t256-dp4a",
+    "q4-r2-l64-t256-dp4a",
+    "q4-r4-l64-t256-dp4a",
+    "q4-r4-l128-t256-dp4a",
+    "q4-r2-l16-t256-dp4a",
+    "q4-r8-l32-t256-dp4a",
+)
+
+
 def rule(name: str) -> Any:
-    """``DecodeGEMV`` laid out as variant ``name`` (raises LlmchatError for an unknown name)."""
+    """``DecodeGEMV`` laid out as variant ``name``, or for a ``q4-...`` name llmchat's
+    hand-scheduled kernel (:mod:`.wgsl_q4_gemv`) in that layout (raises LlmchatError for an
+    unknown name)."""
+    from app.inference.pipelines import wgsl_q4_gemv
     from app.inference.pipelines.gpu_gemv import DecodeGEMV
 
+    layout = wgsl_q4_gemv.parse(name)
+    if layout is not None:
+        return wgsl_q4_gemv.WgslQ4Gemv(layout)
     p = VARIANTS.get(name)
     if p is None:
         raise LlmchatError(
             f"{name!r} is not one of llmchat's WGSL GEMV variants.",
-            f"unset {ENV}, or set it to one or more of: {', '.join(VARIANTS)} (comma-separated)",
+            f"unset {ENV}, or set it to one or more of: {', '.join(VARIANTS)} (comma-separated), "
+            "or a layout of llmchat's own kernel such as q4-r4-l32-t256 (q4-rROWS-lLANES-tTHREADS, "
+            "-f32 or -dp4a for the other decodes)",
         )
     return DecodeGEMV(
         load_bytes=p["l"],
