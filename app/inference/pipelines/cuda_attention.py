@@ -17,17 +17,17 @@ head: four times per kv head. Blocks of the 4 query heads sharing a kv head (8 w
 for 8 kv heads: 256 blocks, merged through the global scratch area) read each key once. H200,
 random weights, q4f16_1, ``gpu_decode.py depth``, best of 2, tok/s, session 9 (throwaway patch,
 benchmarks/results/h200-2026-12-02-8b-depth-gqa/): after 0 / 4,096 / 8,192 tokens, one head per
-block in clusters 544.2 / 418.4 / 334.1 and 529.0 / 406.0 / 330.9; 4 heads per block 504.2 /
-426.6 / 376.9 and 486.3 / 428.2 / 375.5 (+13 % after 8,192, +2-5 % after 4,096, -7-8 % at 0); with
-fewer chunks for short sequences (at least 32 or 128 keys each) still 462.5 or 437.8 against 500.9 after 1,024
-tokens. So on sm_90, for ``h_qo // h_kv == 4`` only, the PrimFunc's host code picks the kernel by
-the sequence's keys (``page_table_values`` holds every page of the batch: pages x page size >=
-:data:`GQA_MIN_KEYS` x sequences, and the batch's states fit the scratch area): 4 heads per block
-from 3,072 keys (between the measured 1,024, where one head per block wins, and 4,096), else the
-cluster kernel. ``LLMCHAT_CUDA_GQA_DECODE=cluster|groups`` forces one of them and
-``LLMCHAT_CUDA_GQA_MIN_KEYS`` moves the threshold (A/B; :func:`.gpu_choices.cuda_gqa_decode`).
-The product's choice itself (both kernels in one library, picked per call) is not measured yet;
-other group sizes and GPUs before sm_90 are unchanged.
+block in clusters 544.2 / 418.4 / 334.1 and 529.0 / 406.0 / 330.9; 4 heads per block 504.2 / 426.6
+/ 376.9 and 486.3 / 428.2 / 375.5 (+13 % after 8,192, +2-5 % after 4,096, -7-8 % at 0); with fewer
+chunks for short sequences (at least 32 or 128 keys each) still 462.5 or 437.8 against 500.9 after
+1,024 tokens. So on sm_90, for ``h_qo // h_kv == 4`` only, the PrimFunc's host code picks the
+kernel by the sequence's keys (``page_table_values`` holds every page of the batch: pages x page
+size >= :data:`GQA_MIN_KEYS` x sequences, and the batch's states fit the scratch area): 4 heads
+per block from 3,072 keys (between the measured 1,024, where one head per block wins, and 4,096),
+else the cluster kernel. ``LLMCHAT_CUDA_GQA_DECODE=cluster|groups`` forces one of them and
+``LLMCHAT_CUDA_GQA_MIN_KEYS`` moves the threshold (A/B; :func:`.gpu_choices.cuda_gqa_decode`). The
+product's choice itself (both kernels in one library, picked per call) is not measured yet; other
+group sizes and GPUs before sm_90 are unchanged.
 
 Prompt: TVM's ``batch_prefill_ragged_kv`` (a prompt chunk attending to its own keys) computed
 attention on CUDA cores (374 us per Llama-2-7B layer for a 512-token prompt on the H200, 15 % of
