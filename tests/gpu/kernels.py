@@ -323,11 +323,20 @@ def decode_reference(q, pages, indptr, values, lengths, sm_scale):
 
 
 def decode_attention_case(
-    h_q: int, h_kv: int, d: int, batches: list[list[int]], max_cluster: int = 0, seed: int = 0
+    h_q: int,
+    h_kv: int,
+    d: int,
+    batches: list[list[int]],
+    max_cluster: int = 0,
+    seed: int = 0,
+    gqa: str = "auto",
+    gqa_min_keys: int = cuda_attention.GQA_MIN_KEYS,
 ) -> Case:
     """``llmchat::decode_attention`` in place of TVM's ``batch_decode_paged_kv``: chunks merged
-    through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90); one build, a
-    run per batch of sequence lengths. The CPU runs llmchat's CPU kernel of the same signature."""
+    through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90), and there for
+    GQA-4 shapes the blocks of 4 query heads picked by ``gqa`` / ``gqa_min_keys`` (named in the
+    case unless the defaults: they are part of the prebuilt cache's case list); one build, a run
+    per batch of sequence lengths. The CPU runs llmchat's CPU kernel of the same signature."""
 
     def build(target: Any) -> Any:
         from tvm.relax.frontend.nn.llm.kv_cache import _attention_decode
@@ -335,7 +344,7 @@ def decode_attention_case(
         if not is_cuda(target):
             return cpu_attention.decode_attention_kernel(h_kv, h_q, d, "float16", False, PAGE)
         func = cuda_attention.split_decode_attention(
-            _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster
+            _attention_decode(h_kv, h_q, d, "float16", False, {}, target), max_cluster, gqa, gqa_min_keys
         )
         assert func is not None, "split_decode_attention did not take TVM's decode attention"
         return func
@@ -372,6 +381,8 @@ def decode_attention_case(
         return Run(label, args, (7, 8), check)
 
     kind = f"cluster{max_cluster}" if max_cluster else "global"
+    if (gqa, gqa_min_keys) != ("auto", cuda_attention.GQA_MIN_KEYS):
+        kind += f"_gqa_{gqa}_{gqa_min_keys}"
     return Case(f"decode_attention_{h_q}_{h_kv}_{d}_{kind}", build, [partial(run, b) for b in batches])
 
 

@@ -122,6 +122,28 @@ def paged_prefill_cases() -> list[kernels.Case]:
     ]
 
 
+#: GQA-4 on sm_90 (cuda_attention.py): blocks of the 4 query heads of a kv head from a threshold of
+#: keys per sequence (pages x 16 >= threshold x sequences), one head per block in clusters below.
+#: With a threshold of 256 keys (16 pages) both kernels take short runs. Clusters: 1, 17 and 240
+#: keys (15 pages), [1, 17, 300] (22 pages < 3 x 16), and for Llama-3-8B's shape 9 sequences of
+#: 300 (9 x 32 heads x 32 chunks: more states than the scratch area holds). 4-head blocks: 241
+#: keys (16 pages), 256, 257, 1,000, 4,096, [1, 17, 300, 2,048] (150 pages), [300, 2,048].
+GQA_KEY_BATCHES = [[1], [17], [240], [241], [256], [257], [1000], [4096]]
+GQA_KEY_BATCHES += [[1, 17, 300], [1, 17, 300, 2048], [300, 2048], [300] * 9]
+
+
+def gqa_decode_cases(max_cluster: int) -> list[kernels.Case]:
+    """The two decode kernels of GQA-4 shapes (Llama-3-8B's, and 16 query heads over 4 kv heads
+    of dim 64), chosen by the keys (a threshold of 256) or forced (``groups``: every key count)."""
+    return [
+        *(
+            kernels.decode_attention_case(h_q, h_kv, d, GQA_KEY_BATCHES, max_cluster, gqa_min_keys=256)
+            for h_q, h_kv, d in [(32, 8, 128), (16, 4, 64)]
+        ),
+        kernels.decode_attention_case(32, 8, 128, KEY_BATCHES, max_cluster, gqa="groups"),
+    ]
+
+
 def unsplit_batch_cases() -> list[kernels.Case]:
     """More (sequence, head, chunk) states than the scratch area holds: every sequence unsplit."""
     batch = [[20 + i for i in range(40)]]  # 40 sequences x 32 heads x 8 chunks > 8,192 rows
@@ -140,6 +162,7 @@ def kernel_groups(facts: dict) -> dict[str, Callable[[], list[kernels.Case]]]:
         groups["matmul"] = matmul_cases
     if facts["max_cluster"]:
         groups["decode_cluster"] = partial(decode_attention_cases, facts["max_cluster"])
+        groups["decode_gqa"] = partial(gqa_decode_cases, facts["max_cluster"])
     if facts["prompt_attention"]:
         groups["prefill"] = prefill_cases
         groups["prefill_paged"] = paged_prefill_cases
@@ -172,6 +195,14 @@ def test_decode_attention_merged_in_a_cluster(cuda, tmp_path):
     if not cuda.facts["max_cluster"]:
         pytest.skip(f"no thread-block clusters on {cuda.arch} (sm_90 and later)")
     _check("decode_cluster", cuda, tmp_path)
+
+
+def test_decode_attention_of_gqa_groups(cuda, tmp_path):
+    """GQA-4 on sm_90: blocks of 4 query heads (global-memory merge) from a number of keys on,
+    one head per block in clusters below; both sides of the host code's choice."""
+    if not cuda.facts["max_cluster"]:
+        pytest.skip(f"no thread-block clusters on {cuda.arch} (sm_90 and later)")
+    _check("decode_gqa", cuda, tmp_path)
 
 
 def test_decode_attention_batch_too_large_to_split(cuda, tmp_path):

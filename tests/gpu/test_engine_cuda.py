@@ -43,7 +43,9 @@ MODELS = {
 }
 #: a prompt over several chunks of the real models' size (2,048): the chunks after the first attend
 #: to the cached pages (llmchat::prefill_paged_attention), the last one to 4,096 keys; head dim 128,
-#: four query heads per kv head (Llama-3-8B's group)
+#: four query heads per kv head (Llama-3-8B's group): its decode steps over 4,500 keys take the
+#: blocks of 4 query heads with the fused RoPE/append (cuda_attention.py: GQA-4 from 3,072 keys on
+#: sm_90), qwen2-d64's (at most 1,024 keys) the cluster kernel
 LONG_MODELS = {
     "llama-long": (
         "llama",

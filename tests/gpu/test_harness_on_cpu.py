@@ -101,6 +101,7 @@ def test_every_cuda_case_is_built_from_llmchats_rules(with_cluster):
     """The CUDA side of the suite's cases, for sm_90: each function is llmchat's kernel launch."""
     from tests.gpu.test_cuda_kernels import (
         decode_attention_cases,
+        gqa_decode_cases,
         matmul_cases,
         paged_prefill_cases,
         prefill_cases,
@@ -113,12 +114,18 @@ def test_every_cuda_case_is_built_from_llmchats_rules(with_cluster):
         *matmul_cases(),
         *small_op_cases(),
         *decode_attention_cases(max_cluster),
+        *(gqa_decode_cases(max_cluster) if with_cluster else []),
         *prefill_cases(),
         *paged_prefill_cases(),
     ]
     for case in cases:
         script = case.build(sm90).script()
         assert "llmchat::" in script, case.name
+        if "_gqa_" in case.name:  # both GQA-4 kernels by the keys, or the 4-head blocks alone
+            heads = 'T.launch_thread("threadIdx.y", 8)'
+            assert script.count(heads) == (2 if "_gqa_auto_" in case.name else 1), case.name
+            assert ("clusterCtaIdx" in script) == ("_gqa_auto_" in case.name), case.name
+            assert ", 32, 4, 8, false>" in script, case.name
     assert len({c.name for c in cases}) == len(cases)
 
 

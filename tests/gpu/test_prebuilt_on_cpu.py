@@ -171,6 +171,7 @@ def test_collection_and_the_steps_before_the_gpu_need_no_compiler(tmp_path, tiny
     assert got["groups"] == [
         "decode_cluster",
         "decode_global",
+        "decode_gqa",
         "decode_unsplit",
         "matmul",
         "prefill",

@@ -15,6 +15,7 @@ from app.inference.pipelines import (
     cuda_gemm,
     cuda_gemv,
     cuda_kernels,
+    cuda_rope_append,
     gpu,
     gpu_choices,
     gpu_gemv,
@@ -167,6 +168,129 @@ def test_decode_attention_is_split_along_the_sequence(heads, kv_heads, dim, per_
         assert f'T.launch_thread("blockIdx.x", {nc})' in script
         assert f'T.launch_thread("blockIdx.y", {heads})' in script
         assert 'T.launch_thread("threadIdx.y", 8)' in script
+
+
+def _value(expr, names: dict[str, int]) -> int:
+    """An integer TIR expression of products, sums, comparisons and conjunctions, with its
+    variables given by name."""
+    from tvm import tirx
+
+    ops = {
+        tirx.Mul: lambda a, b: a * b,
+        tirx.Add: lambda a, b: a + b,
+        tirx.GE: lambda a, b: int(a >= b),
+        tirx.LE: lambda a, b: int(a <= b),
+        tirx.LT: lambda a, b: int(a < b),
+        tirx.GT: lambda a, b: int(a > b),
+        tirx.And: lambda a, b: int(bool(a) and bool(b)),
+    }
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    if isinstance(expr, tirx.Var):
+        return names[expr.name]
+    return ops[type(expr)](_value(expr.a, names), _value(expr.b, names))
+
+
+def _takes_groups(func, pages: int, batch: int) -> bool:
+    """The host code's choice in ``func`` (a branch between two launches) for ``pages`` pages of
+    the batch (``page_table_values``' length) and ``batch`` sequences: the 4-head blocks?"""
+    from tvm import tirx
+
+    assert isinstance(func.body, tirx.IfThenElse), type(func.body)
+    return bool(_value(func.body.condition, {"nnz_pages": pages, "B": batch}))
+
+
+def test_gqa4_decode_attention_picks_its_kernel_by_the_keys():
+    """Llama-3-8B's shape on sm_90: one head per block in clusters for short sequences, blocks of
+    the 4 query heads of a kv head (global-memory merge, 32 chunks, 8 warps) from 3,072 keys per
+    sequence on; the choice is a branch of the PrimFunc's host code between the two launches."""
+    groups = "llmchat::decode_attention<32, 8, 128, 16, 32, 4, 8, false>"
+    clusters = "llmchat::decode_attention<32, 8, 128, 16, 8, 1, 8, true>"
+    func = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16)
+    script = func.script()
+    assert groups in script and clusters in script
+    assert 'T.launch_thread("blockIdx.y", 8)' in script and 'T.launch_thread("blockIdx.y", 32)' in script
+    assert script.index(groups) < script.index("else:") < script.index(clusters)
+    # 3,072 keys = 192 pages of 16 per sequence; the batch counts its pages together
+    assert _takes_groups(func, 192, 1) and not _takes_groups(func, 191, 1)
+    assert _takes_groups(func, 4 * 192, 4) and not _takes_groups(func, 4 * 192 - 1, 4)
+    assert _takes_groups(func, 8 * 500, 8)
+    # 9 sequences: 9 x 32 heads x 32 chunks states overflow the scratch area: clusters
+    assert not _takes_groups(func, 9 * 500, 9)
+    # another threshold
+    low = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, gqa_min_keys=256)
+    assert _takes_groups(low, 16, 1) and not _takes_groups(low, 15, 1)
+    # forced: one launch, no branch
+    only = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, "groups").script()
+    assert groups in only and clusters not in only and "clusterCtaIdx" not in only and "if " not in only
+    only = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 8, "cluster").script()
+    assert groups not in only and clusters in only and "if " not in only
+    # the fused RoPE/append goes with both kernels
+    fused = _decode_attention(32, 8, 128).with_attr(cuda_rope_append.FUSED_ATTR, True)
+    script = cuda_attention.split_decode_attention(fused, 16).script()
+    assert groups.replace(">", ", true>") in script and clusters.replace(">", ", true>") in script
+    with pytest.raises(ValueError, match="gqa must be one of"):
+        cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, "heads")
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"), [(32, 32, 128), (16, 2, 128), (14, 2, 64), (16, 8, 64)]
+)
+def test_other_group_sizes_keep_one_kernel(heads, kv_heads, dim):
+    """Only GQA-4 shapes were measured with the 4-head blocks: others keep one launch whatever
+    the switch says, and so does every shape before sm_90."""
+    for gqa in cuda_attention.GQA_MODES:
+        script = cuda_attention.split_decode_attention(
+            _decode_attention(heads, kv_heads, dim), 16, gqa
+        ).script()
+        assert script.count("llmchat::decode_attention<") == 1 and ", 1, 8, true>" in script
+    for gqa in cuda_attention.GQA_MODES:
+        script = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 0, gqa).script()
+        assert script.count("llmchat::decode_attention<") == 1
+        assert "llmchat::decode_attention<32, 8, 128, 16, 16, 2, 4, false>" in script
+
+
+def test_the_gqa_decode_switches(monkeypatch):
+    """``LLMCHAT_CUDA_GQA_DECODE`` / ``LLMCHAT_CUDA_GQA_MIN_KEYS`` reach the decode attention
+    pass and the library's cache key; a value that is none of the choices stops the build."""
+    from app.errors import LlmchatError
+    from app.inference.compile import cache
+
+    monkeypatch.delenv("LLMCHAT_CUDA_GQA_DECODE", raising=False)
+    monkeypatch.delenv("LLMCHAT_CUDA_GQA_MIN_KEYS", raising=False)
+    assert gpu_choices.cuda_gqa_decode() == ("auto", 3072)
+    monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", " Groups ")
+    monkeypatch.setenv("LLMCHAT_CUDA_GQA_MIN_KEYS", "1024")
+    assert gpu_choices.cuda_gqa_decode() == ("groups", 1024)
+    switches = cache._kernel_switches()
+    assert switches["LLMCHAT_CUDA_GQA_DECODE"] == "groups" and switches["LLMCHAT_CUDA_GQA_MIN_KEYS"] == "1024"
+    monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", "cluster")
+    mod = tvm.IRModule({"batch_decode_paged_kv": _decode_attention(32, 8, 128)})
+    mod = gpu.attention_passes(_cuda("sm_90"))[0](mod)
+    script = mod["batch_decode_paged_kv"].script()
+    assert script.count("llmchat::decode_attention<") == 1 and "clusterCtaIdx" in script
+    monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", "auto")
+    mod = gpu.attention_passes(_cuda("sm_90"))[0](
+        tvm.IRModule({"batch_decode_paged_kv": _decode_attention(32, 8, 128)})
+    )
+    assert "nnz_pages * 16 >= B * 1024" in mod["batch_decode_paged_kv"].script()
+    monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", "heads")
+    with pytest.raises(LlmchatError, match="LLMCHAT_CUDA_GQA_DECODE"):
+        gpu_choices.cuda_gqa_decode()
+    monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", "auto")
+    for bad in ("0", "3k", "-5"):
+        monkeypatch.setenv("LLMCHAT_CUDA_GQA_MIN_KEYS", bad)
+        with pytest.raises(LlmchatError, match="LLMCHAT_CUDA_GQA_MIN_KEYS"):
+            gpu_choices.cuda_gqa_decode()
+
+
+def test_the_scratch_area_sizes_match_the_kernels():
+    """The host code's check that a batch's states fit the global-memory merge uses the sizes
+    cuda_kernels.cu declares."""
+    source = cuda_kernels.kernel_source()
+    assert f"constexpr int ATTN_SCRATCH_ROWS = {cuda_attention.ATTN_SCRATCH_ROWS};" in source
+    assert "constexpr int ATTN_SCRATCH_FLOATS = 8192 * 128;" in source
+    assert cuda_attention.ATTN_SCRATCH_FLOATS == 8192 * 128
 
 
 def _prefill_attention(num_heads: int, num_kv_heads: int, head_dim: int):

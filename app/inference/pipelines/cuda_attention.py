@@ -11,6 +11,24 @@ memory (before that, through a static scratch area: a batch too large for it run
 kernel expects the rotary embedding applied before the cache (llmchat's models use
 ``RopeMode.NORMAL``; anything else stops with a CUDA error instead of a wrong answer).
 
+Decode at depth for GQA-4 models (Llama-3-8B: 32 query heads, 8 kv heads, head dim 128). The
+cluster kernel's blocks each take one query head, so every key is read through L2 once per query
+head: four times per kv head. Blocks of the 4 query heads sharing a kv head (8 warps, 32 chunks
+for 8 kv heads: 256 blocks, merged through the global scratch area) read each key once. H200,
+random weights, q4f16_1, ``gpu_decode.py depth``, best of 2, tok/s, session 9 (throwaway patch,
+benchmarks/results/h200-2026-12-02-8b-depth-gqa/): after 0 / 4,096 / 8,192 tokens, one head per
+block in clusters 544.2 / 418.4 / 334.1 and 529.0 / 406.0 / 330.9; 4 heads per block 504.2 / 426.6
+/ 376.9 and 486.3 / 428.2 / 375.5 (+13 % after 8,192, +2-5 % after 4,096, -7-8 % at 0); with fewer
+chunks for short sequences (at least 32 or 128 keys each) still 462.5 or 437.8 against 500.9 after
+1,024 tokens. So on sm_90, for ``h_qo // h_kv == 4`` only, the PrimFunc's host code picks the
+kernel by the sequence's keys (``page_table_values`` holds every page of the batch: pages x page
+size >= :data:`GQA_MIN_KEYS` x sequences, and the batch's states fit the scratch area): 4 heads
+per block from 3,072 keys (between the measured 1,024, where one head per block wins, and 4,096),
+else the cluster kernel. ``LLMCHAT_CUDA_GQA_DECODE=cluster|groups`` forces one of them and
+``LLMCHAT_CUDA_GQA_MIN_KEYS`` moves the threshold (A/B; :func:`.gpu_choices.cuda_gqa_decode`). The
+product's choice itself (both kernels in one library, picked per call) is not measured yet; other
+group sizes and GPUs before sm_90 are unchanged.
+
 Prompt: TVM's ``batch_prefill_ragged_kv`` (a prompt chunk attending to its own keys) computed
 attention on CUDA cores (374 us per Llama-2-7B layer for a 512-token prompt on the H200, 15 % of
 the prompt's time); :func:`prefill_attention_pass` launches ``llmchat::prefill_attention`` instead,
@@ -52,6 +70,18 @@ CLUSTER_CHUNKS = 8
 WIDE_CLUSTER_CHUNKS = 16
 #: warps per block with cluster merging (8: Llama-2-7B, 1,024 keys: 8.42 us, 4 warps: 10.02 us)
 CLUSTER_WARPS = 8
+#: query heads per kv head of the models that take 4 heads per block for long sequences on sm_90
+GQA_GROUP = 4
+#: warps of those blocks (Llama-3-8B after 8,192 tokens: 8 warps 376.9 tok/s, 4 warps 304.5)
+GQA_WARPS = 8
+#: keys per sequence from which they are taken (``auto``; LLMCHAT_CUDA_GQA_MIN_KEYS)
+GQA_MIN_KEYS = 3072
+#: LLMCHAT_CUDA_GQA_DECODE: by the keys, always one head per block (clusters), always 4 heads
+GQA_MODES = ("auto", "cluster", "groups")
+#: the kernel's scratch area for chunks merged through global memory (cuda_kernels.cu
+#: ATTN_SCRATCH_ROWS / ATTN_SCRATCH_FLOATS): a batch whose states do not fit runs unsplit
+ATTN_SCRATCH_ROWS = 8192
+ATTN_SCRATCH_FLOATS = 8192 * 128
 
 
 def cluster_chunks(heads: int, max_cluster: int) -> int:
@@ -83,11 +113,16 @@ def _address(buf: Any) -> Any:
     return tirx.address_of(tirx.BufferLoad(buf, [tirx.IntImm("int32", 0)] * len(buf.shape)))
 
 
-def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
+def split_decode_attention(
+    func: Any, max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = GQA_MIN_KEYS
+) -> Any | None:
     """``func`` (TVM's ``batch_decode_paged_kv``) with llmchat's kernel in front, or None when
     its shapes are not the ones the kernel handles. ``max_cluster`` > 0 (sm_90 and later: 8, or
     16 where non-portable clusters are known to work): one query head per block, and the chunks
-    of a head form a thread-block cluster that merges them through distributed shared memory."""
+    of a head form a thread-block cluster that merges them through distributed shared memory.
+    There, for GQA-4 shapes, ``gqa`` (:data:`GQA_MODES`) picks the blocks of 4 query heads
+    merged through global memory: ``auto`` from ``gqa_min_keys`` keys per sequence on (a branch
+    of the host code between the two launches), ``groups`` always, ``cluster`` never."""
     from tvm import tirx
 
     names = [str(p) for p in func.params]
@@ -107,8 +142,7 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
         or len(names) != 13
     ):
         return None
-    q, pages, indptr, values, length_info, _k_off, q_pos, output, lse = func.params[:9]
-    rotary_mode, rope_scale, rope_theta, sm_scale = func.params[9:]
+    q, pages, _indptr, values, length_info = func.params[:5]
     if (
         str(q.dtype) != "float16"
         or str(pages.dtype) != "float16"
@@ -121,17 +155,48 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
     if None in (h_qo, d, h_kv, page) or h_qo % h_kv or d % 8 or d // 8 not in (1, 2, 4, 8, 16, 32):
         return None
+    if gqa not in GQA_MODES:
+        raise ValueError(f"gqa must be one of {GQA_MODES}, not {gqa!r}")
     cluster = max_cluster > 0
-    per_block = 1 if cluster else heads_per_block(h_qo // h_kv)
-    chunks = cluster_chunks(h_qo, max_cluster) if cluster else num_chunks(h_qo // per_block)
-    warps = CLUSTER_WARPS if cluster else 4
-    batch = q.shape[0]
-
-    at = _address
-    flag = "true" if cluster else "false"
     fused = func.attrs is not None and bool(func.attrs.get(FUSED_ATTR, False))
     if fused and not cluster:
-        return None  # the fused RoPE and append were run with the cluster kernel only (sm_90)
+        return None  # the fused RoPE and append run on sm_90 only (cluster or GQA-4 blocks)
+    batch = q.shape[0]
+    if cluster:
+        chunks = cluster_chunks(h_qo, max_cluster)
+        body = _decode_launch(func, chunks, 1, CLUSTER_WARPS, True, fused)
+    else:
+        per_block = heads_per_block(h_qo // h_kv)
+        body = _decode_launch(func, num_chunks(h_qo // per_block), per_block, 4, False, fused)
+    if not cluster or h_qo // h_kv != GQA_GROUP or gqa == "cluster":
+        return func.with_body(body)
+    chunks = num_chunks(h_kv)
+    groups = _decode_launch(func, chunks, GQA_GROUP, GQA_WARPS, False, fused)
+    if gqa == "groups":
+        return func.with_body(groups)
+    # page_table_values: the pages of every sequence of the batch (TVM's view of exactly
+    # page_table_indptr[-1] entries); keys counted in whole pages
+    long_enough = values.shape[0] * page >= batch * gqa_min_keys
+    # the batch's (sequence, head, chunk) states fit the scratch area (else the kernel would run
+    # every sequence unsplit)
+    rows = batch * (h_qo * chunks) <= ATTN_SCRATCH_ROWS
+    floats = batch * (h_qo * chunks * d) <= ATTN_SCRATCH_FLOATS
+    return func.with_body(tirx.IfThenElse(tirx.all(long_enough, rows, floats), groups, body))
+
+
+def _decode_launch(func: Any, chunks: int, per_block: int, warps: int, cluster: bool, fused: bool) -> Any:
+    """A launch of ``llmchat::decode_attention`` on ``func``'s buffers: ``chunks`` x (query heads
+    / ``per_block``) x sequences blocks of ``warps`` warps; ``cluster``: the chunks of a head in
+    one thread-block cluster."""
+    from tvm import tirx
+
+    q, pages, indptr, values, length_info, _k_off, q_pos, output, lse = func.params[:9]
+    rotary_mode, rope_scale, rope_theta, sm_scale = func.params[9:]
+    h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
+    h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
+    batch = q.shape[0]
+    at = _address
+    flag = "true" if cluster else "false"
     extra = ", true" if fused else ""
     name = (
         f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}, {warps}, "
@@ -157,8 +222,7 @@ def split_decode_attention(func: Any, max_cluster: int = 0) -> Any | None:
     grid: dict[str, Any] = {"blockIdx.x": chunks, "blockIdx.y": h_qo // per_block, "blockIdx.z": batch}
     if cluster:
         grid["clusterCtaIdx.x"] = chunks  # TVM's runtime launches (chunks, 1, 1) clusters
-    kernel = launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": warps})
-    return func.with_body(kernel)
+    return launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": warps})
 
 
 def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> Any:
@@ -172,12 +236,14 @@ def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> An
     return prim_func_pass(pass_name, rewrite)
 
 
-def split_decode_attention_pass(max_cluster: int = 0) -> Any:
+def split_decode_attention_pass(
+    max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = GQA_MIN_KEYS
+) -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
     return _replace_kernel_pass(
         "llmchat_split_decode_attention",
         DECODE_ATTENTION,
-        lambda func: split_decode_attention(func, max_cluster),
+        lambda func: split_decode_attention(func, max_cluster, gqa, gqa_min_keys),
     )
 
 

@@ -205,7 +205,9 @@ __device__ __forceinline__ void q4f16_gemv(const half* __restrict__ x, const uin
 //    each block finishing every NC-th output value (H200, 32 layers in a CUDA graph, 266 keys:
 //    Llama-2-7B 6.55 -> 5.32 us, Qwen2.5-3B 7.31 -> 4.76 us against the global-memory merge;
 //    cuda_attention.py picks NC and GH = 1 so that long contexts keep enough blocks);
-//  - otherwise: by the last block of a (sequence, head block) to finish, from a static scratch area.
+//  - otherwise: by the last block of a (sequence, head block) to finish, from a static scratch area
+//    (also on sm_90 for the blocks of GH = 4 query heads sharing a kv head that cuda_attention.py
+//    launches for long sequences of GQA-4 models: each key read once per kv head, not once per head).
 // ------------------------------------------------------------------------------------------------
 #include <cooperative_groups.h>
 
@@ -265,10 +267,10 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   const int start = c * chunk;
   const int end = min(len, start + chunk);
 
-  // steps per batch: their page lookups and K/V loads are all in flight together (registers: fine
-  // for GH <= 2 query heads per block)
-  constexpr int UK = 4;
-  static_assert(GH <= 2, "more query heads per block need fewer steps per batch");
+  // steps per batch: their page lookups and K/V loads are all in flight together (registers: 4
+  // steps for GH <= 2 query heads per block, 2 for the 4 heads of a GQA group: cuda_attention.py)
+  constexpr int UK = GH <= 2 ? 4 : 2;
+  static_assert(GH <= 4, "more query heads per block need fewer steps per batch");
   constexpr int BATCH = UK * WARPS * KPW;  // keys per batch of the block
   uint4 kr[UK], vr[UK];
   auto load_batch = [&](int base0) {

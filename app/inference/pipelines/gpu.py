@@ -52,6 +52,7 @@ from app.inference.pipelines.cuda_rope_append import mark_rope_append_pass, skip
 from app.inference.pipelines.cuda_silu_gate import fuse_silu_gate_pass
 from app.inference.pipelines.gpu_choices import (
     TENSOR_CORE_MATMUL,
+    cuda_gqa_decode,
     cuda_paged_prefill,
     fuse_rope_append,
     max_cluster_size,
@@ -99,7 +100,8 @@ def attention_passes(target: Any) -> list[Any]:
         ]
     if not use_cuda_attention(target):
         return []
-    passes = [split_decode_attention_pass(max_cluster=max_cluster_size(target))]
+    gqa, gqa_min_keys = cuda_gqa_decode()
+    passes = [split_decode_attention_pass(max_cluster_size(target), gqa, gqa_min_keys)]
     if use_cuda_prompt_attention(target):
         passes.append(prefill_attention_pass())
         paged = cuda_paged_prefill()

@@ -114,6 +114,35 @@ def cuda_paged_prefill() -> str:
     return choice if choice in ("sync", "tvm") else "async"
 
 
+def cuda_gqa_decode() -> tuple[str, int]:
+    """Which decode attention kernel GQA-4 models take on sm_90 (:mod:`.cuda_attention`), and
+    from how many keys per sequence: ``LLMCHAT_CUDA_GQA_DECODE`` = ``auto`` (default: the 4 query
+    heads of a kv head per block from ``LLMCHAT_CUDA_GQA_MIN_KEYS`` keys on, default
+    :data:`~.cuda_attention.GQA_MIN_KEYS`; below, one head per block in clusters), ``cluster``
+    (always one head per block), ``groups`` (always 4 heads per block). A value that is not one
+    of these stops the build (an A/B switch that is silently ignored compares nothing)."""
+    from app.errors import LlmchatError
+    from app.inference.pipelines.cuda_attention import GQA_MIN_KEYS, GQA_MODES
+
+    mode = os.environ.get("LLMCHAT_CUDA_GQA_DECODE", "").strip().lower() or "auto"
+    if mode not in GQA_MODES:
+        raise LlmchatError(
+            f"LLMCHAT_CUDA_GQA_DECODE={mode!r} is not one of {', '.join(GQA_MODES)}",
+            "unset it (auto) or set one of those",
+        )
+    raw = os.environ.get("LLMCHAT_CUDA_GQA_MIN_KEYS", "").strip()
+    try:
+        min_keys = int(raw) if raw else GQA_MIN_KEYS
+    except ValueError:
+        min_keys = 0
+    if min_keys < 1:
+        raise LlmchatError(
+            f"LLMCHAT_CUDA_GQA_MIN_KEYS={raw!r} is not a positive number of keys",
+            f"unset it (default {GQA_MIN_KEYS}) or set a positive integer",
+        )
+    return mode, min_keys
+
+
 def fuse_rope_append(target: Any) -> bool:
     """Whether a decoded token's RoPE and KV append move into the decode attention
     (:mod:`.cuda_rope_append`): with llmchat's attention (its cluster kernel, sm_90) and matmul
