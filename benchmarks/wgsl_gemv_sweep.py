@@ -52,6 +52,19 @@ SHAPES = (
     ("down", 11008, 4096),
     ("lm_head", 4096, 32000),
 )
+#: the decode GEMVs of the Qwen2.5 shapes (``--shapes`` names them; not in the default set)
+QWEN_SHAPES = (
+    ("q05-qkv", 896, 1152),
+    ("q05-o", 896, 896),
+    ("q05-gate_up", 896, 9728),
+    ("q05-down", 4864, 896),
+    ("q05-lm_head", 896, 151936),
+    ("q3-qkv", 2048, 2560),
+    ("q3-o", 2048, 2048),
+    ("q3-gate_up", 2048, 22016),
+    ("q3-down", 11008, 2048),
+    ("q3-lm_head", 2048, 151936),
+)
 #: the variants: app/inference/pipelines/wgsl_gemv.py's family (its docstring names the layouts),
 #: then llmchat's hand-scheduled kernel (app/inference/pipelines/wgsl_q4_gemv.py) in several layouts
 VARIANTS = {**wgsl_gemv.VARIANTS, **{name: {"q4": True} for name in wgsl_gemv.Q4_SWEEP}}
@@ -148,6 +161,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = [s for s in SHAPES if not args.shapes or s[0] in args.shapes.split(",")]
+    shapes += [s for s in QWEN_SHAPES if args.shapes and s[0] in args.shapes.split(",")]
     manifest: dict[str, Any] = {"shapes": [], "profiles": list(PROFILES), "variants": VARIANTS}
     for shape, in_f, out_f in shapes:
         base = {False: _gemv_f32(in_f, out_f), True: _gemv_f16(in_f, out_f)}
@@ -425,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile the variants (needs the TVM compiler)")
     c.add_argument("--out", required=True)
-    c.add_argument("--shapes", default="", help="comma-separated subset of " + ",".join(s[0] for s in SHAPES))
+    c.add_argument("--shapes", default="", help="comma-separated subset of " + ",".join(s[0] for s in SHAPES + QWEN_SHAPES))
     c.add_argument("--variants", default="", help="comma-separated subset of the variants (default: all)")
     c.add_argument("--profiles", default="", help="comma-separated subset of " + ",".join(PROFILES))
     r = sub.add_parser("run", help="check and time the variants on Vulkan adapter 0")

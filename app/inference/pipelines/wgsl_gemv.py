@@ -114,6 +114,18 @@ Q4_SWEEP = (
     "q4-r4-l128-t256-dp4a",
     "q4-r2-l16-t256-dp4a",
     "q4-r8-l32-t256-dp4a",
+    # fewer rows per workgroup (more workgroups for narrow layers), and more for the fp32 decode
+    "q4-r1-l32-t64-dp4a",
+    "q4-r2-l32-t64-dp4a",
+    "q4-r4-l32-t64-dp4a",
+    "q4-r2-l32-t128-dp4a",
+    "q4-r4-l32-t128-dp4a",
+    "q4-r2-l16-t128-dp4a",
+    "q4-r4-l32-t64-f32",
+    "q4-r4-l32-t128-f32",
+    "q4-r8-l32-t256-f32",
+    "q4-r4-l16-t256-f32",
+    "q4-r2-l32-t256-f32",
 )
 
 
@@ -124,9 +136,12 @@ def rule(name: str) -> Any:
     from app.inference.pipelines import wgsl_q4_gemv
     from app.inference.pipelines.gpu_gemv import DecodeGEMV
 
-    layout = wgsl_q4_gemv.parse(name)
-    if layout is not None:
-        return wgsl_q4_gemv.WgslQ4Gemv(layout)
+    if name == "q4-auto":
+        return wgsl_q4_gemv.WgslQ4Gemv(None)
+    parsed = wgsl_q4_gemv.parse_rule(name)
+    if parsed is not None:
+        layout, min_rows, max_k = parsed
+        return wgsl_q4_gemv.WgslQ4Gemv(layout, min_rows=min_rows, max_reduction=max_k)
     p = VARIANTS.get(name)
     if p is None:
         raise LlmchatError(

@@ -74,18 +74,59 @@ class Q4GemvLayout:
 
 
 def parse(name: str) -> Q4GemvLayout | None:
-    """The layout a ``q4-rR-lL-tT[-f32]`` name gives, None for another name."""
+    """The layout a ``q4-rR-lL-tT[-f32|-dp4a]`` name gives, None for another name (limits on
+    the shapes it takes are :func:`parse_rule`'s)."""
+    rule = parse_rule(name)
+    return None if rule is None else rule[0]
+
+
+def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
+    """(layout, fewest rows, most K) of ``q4-rR-lL-tT[-f32|-dp4a][-nminN][-kmaxN]``: the kernel
+    in that layout for GEMVs of ``N`` output rows or more and a reduction of ``N`` or less."""
     parts = name.split("-")
-    if len(parts) not in (4, 5) or parts[0] != "q4" or (len(parts) == 5 and parts[4] not in ("f32", "dp4a")):
+    if len(parts) < 4 or parts[0] != "q4":
         return None
     try:
-        rows, lanes, threads = (int(p[1:]) for p, c in zip(parts[1:4], "rlt") if p[:1] == c)
+        rows, lanes, threads = (int(p[1:]) for p, c in zip(parts[1:4], "rlt", strict=True) if p[:1] == c)
     except ValueError:
         return None
-    layout = Q4GemvLayout(rows, lanes, threads, parts[4] if len(parts) == 5 else "unpack")
+    decode, min_rows, max_k = "unpack", 0, 1 << 30
+    for opt in parts[4:]:
+        if opt in ("f32", "dp4a") and decode == "unpack":
+            decode = opt
+        elif opt.startswith("nmin") and opt[4:].isdigit():
+            min_rows = int(opt[4:])
+        elif opt.startswith("kmax") and opt[4:].isdigit():
+            max_k = int(opt[4:])
+        else:
+            return None
     if rows < 1 or lanes < 1 or threads > 256 or threads % lanes or rows > 8:
         return None
-    return layout
+    return Q4GemvLayout(rows, lanes, threads, decode), min_rows, max_k
+
+
+#: the fewest workgroups :func:`choose` leaves a GEMV (a workgroup per SM of a 132-SM GPU, and
+#: more): narrower layers get workgroups of fewer threads, down to :data:`MIN_THREADS`
+MIN_WORKGROUPS = 128
+MIN_THREADS = 64
+#: reductions from this length on decode in fp32 (:func:`gemv_kernel`) instead of int8 dot4
+#: (:func:`dp4a_kernel`, whose per-workgroup staging of the quantized vector grows with K)
+FP32_FROM_K = 8192
+
+
+def choose(k: int, n: int) -> Q4GemvLayout | None:
+    """The product's layout for a ``k -> n`` GEMV (``q4-auto``): 4 rows per set of 32 lanes, 256
+    threads, fewer where that leaves under :data:`MIN_WORKGROUPS` workgroups; int8 dot4 below
+    :data:`FP32_FROM_K`, the fp32 decode from it. None when no layout tiles ``n``."""
+    decode = "f32" if k >= FP32_FROM_K else "dp4a"
+    threads = 256
+    while threads > MIN_THREADS and n // (4 * threads // 32) < MIN_WORKGROUPS:
+        threads //= 2
+    for rows in (4, 2, 1):
+        layout = Q4GemvLayout(rows, 32, threads, decode)
+        if layout.fits(n, k):
+            return layout
+    return None
 
 
 def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
@@ -349,17 +390,20 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
 
 
 class WgslQ4Gemv(WebGPUKernelRule):
-    """Batch-1 q4f16_1 GEMVs on WebGPU -> :func:`build` in ``layout`` (where it tiles the rows)."""
+    """Batch-1 q4f16_1 GEMVs on WebGPU -> :func:`build` in ``layout`` (where it tiles the rows, for
+    ``min_rows`` output rows or more and a reduction of ``max_reduction`` or less); with no layout,
+    the one :func:`choose` picks for each shape."""
 
-    def __init__(self, layout: Q4GemvLayout, min_rows: int = 0, min_reduction: int = 0) -> None:
+    def __init__(self, layout: Q4GemvLayout | None, min_rows: int = 0, max_reduction: int = 1 << 30) -> None:
         self.layout = layout
         self.min_rows = min_rows
-        self.min_reduction = min_reduction
+        self.max_reduction = max_reduction
 
     def kernel(self, func: Any) -> Any | None:
         m = match_q4f16_gemv(func)
-        if m is None or not self.layout.fits(m.out_features, m.in_features):
+        if m is None or m.out_features < self.min_rows or m.in_features > self.max_reduction:
             return None
-        if m.out_features < self.min_rows or m.in_features < self.min_reduction:
+        layout = self.layout or choose(m.in_features, m.out_features)
+        if layout is None or not layout.fits(m.out_features, m.in_features):
             return None
-        return build(func, m, self.layout)
+        return build(func, m, layout)

@@ -108,8 +108,26 @@ def test_layout_names_round_trip(name):
     assert _layout(name).name == name
 
 
-@pytest.mark.parametrize("name", ["q4-r4-l32", "q4-r4-l48-t256", "q4-r4-l32-t512", "q4-x4-l32-t256", "q4-r4-l32-t256-f8"])
+@pytest.mark.parametrize("name", ["q4-r4-l32", "q4-r4-l48-t256", "q4-r4-l32-t512", "q4-x4-l32-t256", "q4-r4-l32-t256-f8", "q4-r4-l32-t256-dp4a-f32", "q4-r4-l32-t256-kmax"])
 def test_bad_layout_names_are_refused(name):
     from app.inference.pipelines import wgsl_q4_gemv
 
     assert wgsl_q4_gemv.parse(name) is None
+
+
+def test_rule_limits_from_the_name_and_the_automatic_choice():
+    from app.inference.pipelines import wgsl_gemv, wgsl_q4_gemv
+
+    layout, min_rows, max_k = wgsl_q4_gemv.parse_rule("q4-r4-l32-t256-dp4a-nmin4096-kmax8191")
+    assert (layout.name, min_rows, max_k) == ("q4-r4-l32-t256-dp4a", 4096, 8191)
+    limited = wgsl_gemv.rule("q4-r4-l32-t256-dp4a-nmin4096-kmax8191")
+    assert limited.kernel(q4_matmul_func(4096, 4096, "f16")) is not None
+    assert limited.kernel(q4_matmul_func(4096, 2048, "f16")) is None  # under 4096 rows
+    assert limited.kernel(q4_matmul_func(11008, 4096, "f16")) is None  # K over 8191
+    # q4-auto: int8 dot4 below 8192, fp32 from it; narrow layers get smaller workgroups
+    assert wgsl_q4_gemv.choose(4096, 12288).name == "q4-r4-l32-t256-dp4a"
+    assert wgsl_q4_gemv.choose(11008, 4096).name == "q4-r4-l32-t256-f32"
+    assert wgsl_q4_gemv.choose(896, 896).name == "q4-r4-l32-t64-dp4a"
+    assert wgsl_q4_gemv.choose(2048, 2560).name == "q4-r4-l32-t128-dp4a"
+    assert wgsl_q4_gemv.choose(4096, 36).name == "q4-r2-l32-t64-dp4a"  # 36 rows: 4 per workgroup
+    assert wgsl_q4_gemv.choose(4096, 37) is None  # no layout tiles an odd count
