@@ -9,7 +9,14 @@ Whether the rows are summed by subgroup shuffles or through workgroup memory is 
 variant's choice but the adapter profile's: a ``-sg32`` profile (one fixed subgroup size) lowers
 the same schedule to subgroup shuffles (:mod:`.wgsl_subgroups`).
 
-The product compiles :data:`DEFAULT`, chosen by the sweep on the H200's Vulkan driver
+**Since session 10** the product's first rule is ``q4-auto``: llmchat's hand-scheduled kernel
+(:mod:`.wgsl_q4_gemv`; int8 activations and ``dot4I8Packed``) for every q4f16_1 GEMV with K up to
+8191 whose rows it tiles. In the model on the H200 (``LLMCHAT_WEBGPU_PROFILE=1``,
+``benchmarks/results/h200-2026-12-02-s10-q4``), µs per GEMV against the rules below: Llama-2-7B
+gate_up 45.8 -> 30.4, qkv 31.4 -> 21.6, o 20.9 -> 17.6; Qwen2.5-3B gate_up 26.4 -> 23.3, qkv 16.4
+-> 13.7, o 16.2 -> 13.8. The rules below keep the longer reductions (the down projections).
+
+Before that, the product compiled the two rules after ``q4-auto``, chosen by the sweep on the H200's Vulkan driver
 (``benchmarks/results/h200-2026-12-02-gemv-sweep``, each GEMV alone, 200 launches per submission,
 µs per launch, the ~6 µs launch floor included): 32 rows per workgroup of 8 threads with 16-byte
 loads, and for the 11008-wide down projection, which those do not tile, 8 threads per row with
@@ -38,7 +45,9 @@ from app.errors import LlmchatError
 #: the switch naming the variants to use
 ENV = "LLMCHAT_WGSL_GEMV"
 #: the rules the product compiles by default, in order (the module's docstring has the figures)
-DEFAULT = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad-k8192-n4096")
+DEFAULT = ("q4-auto", "t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad-k8192-n4096")
+#: the rules before session 10's hand-scheduled kernel (for A/B runs: ``LLMCHAT_WGSL_GEMV=`` these)
+DECODE_GEMV_ONLY = ("t8-b256-l16-u4-mb128", "t8-b256-l4-u4-mb128-nopad-k8192-n4096")
 #: ``DecodeGEMV()``'s layout on a 256-thread profile: the default before the sweep
 PREVIOUS = "t32-b256-l16-u4"
 #: WGSL vectors have at most 4 lanes (the vector's staging stores)
@@ -126,6 +135,14 @@ Q4_SWEEP = (
     "q4-r8-l32-t256-f32",
     "q4-r4-l16-t256-f32",
     "q4-r2-l32-t256-f32",
+    # two int8 levels (the rounding's remainder as the second): float16-level error
+    "q4-r4-l32-t256-dp4a2",
+    "q4-r2-l16-t256-dp4a2",
+    "q4-r8-l32-t256-dp4a2",
+    "q4-r4-l32-t128-dp4a2",
+    "q4-r4-l32-t64-dp4a2",
+    "q4-r2-l32-t64-dp4a2",
+    "q4-r2-l32-t256-dp4a2",
 )
 
 

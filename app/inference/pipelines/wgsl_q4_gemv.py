@@ -70,7 +70,9 @@ class Q4GemvLayout:
 
     @property
     def name(self) -> str:
-        return f"q4-r{self.rows}-l{self.lanes}-t{self.threads}" + ("" if self.decode == "unpack" else f"-{self.decode}")
+        return f"q4-r{self.rows}-l{self.lanes}-t{self.threads}" + (
+            "" if self.decode == "unpack" else f"-{self.decode}"
+        )
 
 
 def parse(name: str) -> Q4GemvLayout | None:
@@ -92,7 +94,7 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
         return None
     decode, min_rows, max_k = "unpack", 0, 1 << 30
     for opt in parts[4:]:
-        if opt in ("f32", "dp4a") and decode == "unpack":
+        if opt in ("f32", "dp4a", "dp4a2") and decode == "unpack":
             decode = opt
         elif opt.startswith("nmin") and opt[4:].isdigit():
             min_rows = int(opt[4:])
@@ -105,25 +107,21 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
     return Q4GemvLayout(rows, lanes, threads, decode), min_rows, max_k
 
 
-#: the fewest workgroups :func:`choose` leaves a GEMV (a workgroup per SM of a 132-SM GPU, and
-#: more): narrower layers get workgroups of fewer threads, down to :data:`MIN_THREADS`
-MIN_WORKGROUPS = 128
-MIN_THREADS = 64
-#: reductions from this length on decode in fp32 (:func:`gemv_kernel`) instead of int8 dot4
-#: (:func:`dp4a_kernel`, whose per-workgroup staging of the quantized vector grows with K)
-FP32_FROM_K = 8192
+#: reductions from this length on keep dlight-style ``DecodeGEMV`` (:mod:`.wgsl_gemv`): the fp32
+#: decode of this kernel was slower there in the model (H200, Llama-2-7B down projection, 11008
+#: -> 4096: 68.9 us against 51.9; Qwen2.5-3B's 11008 -> 2048: 66.2 against 34.1), and the int8
+#: kernel's per-workgroup staging of the quantized vector grows with K
+MAX_K = 8191
 
 
 def choose(k: int, n: int) -> Q4GemvLayout | None:
-    """The product's layout for a ``k -> n`` GEMV (``q4-auto``): 4 rows per set of 32 lanes, 256
-    threads, fewer where that leaves under :data:`MIN_WORKGROUPS` workgroups; int8 dot4 below
-    :data:`FP32_FROM_K`, the fp32 decode from it. None when no layout tiles ``n``."""
-    decode = "f32" if k >= FP32_FROM_K else "dp4a"
-    threads = 256
-    while threads > MIN_THREADS and n // (4 * threads // 32) < MIN_WORKGROUPS:
-        threads //= 2
+    """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 4 rows per set of 32
+    lanes (2 or 1 where 4 do not tile ``n``), 256 threads; None for reductions over
+    :data:`MAX_K` (or rows no layout tiles), which other rules then take."""
+    if k > MAX_K:
+        return None
     for rows in (4, 2, 1):
-        layout = Q4GemvLayout(rows, 32, threads, decode)
+        layout = Q4GemvLayout(rows, 32, 256, "dp4a")
         if layout.fits(n, k):
             return layout
     return None
@@ -194,7 +192,10 @@ def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
                                 u[0] = T.call_pure_extern(
                                     "float32x2",
                                     "unpack2x16float",
-                                    ((wq[rr * 4 + q] >> T.uint32((e // 2) * 8)) & (T.uint32(_LO) << T.Cast("uint32", (e % 2) * 4)))
+                                    (
+                                        (wq[rr * 4 + q] >> T.uint32((e // 2) * 8))
+                                        & (T.uint32(_LO) << T.Cast("uint32", (e % 2) * 4))
+                                    )
                                     | T.uint32(_MAGIC),
                                 )
                                 us[T.ramp(0, 1, 2)] = u[0]
@@ -240,7 +241,9 @@ def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
     return kernel
 
 
-def _epilogue(T: Any, out: Any, b: Any, r: Any, row: Any, value: Any, out_f32: bool, has_bias: bool, has_res: bool):
+def _epilogue(
+    T: Any, out: Any, b: Any, r: Any, row: Any, value: Any, out_f32: bool, has_bias: bool, has_res: bool
+):
     """The store of one output row: float32 as is; float16 with the bias before the cast and the
     residual after it (TVM's ``dequant_matmul_out`` and ``T_add``)."""
     if out_f32:
@@ -255,12 +258,15 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
     four at a time by WGSL's ``dot4I8Packed``: two masks and two integer dot products per word of
-    8 weights. The activations' rounding (at most half a step of max|x| / 127 per value) is the
-    difference from the float kernels."""
+    8 weights. ``dp4a``: one int8 level, whose rounding (up to half a step of max|x| / 127 per
+    value) is the difference from the float kernels; ``dp4a2``: the rounding's remainder as a
+    second int8 level (steps of max|x| / 127 / 254), two more dot products per word, and an error
+    below float16's own."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
     rows, lanes, sets, threads = layout.rows, layout.lanes, layout.sets, layout.threads
+    levels = 2 if layout.decode == "dp4a2" else 1
     groups = k // 32
     iters = -(-groups // lanes)
     stage_iters = -(-groups // threads)
@@ -269,6 +275,7 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
     blocks = n // layout.rows_per_workgroup
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
+    fine = float(2 * 127)  # the second level's steps per first-level step
 
     @T.prim_func(private=True)
     def kernel(
@@ -283,22 +290,22 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         bx = T.launch_thread("blockIdx.x", blocks)
         ty = T.launch_thread("threadIdx.y", sets)
         tx = T.launch_thread("threadIdx.x", lanes)
-        # the quantized activations: per group two vec4 words of int8 (even / odd values of each
-        # 8-value word interleaved), their scale and the sum of the quantized values
-        xq = T.decl_buffer((padded * 2,), "uint32x4", scope="shared")
+        # the quantized activations, per group and level: two vec4 words of int8 (even / odd
+        # values of each 8-value word interleaved) and the sum of the quantized values; the scale
+        xq = T.decl_buffer((padded * 2 * levels,), "uint32x4", scope="shared")
         xd = T.decl_buffer((padded,), "float32", scope="shared")
-        xs = T.decl_buffer((padded,), "int32", scope="shared")
+        xs = T.decl_buffer((padded * levels,), "int32", scope="shared")
         part = T.decl_buffer((sets * rows * lanes,), "float32", scope="shared")
         xv = T.decl_buffer((32,), "float32", scope="local")
-        qv = T.decl_buffer((32,), "int32", scope="local")
+        qv = T.decl_buffer((32 * levels,), "int32", scope="local")
         pk = T.decl_buffer((8,), "uint32", scope="local")
         amax = T.decl_buffer((1,), "float32", scope="local")
-        qsum = T.decl_buffer((1,), "int32", scope="local")
+        qsum = T.decl_buffer((levels,), "int32", scope="local")
         acc = T.decl_buffer((rows,), "float32", scope="local")
         wq = T.decl_buffer((rows * 4,), "uint32", scope="local")
         sc = T.decl_buffer((rows,), "float16", scope="local")
-        xw = T.decl_buffer((8,), "uint32", scope="local")
-        isum = T.decl_buffer((1,), "int32", scope="local")
+        xw = T.decl_buffer((8 * levels,), "uint32", scope="local")
+        isum = T.decl_buffer((levels,), "int32", scope="local")
         gsum = T.decl_buffer((1,), "float32", scope="local")
         row0 = (bx * sets + ty) * rows
         tid = ty * lanes + tx
@@ -311,25 +318,36 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
             for j in T.unroll(32):
                 xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
                 amax[0] = T.max(amax[0], T.fabs(xv[j]))
-            qsum[0] = 0
+            for lv in T.unroll(levels):
+                qsum[lv] = 0
             for j in T.unroll(32):
-                qv[j] = T.Cast(
-                    "int32",
-                    T.round(xv[j] * T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))),
-                )
+                xv[j] = xv[j] * T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
+                qv[j] = T.Cast("int32", T.round(xv[j]))
                 qsum[0] = qsum[0] + qv[j]
-            for q in T.unroll(4):
-                for o in T.unroll(2):
-                    pk[q * 2 + o] = (
-                        (T.Cast("uint32", qv[q * 8 + o]) & T.uint32(255))
-                        | ((T.Cast("uint32", qv[q * 8 + o + 2]) & T.uint32(255)) << T.uint32(8))
-                        | ((T.Cast("uint32", qv[q * 8 + o + 4]) & T.uint32(255)) << T.uint32(16))
-                        | ((T.Cast("uint32", qv[q * 8 + o + 6]) & T.uint32(255)) << T.uint32(24))
+                if levels == 2:
+                    qv[32 + j] = T.Cast(
+                        "int32", T.round((xv[j] - T.Cast("float32", qv[j])) * T.float32(fine))
                     )
-            xq[(tid + st * threads) * 2] = pk.vload([0], "uint32x4")
-            xq[(tid + st * threads) * 2 + 1] = pk.vload([4], "uint32x4")
+                    qsum[1] = qsum[1] + qv[32 + j]
+            for lv in T.unroll(levels):
+                for q in T.unroll(4):
+                    for o in T.unroll(2):
+                        pk[q * 2 + o] = (
+                            (T.Cast("uint32", qv[lv * 32 + q * 8 + o]) & T.uint32(255))
+                            | ((T.Cast("uint32", qv[lv * 32 + q * 8 + o + 2]) & T.uint32(255)) << T.uint32(8))
+                            | (
+                                (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 4]) & T.uint32(255))
+                                << T.uint32(16)
+                            )
+                            | (
+                                (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 6]) & T.uint32(255))
+                                << T.uint32(24)
+                            )
+                        )
+                xq[((tid + st * threads) * levels + lv) * 2] = pk.vload([0], "uint32x4")
+                xq[((tid + st * threads) * levels + lv) * 2 + 1] = pk.vload([4], "uint32x4")
+                xs[(tid + st * threads) * levels + lv] = qsum[lv]
             xd[tid + st * threads] = amax[0] / T.float32(127)
-            xs[tid + st * threads] = qsum[0]
         T.tvm_storage_sync("shared")
         for rr in T.unroll(rows):
             acc[rr] = T.float32(0)
@@ -340,22 +358,33 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
                         [row0 + rr, T.min(tx + it * lanes, groups - 1) * 4], "uint32x4"
                     )
                     sc[rr] = s[row0 + rr, T.min(tx + it * lanes, groups - 1)]
-            xw[T.ramp(0, 1, 4)] = xq[T.min(tx + it * lanes, groups - 1) * 2]
-            xw[T.ramp(4, 1, 4)] = xq[T.min(tx + it * lanes, groups - 1) * 2 + 1]
+            for lv in T.unroll(levels):
+                xw[T.ramp(lv * 8, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2]
+                xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1]
             for rr in T.unroll(rows):
-                isum[0] = 0
-                for q in T.unroll(4):
-                    isum[0] = (
-                        isum[0]
-                        + T.call_pure_extern("int32", "dot4I8Packed", wq[rr * 4 + q] & T.uint32(nib), xw[q * 2])
-                        + T.call_pure_extern(
-                            "int32", "dot4I8Packed", (wq[rr * 4 + q] >> T.uint32(4)) & T.uint32(nib), xw[q * 2 + 1]
+                for lv in T.unroll(levels):
+                    isum[lv] = 0
+                    for q in T.unroll(4):
+                        isum[lv] = (
+                            isum[lv]
+                            + T.call_pure_extern(
+                                "int32", "dot4I8Packed", wq[rr * 4 + q] & T.uint32(nib), xw[lv * 8 + q * 2]
+                            )
+                            + T.call_pure_extern(
+                                "int32",
+                                "dot4I8Packed",
+                                (wq[rr * 4 + q] >> T.uint32(4)) & T.uint32(nib),
+                                xw[lv * 8 + q * 2 + 1],
+                            )
                         )
-                    )
+                gsum[0] = T.Cast("float32", isum[0] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels])
+                if levels == 2:
+                    gsum[0] = gsum[0] + T.Cast(
+                        "float32", isum[1] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels + 1]
+                    ) * T.float32(1 / fine)
                 acc[rr] = acc[rr] + T.if_then_else(
                     tx + it * lanes < groups,
-                    T.Cast("float32", isum[0] - 7 * xs[T.min(tx + it * lanes, groups - 1)])
-                    * (T.Cast("float32", sc[rr]) * xd[T.min(tx + it * lanes, groups - 1)]),
+                    gsum[0] * (T.Cast("float32", sc[rr]) * xd[T.min(tx + it * lanes, groups - 1)]),
                     T.float32(0),
                 )
         for rr in T.unroll(rows):
@@ -378,7 +407,7 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
     for buf in (m.x, m.out, m.residual):
         if buf is not None and (static_shape(buf) or [0])[:-1] != [1, 1]:
             return None
-    make = dp4a_kernel if layout.decode == "dp4a" else gemv_kernel
+    make = dp4a_kernel if layout.decode.startswith("dp4a") else gemv_kernel
     new = make(m, layout, str(m.out.dtype))
     roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params))
     old_roles = {"x": m.x, "w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual, "out": m.out}

@@ -13,9 +13,12 @@ from tests.inference.backends.vulkan_env import need_vulkan
 from tests.inference.reference import check_engine_against_reference
 
 CASES = [
-    # family, quantization, relative tolerance (float16 compute on the GPU, as on CUDA)
+    # family, quantization, relative tolerance (float16 compute on the GPU, as on CUDA); q4f16_1's
+    # decode GEMVs round the activations to int8 per 32 values (pipelines/wgsl_q4_gemv.py, as
+    # llama.cpp's q8_1): the tiny llama's decode logits then differ by up to 1.2-1.3e-2 of the
+    # largest (lavapipe, session 10), against under 1e-2 with float activations
     ("llama", "q4f32_1", 1e-4),
-    ("llama", "q4f16_1", 1e-2),
+    ("llama", "q4f16_1", 2e-2),
     ("qwen2", "q4f32_1", 1e-4),
     ("qwen2", "q4f16_1", 1e-2),
     ("qwen2", "q0f16", 1e-2),

@@ -57,10 +57,14 @@ CASES = [
     (11008, 64, "f16", "q4-r4-l64-t256-dp4a"),
     (896, 128, "bias", "q4-r2-l32-t128-dp4a"),
     (2048, 512, "f32", "q4-r4-l32-t256-dp4a"),
+    (4096, 256, "res", "q4-r4-l32-t256-dp4a2"),
+    (11008, 64, "bias", "q4-r2-l32-t64-dp4a2"),
 ]
 
 
-@pytest.mark.parametrize(("k", "n", "epilogue", "name"), CASES, ids=[f"{c[0]}x{c[1]}-{c[2]}-{c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("k", "n", "epilogue", "name"), CASES, ids=[f"{c[0]}x{c[1]}-{c[2]}-{c[3]}" for c in CASES]
+)
 def test_q4_gemv_matches_float64_on_vulkan(k, n, epilogue, name, tmp_path):
     need_vulkan()
     from app.inference.pipelines.wgsl_q4_gemv import WgslQ4Gemv
@@ -96,10 +100,14 @@ def test_rule_takes_only_what_tiles_and_keeps_parameter_order():
     rule = WgslQ4Gemv(_layout("q4-r4-l32-t256"))  # 32 rows per workgroup
     assert rule.kernel(q4_matmul_func(4096, 48, "f16")) is None  # 48 rows do not tile
     assert rule.kernel(q4_matmul_func(4096, 64, "f16", rows=1)) is not None
-    assert WgslQ4Gemv(_layout("q4-r4-l32-t256"), min_rows=4096).kernel(q4_matmul_func(4096, 64, "f16")) is None
+    assert (
+        WgslQ4Gemv(_layout("q4-r4-l32-t256"), min_rows=4096).kernel(q4_matmul_func(4096, 64, "f16")) is None
+    )
     func = q4_matmul_func(896, 64, "bias")
     new = rule.kernel(func)
-    assert [tuple(int(d) for d in p.shape) for p in new.params] == [tuple(int(d) for d in p.shape) for p in func.params]
+    assert [tuple(int(d) for d in p.shape) for p in new.params] == [
+        tuple(int(d) for d in p.shape) for p in func.params
+    ]
     assert [str(p.dtype) for p in new.params] == [str(p.dtype) for p in func.params]
 
 
@@ -108,7 +116,18 @@ def test_layout_names_round_trip(name):
     assert _layout(name).name == name
 
 
-@pytest.mark.parametrize("name", ["q4-r4-l32", "q4-r4-l48-t256", "q4-r4-l32-t512", "q4-x4-l32-t256", "q4-r4-l32-t256-f8", "q4-r4-l32-t256-dp4a-f32", "q4-r4-l32-t256-kmax"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "q4-r4-l32",
+        "q4-r4-l48-t256",
+        "q4-r4-l32-t512",
+        "q4-x4-l32-t256",
+        "q4-r4-l32-t256-f8",
+        "q4-r4-l32-t256-dp4a-f32",
+        "q4-r4-l32-t256-kmax",
+    ],
+)
 def test_bad_layout_names_are_refused(name):
     from app.inference.pipelines import wgsl_q4_gemv
 
@@ -124,10 +143,9 @@ def test_rule_limits_from_the_name_and_the_automatic_choice():
     assert limited.kernel(q4_matmul_func(4096, 4096, "f16")) is not None
     assert limited.kernel(q4_matmul_func(4096, 2048, "f16")) is None  # under 4096 rows
     assert limited.kernel(q4_matmul_func(11008, 4096, "f16")) is None  # K over 8191
-    # q4-auto: int8 dot4 below 8192, fp32 from it; narrow layers get smaller workgroups
+    # q4-auto: int8 dot4 in 256-thread workgroups up to K 8191, nothing from there on
     assert wgsl_q4_gemv.choose(4096, 12288).name == "q4-r4-l32-t256-dp4a"
-    assert wgsl_q4_gemv.choose(11008, 4096).name == "q4-r4-l32-t256-f32"
-    assert wgsl_q4_gemv.choose(896, 896).name == "q4-r4-l32-t64-dp4a"
-    assert wgsl_q4_gemv.choose(2048, 2560).name == "q4-r4-l32-t128-dp4a"
-    assert wgsl_q4_gemv.choose(4096, 36).name == "q4-r2-l32-t64-dp4a"  # 36 rows: 4 per workgroup
-    assert wgsl_q4_gemv.choose(4096, 37) is None  # no layout tiles an odd count
+    assert wgsl_q4_gemv.choose(896, 1152).name == "q4-r4-l32-t256-dp4a"
+    assert wgsl_q4_gemv.choose(4096, 48).name == "q4-r2-l32-t256-dp4a"  # 48 rows: 16 per workgroup
+    assert wgsl_q4_gemv.choose(11008, 4096) is None
+    assert wgsl_q4_gemv.choose(4096, 36) is None  # no layout tiles 36 rows
