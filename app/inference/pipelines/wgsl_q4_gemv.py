@@ -222,8 +222,8 @@ def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         T.tvm_storage_sync("shared")
         # lane l of a set sums row l % rows over the set's lanes (every lane reads; rows write)
         gsum[0] = T.float32(0)
-        for l in T.unroll(lanes):
-            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + l]
+        for ln in T.unroll(lanes):
+            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
         if tx < rows:
             if out_f32:
                 out[0, 0, row0 + tx] = gsum[0]
@@ -391,8 +391,8 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
             part[(ty * rows + rr) * lanes + tx] = acc[rr]
         T.tvm_storage_sync("shared")
         gsum[0] = T.float32(0)
-        for l in T.unroll(lanes):
-            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + l]
+        for ln in T.unroll(lanes):
+            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
         if tx < rows:
             out[0, 0, row0 + tx] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
 
@@ -409,7 +409,7 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
             return None
     make = dp4a_kernel if layout.decode.startswith("dp4a") else gemv_kernel
     new = make(m, layout, str(m.out.dtype))
-    roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params))
+    roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params, strict=True))
     old_roles = {"x": m.x, "w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual, "out": m.out}
     params = []
     for p in func.params:
