@@ -16,15 +16,15 @@ the same schedule to subgroup shuffles (:mod:`.wgsl_subgroups`).
 gate_up 45.8 -> 30.4, qkv 31.4 -> 21.6, o 20.9 -> 17.6; Qwen2.5-3B gate_up 26.4 -> 23.3, qkv 16.4
 -> 13.7, o 16.2 -> 13.8. The rules below keep the longer reductions (the down projections).
 
-Before that, the product compiled the two rules after ``q4-auto``, chosen by the sweep on the
-H200's Vulkan driver (``benchmarks/results/h200-2026-12-02-gemv-sweep``, each GEMV alone, 200 launches per submission,
-µs per launch, the ~6 µs launch floor included): 32 rows per workgroup of 8 threads with 16-byte
-loads, and for the 11008-wide down projection, which those do not tile, 8 threads per row with
-``u32`` loads and the vector unpadded (44 KiB of workgroup memory) where dlight's GEMV took it
+Before that, the product compiled the two rules after ``q4-auto``, chosen by the sweep on the H200's
+Vulkan driver (``benchmarks/results/h200-2026-12-02-gemv-sweep``, each GEMV alone, 200 launches per
+submission, µs per launch, the ~6 µs launch floor included): 32 rows per workgroup of 8 threads with
+16-byte loads, and for the 11008-wide down projection, which those do not tile, 8 threads per row
+with ``u32`` loads and the vector unpadded (44 KiB of workgroup memory) where dlight's GEMV took it
 before — only for rows of 8192 or more and 4096 output rows or more (narrower rows that 16-byte
 loads do not tile, such as Qwen2.5-0.5B's 896, keep dlight's GEMV). Llama-2-7B shape, each GEMV
-alone, against the layout before (``t32-b256-l16-u4``, down: dlight): qkv 29.59 -> 24.86, o 13.65
--> 13.97, gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 -> 52.84 µs.
+alone, against the layout before (``t32-b256-l16-u4``, down: dlight): qkv 29.59 -> 24.86, o 13.65 ->
+13.97, gate_up 45.24 -> 40.45, down 50.02 -> 47.28, lm head 61.94 -> 52.84 µs.
 
 The whole model on the H200 (``benchmarks/results/h200-2026-12-02-wgsl-gemv-model``, decode tok/s):
 Llama-2-7B 153.4 (layout before) -> 161.6 (the 16-byte rule alone) -> 164.2 (with the u32 down
