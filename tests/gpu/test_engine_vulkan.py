@@ -21,9 +21,11 @@ from tests.gpu.test_engine_cuda import LONG_MODELS, LONG_PROMPT, LONG_STEPS, MOD
 
 pytestmark = pytest.mark.gpu
 
-#: float16 compute: the relative tolerance of the lavapipe tests for the f16 weight formats
-#: (tests/inference/backends/test_webgpu_engine.py), here per row of logits
-REFERENCE_TOL = 1e-2
+#: float16 compute and int8-rounded activations in the q4f16_1 decode GEMVs
+#: (pipelines/wgsl_q4_gemv.py): the relative tolerance of the lavapipe tests for q4f16_1
+#: (tests/inference/backends/test_webgpu_engine.py), here per row of logits; on the H200 the
+#: llama-d128 and llama-long models measured 1.13e-2 and 1.06e-2 with it (session 10)
+REFERENCE_TOL = 2e-2
 
 
 def _load(vulkan, name: str, model_dir):
