@@ -131,10 +131,15 @@ def _thread_extent(stmt: Any, tag: str) -> int | None:
 
 def schedule_alone(func: Any, rules: list[Any], target: Any) -> Any | None:
     """``func`` scheduled by ``rules`` (dlight's ApplyDefaultSchedule, as the pipeline runs
-    them), or None when no rule took it."""
+    them), or None when no rule took it. The fusion is built on ``DecodeGEMV``'s loop nest:
+    llmchat's int8-dot4 kernel (:mod:`.wgsl_q4_gemv`, the default's first rule) has no prologue
+    to fuse into, so it is left out here and the GEMVs the fusion takes get ``DecodeGEMV``."""
     import tvm
     from tvm.s_tir import dlight as dl
 
+    from app.inference.pipelines.wgsl_q4_gemv import WgslQ4Gemv
+
+    rules = [r for r in rules if not isinstance(r, WgslQ4Gemv)]
     with target:
         out = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))["main"]
     if out.attrs is None or not out.attrs.get("tirx.is_scheduled", False):
