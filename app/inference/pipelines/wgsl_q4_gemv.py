@@ -52,6 +52,8 @@ class Q4GemvLayout:
     lanes: int
     threads: int
     decode: str = "unpack"
+    #: int8 kernels: load the next step's weights before this step's dot products (two register sets)
+    prefetch: bool = False
 
     @property
     def sets(self) -> int:
@@ -70,8 +72,10 @@ class Q4GemvLayout:
 
     @property
     def name(self) -> str:
-        return f"q4-r{self.rows}-l{self.lanes}-t{self.threads}" + (
-            "" if self.decode == "unpack" else f"-{self.decode}"
+        return (
+            f"q4-r{self.rows}-l{self.lanes}-t{self.threads}"
+            + ("" if self.decode == "unpack" else f"-{self.decode}")
+            + ("-pf" if self.prefetch else "")
         )
 
 
@@ -83,8 +87,9 @@ def parse(name: str) -> Q4GemvLayout | None:
 
 
 def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
-    """(layout, fewest rows, most K) of ``q4-rR-lL-tT[-f32|-dp4a][-nminN][-kmaxN]``: the kernel
-    in that layout for GEMVs of ``N`` output rows or more and a reduction of ``N`` or less."""
+    """(layout, fewest rows, most K) of ``q4-rR-lL-tT[-f32|-dp4a|-dp4a2][-pf][-nminN][-kmaxN]``:
+    the kernel in that layout (``pf``: the int8 kernel's weights loaded a step ahead) for GEMVs of
+    ``N`` output rows or more and a reduction of ``N`` or less."""
     parts = name.split("-")
     if len(parts) < 4 or parts[0] != "q4":
         return None
@@ -92,10 +97,12 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
         rows, lanes, threads = (int(p[1:]) for p, c in zip(parts[1:4], "rlt", strict=True) if p[:1] == c)
     except ValueError:
         return None
-    decode, min_rows, max_k = "unpack", 0, 1 << 30
+    decode, min_rows, max_k, prefetch = "unpack", 0, 1 << 30, False
     for opt in parts[4:]:
         if opt in ("f32", "dp4a", "dp4a2") and decode == "unpack":
             decode = opt
+        elif opt == "pf" and decode.startswith("dp4a"):
+            prefetch = True
         elif opt.startswith("nmin") and opt[4:].isdigit():
             min_rows = int(opt[4:])
         elif opt.startswith("kmax") and opt[4:].isdigit():
@@ -104,7 +111,7 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
             return None
     if rows < 1 or lanes < 1 or threads > 256 or threads % lanes or rows > 8:
         return None
-    return Q4GemvLayout(rows, lanes, threads, decode), min_rows, max_k
+    return Q4GemvLayout(rows, lanes, threads, decode, prefetch), min_rows, max_k
 
 
 #: reductions from this length on keep dlight-style ``DecodeGEMV`` (:mod:`.wgsl_gemv`): the fp32
@@ -276,6 +283,7 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
     fine = float(2 * 127)  # the second level's steps per first-level step
+    slots = 2 if layout.prefetch else 1  # register sets of weights: this step's, the next one's
 
     @T.prim_func(private=True)
     def kernel(
@@ -302,8 +310,8 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         amax = T.decl_buffer((1,), "float32", scope="local")
         qsum = T.decl_buffer((levels,), "int32", scope="local")
         acc = T.decl_buffer((rows,), "float32", scope="local")
-        wq = T.decl_buffer((rows * 4,), "uint32", scope="local")
-        sc = T.decl_buffer((rows,), "float16", scope="local")
+        wq = T.decl_buffer((slots * rows * 4,), "uint32", scope="local")
+        sc = T.decl_buffer((slots * rows,), "float16", scope="local")
         xw = T.decl_buffer((8 * levels,), "uint32", scope="local")
         isum = T.decl_buffer((levels,), "int32", scope="local")
         gsum = T.decl_buffer((1,), "float32", scope="local")
@@ -352,12 +360,17 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         for rr in T.unroll(rows):
             acc[rr] = T.float32(0)
         for it in T.unroll(iters):
-            if it > 0:
+            # slot of this step's weights; the next step's go out now (prefetch) or were loaded
+            # at the start of the step (no prefetch; the first step's before the staging)
+            cur = (it % slots) * rows
+            if (slots == 2 and it + 1 < iters) or (slots == 1 and it > 0):
                 for rr in T.unroll(rows):
-                    wq[T.ramp(rr * 4, 1, 4)] = w.vload(
-                        [row0 + rr, T.min(tx + it * lanes, groups - 1) * 4], "uint32x4"
+                    wq[T.ramp(((it + slots - 1) % slots * rows + rr) * 4, 1, 4)] = w.vload(
+                        [row0 + rr, T.min(tx + (it + slots - 1) * lanes, groups - 1) * 4], "uint32x4"
                     )
-                    sc[rr] = s[row0 + rr, T.min(tx + it * lanes, groups - 1)]
+                    sc[(it + slots - 1) % slots * rows + rr] = s[
+                        row0 + rr, T.min(tx + (it + slots - 1) * lanes, groups - 1)
+                    ]
             for lv in T.unroll(levels):
                 xw[T.ramp(lv * 8, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2]
                 xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1]
@@ -368,12 +381,15 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
                         isum[lv] = (
                             isum[lv]
                             + T.call_pure_extern(
-                                "int32", "dot4I8Packed", wq[rr * 4 + q] & T.uint32(nib), xw[lv * 8 + q * 2]
+                                "int32",
+                                "dot4I8Packed",
+                                wq[(cur + rr) * 4 + q] & T.uint32(nib),
+                                xw[lv * 8 + q * 2],
                             )
                             + T.call_pure_extern(
                                 "int32",
                                 "dot4I8Packed",
-                                (wq[rr * 4 + q] >> T.uint32(4)) & T.uint32(nib),
+                                (wq[(cur + rr) * 4 + q] >> T.uint32(4)) & T.uint32(nib),
                                 xw[lv * 8 + q * 2 + 1],
                             )
                         )
@@ -384,7 +400,7 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
                     ) * T.float32(1 / fine)
                 acc[rr] = acc[rr] + T.if_then_else(
                     tx + it * lanes < groups,
-                    gsum[0] * (T.Cast("float32", sc[rr]) * xd[T.min(tx + it * lanes, groups - 1)]),
+                    gsum[0] * (T.Cast("float32", sc[cur + rr]) * xd[T.min(tx + it * lanes, groups - 1)]),
                     T.float32(0),
                 )
         for rr in T.unroll(rows):

@@ -59,6 +59,10 @@ CASES = [
     (2048, 512, "f32", "q4-r4-l32-t256-dp4a"),
     (4096, 256, "res", "q4-r4-l32-t256-dp4a2"),
     (11008, 64, "bias", "q4-r2-l32-t64-dp4a2"),
+    # the next step's weights loaded ahead: an even and an odd number of steps, a partial last one
+    (4096, 256, "f16", "q4-r4-l32-t256-dp4a-pf"),
+    (11008, 64, "res", "q4-r1-l64-t256-dp4a-pf"),
+    (2048, 64, "bias", "q4-r1-l64-t64-dp4a-pf"),
 ]
 
 
@@ -73,7 +77,7 @@ def test_q4_gemv_matches_float64_on_vulkan(k, n, epilogue, name, tmp_path):
     new = WgslQ4Gemv(_layout(name)).kernel(func)
     assert new is not None, "the rule did not take the GEMV"
     run = _matmul_run(k, n, epilogue, 1, seed=k + n)
-    if name.endswith("-dp4a"):
+    if name.endswith(("-dp4a", "-dp4a-pf")):
         # the kernel's own arithmetic: the activations rounded to int8 per 32 values; the same
         # rounding here, then the float64 reference of that input
         x, w, s = run.args[:3]
@@ -111,7 +115,9 @@ def test_rule_takes_only_what_tiles_and_keeps_parameter_order():
     assert [str(p.dtype) for p in new.params] == [str(p.dtype) for p in func.params]
 
 
-@pytest.mark.parametrize("name", ["q4-r4-l32-t256", "q4-r2-l128-t256-f32", "q4-r4-l64-t256-dp4a"])
+@pytest.mark.parametrize(
+    "name", ["q4-r4-l32-t256", "q4-r2-l128-t256-f32", "q4-r4-l64-t256-dp4a", "q4-r1-l64-t256-dp4a-pf"]
+)
 def test_layout_names_round_trip(name):
     assert _layout(name).name == name
 
@@ -126,6 +132,7 @@ def test_layout_names_round_trip(name):
         "q4-r4-l32-t256-f8",
         "q4-r4-l32-t256-dp4a-f32",
         "q4-r4-l32-t256-kmax",
+        "q4-r4-l32-t256-pf",  # a prefetch for the int8 kernels only
     ],
 )
 def test_bad_layout_names_are_refused(name):
