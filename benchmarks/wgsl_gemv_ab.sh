@@ -1,0 +1,71 @@
+#!/bin/bash
+# A/B of WGSL decode-GEMV rule sets inside whole models (issue #15): compile here, run on the GPU.
+#
+#   bash benchmarks/wgsl_gemv_ab.sh compile DIR [SET ...]   # here (TVM compiler): DIR/SET/ libraries
+#   bash benchmarks/wgsl_gemv_ab.sh run DIR [SET ...]       # GPU machine: decode loop ms/step and the
+#                                                           # GPU profile (µs per kernel) of each set
+#
+# A SET names an LLMCHAT_WGSL_GEMV value below (the rule list is part of the compile cache's key, so
+# the run sets the same value). PRESETS (default qwen2.5-3b,llama2-7b) and ARCH (default the H200's
+# WGSL profile) as for benchmarks/gpu_decode.py. On the GPU machine carry .whl, .gl,
+# scratch/whl-hub and DIR; the run writes loop_SET.log / gpuprof_SET.log and all.tgz into $OUT and
+# stops starting new sets after BUDGET_S seconds (default 480).
+set -u
+cd "$(dirname "$0")/.."
+CMD=${1:?compile or run}; DIR=${2:?a folder for the libraries}; shift 2
+PRESETS=${PRESETS:-qwen2.5-3b,llama2-7b}
+ARCH=${ARCH:-wgsl-f16-wg49152-t256}
+OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGEMV layouts
+WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
+rules() {
+  case $1 in
+    cur) echo "";;                                                  # the product's default
+    dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
+    dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
+    dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
+    all8) echo "$WIDE,q4-r1-l32-t256-dp4a,$OLD";;                   # every GEMV under 16,384 rows: 8 rows
+    all4) echo "$WIDE,q4-r1-l64-t256-dp4a,$OLD";;                   # ... 4 rows
+    all4pf) echo "${WIDE/dp4a/dp4a-pf},q4-r1-l64-t256-dp4a-pf,$OLD";;
+    all16) echo "$WIDE,q4-r2-l32-t256-dp4a,$OLD";;                  # ... 16 rows
+    autopf) echo "q4-r4-l32-t256-dp4a-pf-kmax8191,$OLD";;           # q4-auto's layout, loads ahead
+    old) echo "$OLD";;                                              # before the int8 kernel
+    *) echo "unknown set $1" >&2; return 1;;
+  esac
+}
+SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
+use() { local r; r=$(rules "$1") || exit 2; if [ -z "$r" ]; then unset LLMCHAT_WGSL_GEMV; else export LLMCHAT_WGSL_GEMV=$r; fi; }
+
+if [ "$CMD" = compile ]; then
+  PY=${PY:-.venv/bin/python}
+  for s in $SETS; do
+    use "$s"
+    "$PY" benchmarks/gpu_decode.py compile --cache "$DIR/$s" --arch "$ARCH" --presets "$PRESETS" --plain "" \
+      > "$DIR/compile_$s.log" 2>&1
+    echo "$s rc=$?"
+    rm -rf "$DIR/$s/tmp"
+  done
+  du -sh "$DIR"
+  exit 0
+fi
+[ "$CMD" = run ] || { echo "compile or run" >&2; exit 2; }
+. benchmarks/device_env.sh || exit 1
+O=$OUTDIR
+for s in $SETS; do
+  [ $(( $(date +%s) - _device_env_start )) -gt "${BUDGET_S:-480}" ] && { stamp "out of time before $s"; break; }
+  use "$s"
+  timeout 60 python3 benchmarks/vulkan_profile.py --cache "$DIR/$s" --presets "$PRESETS" --steps 64 > "$O/loop_$s.log" 2>&1
+  stamp "loop $s rc=$?: $(grep -o '"preset": "[^"]*", "steps": 64, "ms_per_step": [0-9.]*' "$O/loop_$s.log" | paste -sd' ')"
+  LLMCHAT_WEBGPU_PROFILE=1 timeout 60 python3 benchmarks/vulkan_profile.py --cache "$DIR/$s" --presets "$PRESETS" \
+    --steps 64 > "$O/gpuprof_$s.log" 2>&1
+  stamp "gpu profile $s rc=$?"
+  python3 - "$O/gpuprof_$s.log" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if '"kernels"' in line:
+        d = json.loads(line)
+        top = " ".join(f"{k['name'][:24]}:{k['us_each']}" for k in d["kernels"][:6])
+        print(f"  {d['preset']} GPU {d['gpu_ms_per_step']} ms/step; {top}")
+PY
+done
+(cd "$O" && tar czf all.tgz ./*.log ./*.txt 2>/dev/null)
+stamp end
