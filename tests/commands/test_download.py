@@ -54,6 +54,20 @@ def test_download_errors_are_messages_not_tracebacks(hub, capsys):
     assert "unknown model" in capsys.readouterr().err
 
 
+def _sigint_as_in_a_shell() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_state(pid: int) -> str:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as err:
+        return str(err)
+    keys = ("SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd")
+    return "; ".join(line for line in lines if line.startswith(keys))
+
+
 def test_ctrl_c_cancels_cleanly_and_the_next_run_resumes(hub, capsys):
     shard = "params_shard_0.bin"
     hub.faults.stall_after[shard] = 40_000
@@ -64,6 +78,9 @@ def test_ctrl_c_cancels_cleanly_and_the_next_run_resumes(hub, capsys):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl+C as a terminal delivers it: a child inherits an ignored or blocked SIGINT from the
+        # test process (whatever an earlier test's library did to it); a shell resets both
+        preexec_fn=_sigint_as_in_a_shell,
     )
     # the process is mid-download (the stand-in hub holds the shard after 40,000 bytes) before the
     # Ctrl+C; a busy machine can take many seconds to import the app, so the wait is long
@@ -75,7 +92,12 @@ def test_ctrl_c_cancels_cleanly_and_the_next_run_resumes(hub, capsys):
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
-    _out, err = proc.communicate(timeout=30)
+    try:
+        _out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        state = _signal_state(proc.pid)
+        proc.kill()
+        raise AssertionError(f"no exit 30 s after SIGINT; the child's signal state: {state}") from None
     # it stops at once, not after a network timeout (the stalled shard would wait for ever)
     assert time.monotonic() - start < 10, err
     assert proc.returncode == 130, err

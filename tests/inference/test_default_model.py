@@ -371,7 +371,8 @@ async def test_default_model_with_default_settings_does_not_loop_in_the_app(
             for prompt in EVERYDAY_PROMPTS:
                 await type_and_send(pilot, "/reset")
                 await wait_until(pilot, lambda: not chat.engine.history)
-                await send_and_finish(pilot, chat, prompt)
+                # the real model on 2 busy cores: a reply of up to 512 tokens may take minutes
+                await send_and_finish(pilot, chat, prompt, timeout=300)
                 stats = chat.engine.last_stats
                 line = str(chat.query(StatsLine).last().render())
                 finished.append((seed, prompt, stats.finish_reason, stats.generated_tokens, line))

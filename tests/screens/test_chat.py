@@ -119,10 +119,12 @@ async def test_message_streams_with_live_and_final_stats(make_app, monkeypatch):
         assert messages[1].content == reply.source
 
 
-async def send_and_finish(pilot, chat: ChatScreen, text: str) -> None:
+async def send_and_finish(pilot, chat: ChatScreen, text: str, timeout: float = 30.0) -> None:
     before = chat.engine.session_stats.replies
     await type_and_send(pilot, text)
-    await wait_until(pilot, lambda: chat.engine.session_stats.replies > before and not chat.replying)
+    await wait_until(
+        pilot, lambda: chat.engine.session_stats.replies > before and not chat.replying, timeout=timeout
+    )
 
 
 def notices(chat: ChatScreen) -> list[Notice]:
