@@ -356,7 +356,7 @@ async def test_default_model_with_default_settings_does_not_loop_in_the_app(
     ensure_default_model()
     app = LlmchatApp(StartOptions(model=DEFAULT_MODEL_ID, device="cpu"))
     async with app.run_test(size=(100, 40)) as pilot:
-        chat: ChatScreen = await open_chat(pilot)
+        chat: ChatScreen = await open_chat(pilot, timeout=900)  # alone, the model compiles here first
         params = app.params
         assert (params.temperature, params.top_p, params.repetition_penalty, params.repeat_last_n) == (
             0.2,

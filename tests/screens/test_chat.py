@@ -38,8 +38,9 @@ def screen_text(app) -> str:
     return f"{type(app.screen).__name__} {shown}"
 
 
-async def open_chat(pilot) -> ChatScreen:
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ChatScreen))
+async def open_chat(pilot, timeout: float = 30.0) -> ChatScreen:
+    """The chat screen once it is up (``timeout``: how long loading, a compile included, may take)."""
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ChatScreen), timeout=timeout)
     await wait_until(pilot, lambda: pilot.app.screen.query_one(PromptInput).has_focus)
     return pilot.app.screen
 
