@@ -360,17 +360,16 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         for rr in T.unroll(rows):
             acc[rr] = T.float32(0)
         for it in T.unroll(iters):
-            # slot of this step's weights; the next step's go out now (prefetch) or were loaded
-            # at the start of the step (no prefetch; the first step's before the staging)
+            # this step's weights are in slot ``cur``; the load below fetches step ``ld`` (the
+            # next one with prefetch, else this one; step 0's went out before the staging)
             cur = (it % slots) * rows
-            if (slots == 2 and it + 1 < iters) or (slots == 1 and it > 0):
+            ld = it + slots - 1
+            if ld > 0 and ld < iters:
                 for rr in T.unroll(rows):
-                    wq[T.ramp(((it + slots - 1) % slots * rows + rr) * 4, 1, 4)] = w.vload(
-                        [row0 + rr, T.min(tx + (it + slots - 1) * lanes, groups - 1) * 4], "uint32x4"
+                    wq[T.ramp((ld % slots * rows + rr) * 4, 1, 4)] = w.vload(
+                        [row0 + rr, T.min(tx + ld * lanes, groups - 1) * 4], "uint32x4"
                     )
-                    sc[(it + slots - 1) % slots * rows + rr] = s[
-                        row0 + rr, T.min(tx + (it + slots - 1) * lanes, groups - 1)
-                    ]
+                    sc[ld % slots * rows + rr] = s[row0 + rr, T.min(tx + ld * lanes, groups - 1)]
             for lv in T.unroll(levels):
                 xw[T.ramp(lv * 8, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2]
                 xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1]
