@@ -17,9 +17,9 @@ PRESETS=${PRESETS:-qwen2.5-3b,llama2-7b}
 ARCH=${ARCH:-wgsl-f16-wg49152-t256}
 OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGEMV layouts
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
-rules() {
+rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur) echo "";;                                                  # the product's default
+    cur|fuse|s0|v2all|s0all) echo "";;                               # the product's default
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -32,8 +32,21 @@ rules() {
     *) echo "unknown set $1" >&2; return 1;;
   esac
 }
+env_of() {  # other kernel switches of a set
+  case $1 in
+    fuse) echo "LLMCHAT_WGSL_FUSION=on";;                           # RMSNorm / SiLU inside the GEMVs
+    s0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0";;            # attention: chunks from the first page
+    v2all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-all";;             # attention v2 for 32 KV heads too
+    s0all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0-all";;
+  esac
+}
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
-use() { local r; r=$(rules "$1") || exit 2; if [ -z "$r" ]; then unset LLMCHAT_WGSL_GEMV; else export LLMCHAT_WGSL_GEMV=$r; fi; }
+use() {
+  local r e; r=$(rules "$1") || exit 2
+  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION
+  if [ -n "$r" ]; then export LLMCHAT_WGSL_GEMV=$r; fi
+  for e in $(env_of "$1"); do export "${e?}"; done
+}
 
 if [ "$CMD" = compile ]; then
   PY=${PY:-.venv/bin/python}

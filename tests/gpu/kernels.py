@@ -330,11 +330,11 @@ def decode_attention_case(
     max_cluster: int = 0,
     seed: int = 0,
     gqa: str = "auto",
-    gqa_min_keys: int = cuda_attention.GQA_MIN_KEYS,
+    gqa_min_keys: int = 0,
 ) -> Case:
     """``llmchat::decode_attention`` in place of TVM's ``batch_decode_paged_kv``: chunks merged
     through global memory (``max_cluster`` 0) or in a thread-block cluster (sm_90), and there for
-    GQA-4 shapes the blocks of 4 query heads picked by ``gqa`` / ``gqa_min_keys`` (named in the
+    grouped-query shapes the long-context kernels picked by ``gqa`` / ``gqa_min_keys`` (named in the
     case unless the defaults: they are part of the prebuilt cache's case list); one build, a run
     per batch of sequence lengths. The CPU runs llmchat's CPU kernel of the same signature."""
 
@@ -381,7 +381,7 @@ def decode_attention_case(
         return Run(label, args, (7, 8), check)
 
     kind = f"cluster{max_cluster}" if max_cluster else "global"
-    if (gqa, gqa_min_keys) != ("auto", cuda_attention.GQA_MIN_KEYS):
+    if (gqa, gqa_min_keys) != ("auto", 0):
         kind += f"_gqa_{gqa}_{gqa_min_keys}"
     return Case(f"decode_attention_{h_q}_{h_kv}_{d}_{kind}", build, [partial(run, b) for b in batches])
 

@@ -133,14 +133,20 @@ GQA_KEY_BATCHES += [[1, 17, 300], [1, 17, 300, 2048], [300, 2048], [300] * 9]
 
 
 def gqa_decode_cases(max_cluster: int) -> list[kernels.Case]:
-    """The two decode kernels of GQA-4 shapes (Llama-3-8B's, and 16 query heads over 4 kv heads
-    of dim 64), chosen by the keys (a threshold of 256) or forced (``groups``: every key count)."""
+    """The decode kernels of grouped-query shapes on sm_90, chosen by the keys (a threshold of
+    256: llmchat's tensor-core kernel for Llama-3-8B's and Qwen2.5-3B's head dim 128, the blocks
+    of 4 heads for 16 query heads over 4 kv heads of dim 64) or forced (``groups``, ``mma``: every
+    key count; ``mma`` also for Qwen2.5-7B's 7 query heads per kv head, padded to 8)."""
     return [
         *(
             kernels.decode_attention_case(h_q, h_kv, d, GQA_KEY_BATCHES, max_cluster, gqa_min_keys=256)
-            for h_q, h_kv, d in [(32, 8, 128), (16, 4, 64)]
+            for h_q, h_kv, d in [(32, 8, 128), (16, 4, 64), (16, 2, 128)]
         ),
         kernels.decode_attention_case(32, 8, 128, KEY_BATCHES, max_cluster, gqa="groups"),
+        *(
+            kernels.decode_attention_case(h_q, h_kv, d, KEY_BATCHES, max_cluster, gqa="mma")
+            for h_q, h_kv, d in [(32, 8, 128), (28, 4, 128)]
+        ),
     ]
 
 

@@ -121,11 +121,12 @@ def test_every_cuda_case_is_built_from_llmchats_rules(with_cluster):
     for case in cases:
         script = case.build(sm90).script()
         assert "llmchat::" in script, case.name
-        if "_gqa_" in case.name:  # both GQA-4 kernels by the keys, or the 4-head blocks alone
+        if "_gqa_" in case.name:  # a long-context kernel and the cluster kernel by the keys, or one alone
             heads = 'T.launch_thread("threadIdx.y", 8)'
             assert script.count(heads) == (2 if "_gqa_auto_" in case.name else 1), case.name
             assert ("clusterCtaIdx" in script) == ("_gqa_auto_" in case.name), case.name
-            assert ", 32, 4, 8, false>" in script, case.name
+            long = "decode_attention_mma<" if "_128_" in case.name and "_groups_" not in case.name else ", 32, 4, 8, false>"
+            assert long in script, case.name
     assert len({c.name for c in cases}) == len(cases)
 
 

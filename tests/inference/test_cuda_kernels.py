@@ -201,16 +201,18 @@ def _takes_groups(func, pages: int, batch: int) -> bool:
 
 
 def test_gqa4_decode_attention_picks_its_kernel_by_the_keys():
-    """Llama-3-8B's shape on sm_90: one head per block in clusters for short sequences, blocks of
-    the 4 query heads of a kv head (global-memory merge, 32 chunks, 8 warps) from 3,072 keys per
-    sequence on; the choice is a branch of the PrimFunc's host code between the two launches."""
+    """Llama-3-8B's shape on sm_90: one head per block in clusters for short sequences, the
+    tensor-core kernel for the 4 query heads of a kv head (global-memory merge, 32 chunks, 8
+    warps) from 3,072 keys per sequence on; the choice is a branch of the PrimFunc's host code
+    between the two launches. ``groups`` keeps the blocks of 4 heads on CUDA cores."""
+    mma = "llmchat::decode_attention_mma<32, 8, 128, 16, 32, 8>"
     groups = "llmchat::decode_attention<32, 8, 128, 16, 32, 4, 8, false>"
     clusters = "llmchat::decode_attention<32, 8, 128, 16, 8, 1, 8, true>"
     func = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16)
     script = func.script()
-    assert groups in script and clusters in script
+    assert mma in script and clusters in script and groups not in script
     assert 'T.launch_thread("blockIdx.y", 8)' in script and 'T.launch_thread("blockIdx.y", 32)' in script
-    assert script.index(groups) < script.index("else:") < script.index(clusters)
+    assert script.index(mma) < script.index("else:") < script.index(clusters)
     # 3,072 keys = 192 pages of 16 per sequence; the batch counts its pages together
     assert _takes_groups(func, 192, 1) and not _takes_groups(func, 191, 1)
     assert _takes_groups(func, 4 * 192, 4) and not _takes_groups(func, 4 * 192 - 1, 4)
@@ -221,32 +223,51 @@ def test_gqa4_decode_attention_picks_its_kernel_by_the_keys():
     low = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, gqa_min_keys=256)
     assert _takes_groups(low, 16, 1) and not _takes_groups(low, 15, 1)
     # forced: one launch, no branch
-    only = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, "groups").script()
-    assert groups in only and clusters not in only and "clusterCtaIdx" not in only and "if " not in only
+    for mode, kernel in (("groups", groups), ("mma", mma)):
+        only = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, mode).script()
+        assert kernel in only and clusters not in only and "clusterCtaIdx" not in only and "if " not in only
     only = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 8, "cluster").script()
-    assert groups not in only and clusters in only and "if " not in only
-    # the fused RoPE/append goes with both kernels
+    assert mma not in only and groups not in only and clusters in only and "if " not in only
+    # the fused RoPE/append goes with every kernel
     fused = _decode_attention(32, 8, 128).with_attr(cuda_rope_append.FUSED_ATTR, True)
     script = cuda_attention.split_decode_attention(fused, 16).script()
-    assert groups.replace(">", ", true>") in script and clusters.replace(">", ", true>") in script
+    assert mma.replace(">", ", true>") in script and clusters.replace(">", ", true>") in script
+    script = cuda_attention.split_decode_attention(fused, 16, "groups").script()
+    assert groups.replace(">", ", true>") in script
     with pytest.raises(ValueError, match="gqa must be one of"):
         cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, "heads")
 
 
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim"), [(32, 32, 128), (16, 2, 128), (14, 2, 64), (16, 8, 64)]
-)
+def test_fewer_kv_heads_take_the_tensor_core_kernel_later():
+    """Qwen2.5-3B's shape (8 query heads per kv head, 2 kv heads): the tensor-core kernel from
+    6,144 keys (fewer blocks: the cluster kernel stays ahead longer); a set threshold wins."""
+    func = cuda_attention.split_decode_attention(_decode_attention(16, 2, 128), 16)
+    script = func.script()
+    assert "llmchat::decode_attention_mma<16, 2, 128, 16, 32, 8>" in script
+    assert _takes_groups(func, 384, 1) and not _takes_groups(func, 383, 1)
+    set_ = cuda_attention.split_decode_attention(_decode_attention(16, 2, 128), 16, gqa_min_keys=1024)
+    assert _takes_groups(set_, 64, 1) and not _takes_groups(set_, 63, 1)
+    assert cuda_attention.long_context_kernel(28, 4, 128, 16, "auto") == "mma"  # 7 heads: padded to 8
+    assert cuda_attention.long_context_kernel(16, 4, 64, 16, "auto") == "groups"  # head dim 64
+    assert cuda_attention.long_context_kernel(16, 4, 64, 16, "mma") is None
+    assert cuda_attention.long_context_kernel(32, 8, 128, 16, "groups") == "groups"
+    assert cuda_attention.long_context_kernel(32, 8, 128, 8, "auto") == "groups"  # pages of 8 keys
+    assert cuda_attention.long_context_kernel(32, 32, 128, 16, "mma") is None  # no groups
+    assert cuda_attention.long_context_kernel(64, 4, 128, 16, "auto") is None  # 16 heads a kv head
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(32, 32, 128), (14, 2, 64), (16, 8, 64)])
 def test_other_group_sizes_keep_one_kernel(heads, kv_heads, dim):
-    """Only GQA-4 shapes were measured with the 4-head blocks: others keep one launch whatever
-    the switch says, and so does every shape before sm_90."""
+    """Shapes neither long-context kernel takes keep one launch whatever the switch says, and so
+    does every shape before sm_90."""
     for gqa in cuda_attention.GQA_MODES:
         script = cuda_attention.split_decode_attention(
             _decode_attention(heads, kv_heads, dim), 16, gqa
         ).script()
-        assert script.count("llmchat::decode_attention<") == 1 and ", 1, 8, true>" in script
+        assert script.count("llmchat::decode_attention") == 1 and ", 1, 8, true>" in script
     for gqa in cuda_attention.GQA_MODES:
         script = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 0, gqa).script()
-        assert script.count("llmchat::decode_attention<") == 1
+        assert script.count("llmchat::decode_attention") == 1
         assert "llmchat::decode_attention<32, 8, 128, 16, 16, 2, 4, false>" in script
 
 
@@ -258,7 +279,7 @@ def test_the_gqa_decode_switches(monkeypatch):
 
     monkeypatch.delenv("LLMCHAT_CUDA_GQA_DECODE", raising=False)
     monkeypatch.delenv("LLMCHAT_CUDA_GQA_MIN_KEYS", raising=False)
-    assert gpu_choices.cuda_gqa_decode() == ("auto", 3072)
+    assert gpu_choices.cuda_gqa_decode() == ("auto", 0)  # 0: the shape's threshold
     monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", " Groups ")
     monkeypatch.setenv("LLMCHAT_CUDA_GQA_MIN_KEYS", "1024")
     assert gpu_choices.cuda_gqa_decode() == ("groups", 1024)
@@ -268,7 +289,7 @@ def test_the_gqa_decode_switches(monkeypatch):
     mod = tvm.IRModule({"batch_decode_paged_kv": _decode_attention(32, 8, 128)})
     mod = gpu.attention_passes(_cuda("sm_90"))[0](mod)
     script = mod["batch_decode_paged_kv"].script()
-    assert script.count("llmchat::decode_attention<") == 1 and "clusterCtaIdx" in script
+    assert script.count("llmchat::decode_attention") == 1 and "clusterCtaIdx" in script
     monkeypatch.setenv("LLMCHAT_CUDA_GQA_DECODE", "auto")
     mod = gpu.attention_passes(_cuda("sm_90"))[0](
         tvm.IRModule({"batch_decode_paged_kv": _decode_attention(32, 8, 128)})

@@ -76,8 +76,19 @@ GQA_GROUP = 4
 GQA_WARPS = 8
 #: keys per sequence from which they are taken (``auto``; LLMCHAT_CUDA_GQA_MIN_KEYS)
 GQA_MIN_KEYS = 3072
-#: LLMCHAT_CUDA_GQA_DECODE: by the keys, always one head per block (clusters), always 4 heads
-GQA_MODES = ("auto", "cluster", "groups")
+#: LLMCHAT_CUDA_GQA_DECODE: by the keys (``auto``), always one head per block (clusters), always
+#: 4 heads per block (GQA-4), always the tensor-core kernel (groups of 2 to 8 heads, head dim 128)
+GQA_MODES = ("auto", "cluster", "groups", "mma")
+#: llmchat::decode_attention_mma: chunks per (sequence, kv head) and warps per block (H200,
+#: benchmarks/kernels/gqa_decode_check.cu, Llama-3-8B shape, us per layer after 4,096 / 8,192 keys:
+#: 32 chunks of 8 warps 13.60 / 17.63, 16 of 8 12.92 / 18.09, 32 of 4 15.64 / 20.79)
+MMA_CHUNKS = 32
+MMA_WARPS = 8
+#: ``auto``'s threshold (keys per sequence) for the tensor-core kernel with fewer than 8 kv heads,
+#: whose fewer blocks leave the cluster kernel ahead longer (same check: Qwen2.5-7B's 4 kv heads
+#: after 3,072 / 4,096 / 8,192 keys 14.78 / 15.31 / 18.04 us against 12.65 / 15.59 / 27.05;
+#: Qwen2.5-3B's 2 kv heads 4,096 / 8,192: 15.39 / 17.65 against 14.37 / 24.89)
+MMA_MIN_KEYS_FEW_KV = 6144
 #: the kernel's scratch area for chunks merged through global memory (cuda_kernels.cu
 #: ATTN_SCRATCH_ROWS / ATTN_SCRATCH_FLOATS): a batch whose states do not fit runs unsplit
 ATTN_SCRATCH_ROWS = 8192
@@ -114,15 +125,16 @@ def _address(buf: Any) -> Any:
 
 
 def split_decode_attention(
-    func: Any, max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = GQA_MIN_KEYS
+    func: Any, max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = 0
 ) -> Any | None:
     """``func`` (TVM's ``batch_decode_paged_kv``) with llmchat's kernel in front, or None when
     its shapes are not the ones the kernel handles. ``max_cluster`` > 0 (sm_90 and later: 8, or
     16 where non-portable clusters are known to work): one query head per block, and the chunks
     of a head form a thread-block cluster that merges them through distributed shared memory.
-    There, for GQA-4 shapes, ``gqa`` (:data:`GQA_MODES`) picks the blocks of 4 query heads
-    merged through global memory: ``auto`` from ``gqa_min_keys`` keys per sequence on (a branch
-    of the host code between the two launches), ``groups`` always, ``cluster`` never."""
+    There, ``gqa`` (:data:`GQA_MODES`) picks a kernel for long sequences
+    (:func:`long_context_kernel`): ``auto`` from ``gqa_min_keys`` keys per sequence on (0: the
+    shape's measured threshold; a branch of the host code between the two launches),
+    ``groups`` or ``mma`` always, ``cluster`` never."""
     from tvm import tirx
 
     names = [str(p) for p in func.params]
@@ -160,20 +172,28 @@ def split_decode_attention(
     cluster = max_cluster > 0
     fused = func.attrs is not None and bool(func.attrs.get(FUSED_ATTR, False))
     if fused and not cluster:
-        return None  # the fused RoPE and append run on sm_90 only (cluster or GQA-4 blocks)
+        return None  # the fused RoPE and append run on sm_90 only (cluster or long-context kernels)
     batch = q.shape[0]
     if cluster:
         chunks = cluster_chunks(h_qo, max_cluster)
-        body = _decode_launch(func, chunks, 1, CLUSTER_WARPS, True, fused)
+        body = _decode_launch(func, "decode_attention", chunks, h_qo, CLUSTER_WARPS, (1, True), fused)
     else:
         per_block = heads_per_block(h_qo // h_kv)
-        body = _decode_launch(func, num_chunks(h_qo // per_block), per_block, 4, False, fused)
-    if not cluster or h_qo // h_kv != GQA_GROUP or gqa == "cluster":
+        chunks = num_chunks(h_qo // per_block)
+        body = _decode_launch(func, "decode_attention", chunks, h_qo // per_block, 4, (per_block, False), fused)
+    kind = long_context_kernel(h_qo, h_kv, d, page, gqa) if cluster else None
+    if kind is None:
         return func.with_body(body)
-    chunks = num_chunks(h_kv)
-    groups = _decode_launch(func, chunks, GQA_GROUP, GQA_WARPS, False, fused)
-    if gqa == "groups":
-        return func.with_body(groups)
+    if kind == "mma":
+        chunks = MMA_CHUNKS
+        long = _decode_launch(func, "decode_attention_mma", chunks, h_kv, MMA_WARPS, None, fused)
+    else:
+        chunks = num_chunks(h_kv)
+        long = _decode_launch(func, "decode_attention", chunks, h_kv, GQA_WARPS, (GQA_GROUP, False), fused)
+    if gqa != "auto":
+        return func.with_body(long)
+    if not gqa_min_keys:
+        gqa_min_keys = GQA_MIN_KEYS if kind == "groups" or h_kv >= 8 else MMA_MIN_KEYS_FEW_KV
     # page_table_values: the pages of every sequence of the batch (TVM's view of exactly
     # page_table_indptr[-1] entries); keys counted in whole pages
     long_enough = values.shape[0] * page >= batch * gqa_min_keys
@@ -181,13 +201,33 @@ def split_decode_attention(
     # every sequence unsplit)
     rows = batch * (h_qo * chunks) <= ATTN_SCRATCH_ROWS
     floats = batch * (h_qo * chunks * d) <= ATTN_SCRATCH_FLOATS
-    return func.with_body(tirx.IfThenElse(tirx.all(long_enough, rows, floats), groups, body))
+    return func.with_body(tirx.IfThenElse(tirx.all(long_enough, rows, floats), long, body))
 
 
-def _decode_launch(func: Any, chunks: int, per_block: int, warps: int, cluster: bool, fused: bool) -> Any:
-    """A launch of ``llmchat::decode_attention`` on ``func``'s buffers: ``chunks`` x (query heads
-    / ``per_block``) x sequences blocks of ``warps`` warps; ``cluster``: the chunks of a head in
-    one thread-block cluster."""
+def long_context_kernel(h_qo: int, h_kv: int, d: int, page: int, gqa: str) -> str | None:
+    """The kernel that takes long sequences on sm_90 in mode ``gqa``: ``mma``
+    (llmchat::decode_attention_mma: 2 to 8 query heads per kv head, head dim 128, pages of whole
+    16-key steps), ``groups`` (blocks of the 4 heads of a GQA-4 kv head, any head dim), or None
+    (the cluster kernel for every length)."""
+    group = h_qo // h_kv
+    mma = d == 128 and 2 <= group <= 8 and page % 16 == 0
+    groups = group == GQA_GROUP
+    if gqa == "cluster":
+        return None
+    if gqa == "groups":
+        return "groups" if groups else None
+    if mma:
+        return "mma"
+    return "groups" if groups and gqa == "auto" else None
+
+
+def _decode_launch(
+    func: Any, kernel: str, chunks: int, blocks_y: int, warps: int, heads: tuple[int, bool] | None, fused: bool
+) -> Any:
+    """A launch of ``llmchat::<kernel>`` on ``func``'s buffers: ``chunks`` x ``blocks_y`` x
+    sequences blocks of ``warps`` warps. ``heads`` = (query heads per block, chunks of a head in
+    one thread-block cluster) for ``decode_attention``; None for ``decode_attention_mma`` (the
+    query heads of one kv head per block)."""
     from tvm import tirx
 
     q, pages, indptr, values, length_info, _k_off, q_pos, output, lse = func.params[:9]
@@ -196,12 +236,11 @@ def _decode_launch(func: Any, chunks: int, per_block: int, warps: int, cluster: 
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
     batch = q.shape[0]
     at = _address
-    flag = "true" if cluster else "false"
+    cluster = heads is not None and heads[1]
     extra = ", true" if fused else ""
-    name = (
-        f"llmchat::decode_attention<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}, {warps}, "
-        f"{flag}{extra}>"
-    )
+    per_block = "" if heads is None else f"{heads[0]}, "
+    flag = "" if heads is None else (", true" if cluster else ", false")
+    name = f"llmchat::{kernel}<{h_qo}, {h_kv}, {d}, {page}, {chunks}, {per_block}{warps}{flag}{extra}>"
     call = tirx.call_extern(
         "int32",
         name,
@@ -219,7 +258,7 @@ def _decode_launch(func: Any, chunks: int, per_block: int, warps: int, cluster: 
         tirx.Cast("float32", rope_scale),
         tirx.Cast("float32", rope_theta),
     )
-    grid: dict[str, Any] = {"blockIdx.x": chunks, "blockIdx.y": h_qo // per_block, "blockIdx.z": batch}
+    grid: dict[str, Any] = {"blockIdx.x": chunks, "blockIdx.y": blocks_y, "blockIdx.z": batch}
     if cluster:
         grid["clusterCtaIdx.x"] = chunks  # TVM's runtime launches (chunks, 1, 1) clusters
     return launch(call, grid, {"threadIdx.x": 32, "threadIdx.y": warps})
@@ -237,7 +276,7 @@ def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> An
 
 
 def split_decode_attention_pass(
-    max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = GQA_MIN_KEYS
+    max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = 0
 ) -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
     return _replace_kernel_pass(

@@ -228,6 +228,95 @@ __device__ __forceinline__ void merge_state(float& m, float& d, float* o, float 
   m = mm;
 }
 
+// FUSED decode (below): rows 0 .. G - 1 of `dst` get query heads head0 .. head0 + G - 1 of the fused
+// q/k/v projection, row G the key of kv head kvh, each rotated as TVM's split-rotary kernel does
+// (float32, rounded to half); the block's `threads` threads share the work.
+template <int H_QO, int D, int G>
+__device__ __forceinline__ void rope_rows(half (*dst)[D], const half* qkv, int head0, int kvh, float pos,
+                                          float rope_theta, int threads) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int i = tid; i < (G + 1) * D; i += threads) {
+    const int row = i / D, dim = i % D;
+    const half* x = qkv + (size_t)(row < G ? head0 + row : H_QO + kvh) * D;
+    const float freq = pos / powf(rope_theta, (float)((dim * 2) % D) / (float)D);
+    float sn, cs;
+    sincosf(freq, &sn, &cs);
+    const float rot = dim < D / 2 ? -__half2float(x[dim + D / 2]) : __half2float(x[dim - D / 2]);
+    dst[row][dim] = __float2half_rn(cs * __half2float(x[dim]) + sn * rot);
+  }
+}
+
+// The state of GH heads over the WARPS warps of a block (each warp's in sm_o / sm_md): for head g,
+// dimension dim, the running maximum mm, the denominator dd and the output value oo.
+template <int GH, int D, int WARPS>
+__device__ __forceinline__ void warps_state(const float (*sm_o)[GH][D], const float (*sm_md)[GH][2], int g, int dim,
+                                            float& mm, float& dd, float& oo) {
+  mm = sm_md[0][g][0];
+#pragma unroll
+  for (int w = 1; w < WARPS; ++w) mm = fmaxf(mm, sm_md[w][g][0]);
+  dd = 0.f;
+  oo = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) {
+    const float a = exp2f(sm_md[w][g][0] - mm);
+    dd += sm_md[w][g][1] * a;
+    oo += sm_o[w][g][dim] * a;
+  }
+}
+
+// The global-memory merge of a split decode: every block has written its GH heads' states for chunk
+// blockIdx.x to the scratch area; the last of the NC blocks of (sequence b, head block `counter`) to
+// finish combines the NC states of each head into out and lse (and resets the counter).
+template <int H_QO, int D, int NC, int GH, int WARPS>
+__device__ __forceinline__ void merge_chunks(int b, int head0, int counter, half* __restrict__ out,
+                                             float* __restrict__ lse) {
+  const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&attn_chunks_done[counter], 1u) == NC - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // per head: the chunks' weights exp2(m_i - M) and the total denominator, then the outputs
+  __shared__ float weight[GH][NC];
+  __shared__ float total[GH];
+  __shared__ float top[GH];
+  if (warp == 0) {
+    for (int g = 0; g < GH; ++g) {
+      const size_t row0 = ((size_t)b * H_QO + head0 + g) * NC;
+      float mi = -5e4f, di = 0.f;
+      if (lane < NC) {
+        const float2 md = __ldcg(&attn_partial_md[row0 + lane]);
+        mi = md.x;
+        di = md.y;
+      }
+      float mm = mi;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
+      const float a = lane < NC ? exp2f(mi - mm) : 0.f;
+      float dd = di * a;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) dd += __shfl_xor_sync(0xffffffffu, dd, off);
+      if (lane < NC) weight[g][lane] = a;
+      if (lane == 0) { total[g] = dd; top[g] = mm; }
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < GH * D; idx += WARPS * 32) {
+    const int g = idx / D, dim = idx % D;
+    const int head = head0 + g;
+    const size_t row0 = ((size_t)b * H_QO + head) * NC;
+    float oo = 0.f;
+#pragma unroll 8
+    for (int i = 0; i < NC; ++i) oo = fmaf(__ldcg(&attn_partial_o[(row0 + i) * D + dim]), weight[g][i], oo);
+    const float dd = total[g];
+    out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
+    if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? top[g] + log2f(dd) : -5e4f;
+  }
+  if (tid == 0) attn_chunks_done[counter] = 0u;
+}
+
 // FUSED: for one decoded token (batch == 1) TVM's KV cache skips its split-rotary and append
 // kernels (cuda_rope_append.py); the kernel reads q, k and v of the token from the layer's fused
 // projection (fused_qkv_src), applies RoPE as TVM's split-rotary kernel does (float32, rounded to
@@ -304,16 +393,7 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   if constexpr (FUSED) {
     if (fused) {
       const half* qkv = fused_qkv_src;
-      const float s = (float)q_pos[0] * rope_scale;
-      for (int i = warp * 32 + lane; i < (GH + 1) * D; i += WARPS * 32) {
-        const int row = i / D, dim = i % D;
-        const half* x = qkv + (size_t)(row < GH ? head0 + row : H_QO + kvh) * D;
-        const float freq = s / powf(rope_theta, (float)((dim * 2) % D) / (float)D);
-        float sn, cs;
-        sincosf(freq, &sn, &cs);
-        const float rot = dim < D / 2 ? -__half2float(x[dim + D / 2]) : __half2float(x[dim - D / 2]);
-        rope_qk[row][dim] = __float2half_rn(cs * __half2float(x[dim]) + sn * rot);
-      }
+      rope_rows<H_QO, D, GH>(rope_qk, qkv, head0, kvh, (float)q_pos[0] * rope_scale, rope_theta, WARPS * 32);
       __syncthreads();
       k_new = *reinterpret_cast<const uint4*>(&rope_qk[GH][sub * 8]);
       v_new = *reinterpret_cast<const uint4*>(qkv + (size_t)(H_QO + H_KV + kvh) * D + sub * 8);
@@ -415,16 +495,8 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
   const int tid = warp * 32 + lane;
   for (int idx = tid; idx < GH * D; idx += WARPS * 32) {
     const int g = idx / D, dim = idx % D;
-    float mm = sm_md[0][g][0];
-#pragma unroll
-    for (int w = 1; w < WARPS; ++w) mm = fmaxf(mm, sm_md[w][g][0]);
-    float dd = 0.f, oo = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      const float a = exp2f(sm_md[w][g][0] - mm);
-      dd += sm_md[w][g][1] * a;
-      oo += sm_o[w][g][dim] * a;
-    }
+    float mm, dd, oo;
+    warps_state<GH, D, WARPS>(sm_o, sm_md, g, dim, mm, dd, oo);
     const int head = head0 + g;
     if constexpr (CLUSTER) {
       blk_o[g][dim] = oo;
@@ -470,50 +542,7 @@ __device__ __forceinline__ void decode_attention(const half* __restrict__ q, con
     __trap();  // clusters need sm_90; cuda_attention.py asks for them only there
 #endif
   } else if (split) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&attn_chunks_done[b * BLOCKS_PER_SEQ + hb], 1u) == NC - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // per head: the chunks' weights exp2(m_i - M) and the total denominator, then the outputs
-    __shared__ float weight[GH][NC];
-    __shared__ float total[GH];
-    __shared__ float top[GH];
-    if (warp == 0) {
-      for (int g = 0; g < GH; ++g) {
-        const size_t row0 = ((size_t)b * H_QO + head0 + g) * NC;
-        float mi = -5e4f, di = 0.f;
-        if (lane < NC) {
-          const float2 md = __ldcg(&attn_partial_md[row0 + lane]);
-          mi = md.x;
-          di = md.y;
-        }
-        float mm = mi;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
-        const float a = lane < NC ? exp2f(mi - mm) : 0.f;
-        float dd = di * a;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) dd += __shfl_xor_sync(0xffffffffu, dd, off);
-        if (lane < NC) weight[g][lane] = a;
-        if (lane == 0) { total[g] = dd; top[g] = mm; }
-      }
-    }
-    __syncthreads();
-    for (int idx = tid; idx < GH * D; idx += WARPS * 32) {
-      const int g = idx / D, dim = idx % D;
-      const int head = head0 + g;
-      const size_t row0 = ((size_t)b * H_QO + head) * NC;
-      float oo = 0.f;
-#pragma unroll 8
-      for (int i = 0; i < NC; ++i) oo = fmaf(__ldcg(&attn_partial_o[(row0 + i) * D + dim]), weight[g][i], oo);
-      const float dd = total[g];
-      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
-      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? top[g] + log2f(dd) : -5e4f;
-    }
-    if (tid == 0) attn_chunks_done[b * BLOCKS_PER_SEQ + hb] = 0u;
+    merge_chunks<H_QO, D, NC, GH, WARPS>(b, head0, b * BLOCKS_PER_SEQ + hb, out, lse);
   }
 }
 
@@ -1016,6 +1045,223 @@ __device__ __forceinline__ void prefill_paged_attention(const half* __restrict__
   prefill_attention_tiles<H_QO, H_KV, D, ASYNC>(q, q_indptr,
                                                 PagedKeys<H_KV, D, PAGE>{pages, page_indptr, page_values, last_len},
                                                 out, lse, batch, causal, rotary_mode, sm_scale);
+}
+
+}  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// 5b. Decode attention on tensor cores for grouped-query heads (issue #18: decode at depth of GQA
+//     models): GROUP = H_QO / H_KV <= 8 query heads share a kv head, head_dim 128. Grid (NC chunks,
+//     H_KV, batch), WARPS warps. A block takes the GROUP query heads of one kv head over one chunk of
+//     a sequence's keys, in steps of 16 keys (one page's slots) dealt round-robin to its warps; each
+//     warp keeps its own online-softmax state (log2 domain, as TVM's kernels), then the warps' states
+//     meet in shared memory and the chunks' in the scratch area (merge_chunks), as decode_attention's.
+//     Per step, with mma.sync m16n8k16 (fp16 in, fp32 accumulators):
+//     - S = Q K^T: rows the query heads (padded to 16 with zero queries), columns 8 keys per n-tile,
+//       k the head dimension, permuted so that each lane loads 16 contiguous bytes of a key (and of
+//       the query): k-steps 2p and 2p + 1 take dims 32p + 8tq .. + 8 of lane tq's word;
+//     - O^T += V^T P^T: rows 16 dims per m-tile (lane row g: dims 8g + mt and 64 + 8g + mt), columns
+//       the 8 heads, k the step's 16 keys. P^T's fragment is S's accumulator layout (no shuffles);
+//       V^T's is packed by byte permutes from 16-byte loads of 8 dims of each of the lane's 4 keys.
+//     Every key is read once per kv head (the cluster kernel reads it once per query head), and the
+//     dot products are 3 MMAs per 16 keys and head instead of FMAs and shuffles.
+// FUSED as decode_attention's: q and the new k, v come from the fused projection (RoPE here); the
+// block whose chunk holds the new position writes k and v to their page slot and uses them from
+// shared memory (the cache is read through the read-only path, which need not see that write).
+// ------------------------------------------------------------------------------------------------
+namespace llmchat {
+
+template <int H_QO, int H_KV, int D, int PAGE, int NC, int WARPS, bool FUSED = false>
+__device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q, const half* __restrict__ pages,
+                                                     const int* __restrict__ indptr,
+                                                     const int* __restrict__ values,
+                                                     const int* __restrict__ last_len, half* __restrict__ out,
+                                                     float* __restrict__ lse, float sm_scale, int batch,
+                                                     int rotary_mode, const int* __restrict__ q_pos = nullptr,
+                                                     float rope_scale = 1.f, float rope_theta = 1e4f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int GROUP = H_QO / H_KV;
+  static_assert(H_QO % H_KV == 0 && GROUP <= 8, "at most 8 query heads per kv head (the MMA's 8 columns)");
+  static_assert(D == 128, "head_dim 128: 8 lane rows x 2 halves of 8 dims per m-tile");
+  static_assert(PAGE % 16 == 0, "steps of 16 keys inside one page");
+  static_assert(NC >= 1 && NC <= 32, "the merge gives each chunk one lane of a warp");
+  const float scale = sm_scale * 1.4426950408889634f;  // log2(e)
+  const int c = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int head0 = kvh * GROUP;
+  const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+  const int g = lane >> 2, tq = lane & 3;
+  if (rotary_mode != 0) __trap();  // RoPE is applied before the cache (RopeMode.NORMAL) only
+  const bool split = NC > 1 && batch * H_QO * NC <= ATTN_SCRATCH_ROWS &&
+                     (size_t)batch * H_QO * NC * D <= (size_t)ATTN_SCRATCH_FLOATS && batch * H_KV <= ATTN_SCRATCH_ROWS;
+  if (!split && c > 0) return;
+  const int pb = indptr[b], pe = indptr[b + 1];
+  const int len = (pe != pb) ? (pe - pb - 1) * PAGE + last_len[b] : 0;
+  const int steps = (len + 15) / 16;
+  const int per_chunk = split ? (steps + NC - 1) / NC : steps;
+  const int s_begin = c * per_chunk, s_end = min(steps, s_begin + per_chunk);
+
+  const bool fused = FUSED && batch == 1;
+  __shared__ __align__(16) half rope_qk[FUSED ? GROUP + 1 : 1][FUSED ? D : 8];  // rotated q heads, then k
+  const half* v_new = nullptr;
+  if constexpr (FUSED) {
+    if (fused) {
+      const half* qkv = fused_qkv_src;
+      rope_rows<H_QO, D, GROUP>(rope_qk, qkv, head0, kvh, (float)q_pos[0] * rope_scale, rope_theta, WARPS * 32);
+      v_new = qkv + (size_t)(H_QO + H_KV + kvh) * D;
+      __syncthreads();
+      const int p = len - 1;
+      if (len > 0 && s_begin * 16 <= p && p < s_end * 16 && tid < D / 8) {
+        half* kp = const_cast<half*>(pages) + (((size_t)values[pb + p / PAGE] * 2 * H_KV + kvh) * PAGE + p % PAGE) * D;
+        *reinterpret_cast<uint4*>(kp + tid * 8) = *reinterpret_cast<const uint4*>(&rope_qk[GROUP][tid * 8]);
+        *reinterpret_cast<uint4*>(kp + (size_t)H_KV * PAGE * D + tid * 8) =
+            *reinterpret_cast<const uint4*>(v_new + tid * 8);
+      }
+    }
+  }
+  // the queries as A fragments (rows g + 8 are zero: a1 = a3 = 0)
+  uint32_t qa[D / 16][2];
+#pragma unroll
+  for (int p = 0; p < D / 32; ++p) {
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if (g < GROUP) {
+      w = FUSED && fused ? *reinterpret_cast<const uint4*>(&rope_qk[FUSED ? g : 0][32 * p + 8 * tq])
+                         : *reinterpret_cast<const uint4*>(q + ((size_t)b * H_QO + head0 + g) * D + 32 * p + 8 * tq);
+    }
+    qa[2 * p][0] = w.x;
+    qa[2 * p][1] = w.y;
+    qa[2 * p + 1][0] = w.z;
+    qa[2 * p + 1][1] = w.w;
+  }
+  float o[D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;  // head g's (l: this lane's part)
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int st = s_begin + warp; st < s_end; st += WARPS) {
+    const int k0 = st * 16;
+    const half* base = pages + (((size_t)values[pb + k0 / PAGE] * 2 * H_KV + kvh) * PAGE + k0 % PAGE) * D;
+    const half* vbase = base + (size_t)H_KV * PAGE * D;
+    uint4 kf[2][D / 32], vf[4][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int key = n * 8 + g;  // this lane's key of n-tile n
+      const bool ok = k0 + key < len;
+#pragma unroll
+      for (int p = 0; p < D / 32; ++p)
+        kf[n][p] = ok ? *reinterpret_cast<const uint4*>(base + key * D + 32 * p + 8 * tq) : zero;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int key = (kk >> 1) * 8 + 2 * tq + (kk & 1);  // keys 2tq, 2tq + 1, 8 + 2tq, 9 + 2tq
+      const bool ok = k0 + key < len;
+#pragma unroll
+      for (int piece = 0; piece < 2; ++piece)
+        vf[kk][piece] = ok ? *reinterpret_cast<const uint4*>(vbase + key * D + piece * 64 + 8 * g) : zero;
+    }
+    if constexpr (FUSED) {
+      if (fused && k0 <= len - 1 && len - 1 < k0 + 16) {  // the new token: k and v from shared memory
+        const int key = len - 1 - k0;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int p = 0; p < D / 32; ++p)
+            if (n * 8 + g == key) kf[n][p] = *reinterpret_cast<const uint4*>(&rope_qk[GROUP][32 * p + 8 * tq]);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int piece = 0; piece < 2; ++piece)
+            if ((kk >> 1) * 8 + 2 * tq + (kk & 1) == key)
+              vf[kk][piece] = *reinterpret_cast<const uint4*>(v_new + piece * 64 + 8 * g);
+      }
+    }
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        const uint4& w = kf[n][j / 2];
+        const uint32_t a[4] = {qa[j][0], 0u, qa[j][1], 0u};
+        mma_16816(s[n], a, (j & 1) ? w.z : w.x, (j & 1) ? w.w : w.y);
+      }
+    }
+    // s[n][e] (e < 2): head g, key k0 + 8n + 2tq + e
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[n][e] = k0 + n * 8 + 2 * tq + e < len ? s[n][e] * scale : -INFINITY;
+        mx = fmaxf(mx, s[n][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    const float base_m = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = exp2f(m_run - base_m);
+    m_run = m_new;
+    float psum = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[n][e] = exp2f(s[n][e] - base_m);
+        psum += s[n][e];
+      }
+    l_run = l_run * alpha + psum;
+    // O^T's columns are heads 2tq and 2tq + 1: their rescale factors from lanes 4 * head
+    const float a_even = __shfl_sync(0xffffffffu, alpha, 8 * tq);
+    const float a_odd = __shfl_sync(0xffffffffu, alpha, 8 * tq + 4);
+    const uint32_t pb0 = pack_half2(s[0][0], s[0][1]), pb1 = pack_half2(s[1][0], s[1][1]);
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      o[mt][0] *= a_even;
+      o[mt][1] *= a_odd;
+      o[mt][2] *= a_even;
+      o[mt][3] *= a_odd;
+      const int word = mt >> 1;
+      const unsigned sel = (mt & 1) ? 0x7632u : 0x5410u;  // high or low halves of two words
+      auto at = [&](int kk, int piece) { return reinterpret_cast<const uint32_t*>(&vf[kk][piece])[word]; };
+      const uint32_t a[4] = {__byte_perm(at(0, 0), at(1, 0), sel), __byte_perm(at(0, 1), at(1, 1), sel),
+                             __byte_perm(at(2, 0), at(3, 0), sel), __byte_perm(at(2, 1), at(3, 1), sel)};
+      mma_16816(o[mt], a, pb0, pb1);
+    }
+  }
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  // the warps' states -> shared memory: o[mt][e] is head 2tq + (e & 1), dim (e < 2 ? 0 : 64) + 8g + mt
+  __shared__ float sm_o[WARPS][GROUP][D];
+  __shared__ float sm_md[WARPS][GROUP][2];
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int head = 2 * tq + (e & 1);
+      if (head < GROUP) sm_o[warp][head][(e < 2 ? 0 : 64) + 8 * g + mt] = o[mt][e];
+    }
+  if (tq == 0 && g < GROUP) {
+    sm_md[warp][g][0] = m_run == -INFINITY ? -5e4f : m_run;
+    sm_md[warp][g][1] = l_run;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < GROUP * D; idx += WARPS * 32) {
+    const int hg = idx / D, dim = idx % D;
+    float mm, dd, oo;
+    warps_state<GROUP, D, WARPS>(sm_o, sm_md, hg, dim, mm, dd, oo);
+    const int head = head0 + hg;
+    if (!split) {
+      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
+      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? mm + log2f(dd) : -5e4f;
+    } else {
+      const size_t row = ((size_t)b * H_QO + head) * NC + c;
+      attn_partial_o[row * D + dim] = oo;
+      if (dim == 0) attn_partial_md[row] = make_float2(mm, dd);
+    }
+  }
+  if (split) merge_chunks<H_QO, D, NC, GROUP, WARPS>(b, head0, b * H_KV + kvh, out, lse);
+#else
+  __trap();  // mma.sync m16n8k16 needs sm_80; cuda_attention.py uses this kernel on sm_90 only
+#endif
 }
 
 }  // namespace llmchat

@@ -98,9 +98,12 @@ def wgsl_attention_variant() -> str:
     """Which of llmchat's WGSL decode attention kernels :func:`use_wgsl_attention` puts in:
     ``split-v2`` (default; one workgroup per KV head and chunk, no merge launch on short contexts)
     or ``split-v1`` (``LLMCHAT_WGSL_ATTENTION=split-v1``: the earlier per-query-head-group split,
-    kept for A/B comparisons)."""
+    kept for A/B comparisons); ``split-v2-singleN`` and ``-all`` are v2 with options for A/B runs
+    (:func:`.wgsl_attention.v2_options`)."""
     choice = os.environ.get("LLMCHAT_WGSL_ATTENTION", "").strip().lower()
-    return "split-v1" if choice == "split-v1" else "split-v2"
+    if choice == "split-v1" or choice.startswith("split-v2-"):
+        return choice
+    return "split-v2"
 
 
 def cuda_paged_prefill() -> str:
@@ -115,14 +118,16 @@ def cuda_paged_prefill() -> str:
 
 
 def cuda_gqa_decode() -> tuple[str, int]:
-    """Which decode attention kernel GQA-4 models take on sm_90 (:mod:`.cuda_attention`), and
-    from how many keys per sequence: ``LLMCHAT_CUDA_GQA_DECODE`` = ``auto`` (default: the 4 query
-    heads of a kv head per block from ``LLMCHAT_CUDA_GQA_MIN_KEYS`` keys on, default
-    :data:`~.cuda_attention.GQA_MIN_KEYS`; below, one head per block in clusters), ``cluster``
-    (always one head per block), ``groups`` (always 4 heads per block). A value that is not one
-    of these stops the build (an A/B switch that is silently ignored compares nothing)."""
+    """Which decode attention kernel grouped-query models take for long sequences on sm_90
+    (:mod:`.cuda_attention`), and from how many keys per sequence: ``LLMCHAT_CUDA_GQA_DECODE`` =
+    ``auto`` (default: llmchat's tensor-core kernel for the query heads of a kv head where it
+    applies, else the blocks of 4 heads for GQA-4, from ``LLMCHAT_CUDA_GQA_MIN_KEYS`` keys on,
+    default 0: the shape's measured threshold; below, one head per block in clusters), ``cluster``
+    (always one head per block), ``groups`` (always 4 heads per block, GQA-4), ``mma`` (always the
+    tensor-core kernel). A value that is not one of these stops the build (an A/B switch that is
+    silently ignored compares nothing)."""
     from app.errors import LlmchatError
-    from app.inference.pipelines.cuda_attention import GQA_MIN_KEYS, GQA_MODES
+    from app.inference.pipelines.cuda_attention import GQA_MODES
 
     mode = os.environ.get("LLMCHAT_CUDA_GQA_DECODE", "").strip().lower() or "auto"
     if mode not in GQA_MODES:
@@ -131,14 +136,16 @@ def cuda_gqa_decode() -> tuple[str, int]:
             "unset it (auto) or set one of those",
         )
     raw = os.environ.get("LLMCHAT_CUDA_GQA_MIN_KEYS", "").strip()
+    if not raw:
+        return mode, 0
     try:
-        min_keys = int(raw) if raw else GQA_MIN_KEYS
+        min_keys = int(raw)
     except ValueError:
         min_keys = 0
     if min_keys < 1:
         raise LlmchatError(
             f"LLMCHAT_CUDA_GQA_MIN_KEYS={raw!r} is not a positive number of keys",
-            f"unset it (default {GQA_MIN_KEYS}) or set a positive integer",
+            "unset it (the threshold measured for the model's shape) or set a positive integer",
         )
     return mode, min_keys
 

@@ -376,13 +376,35 @@ def _v2_shared_bytes(heads: int, d: int, threads: int, tile: int) -> int:
     return (2 * tile * (d + 1) + heads * d + threads) * 4
 
 
+def v2_options(variant: str) -> tuple[int, bool]:
+    """(keys of one chunk, every KV head count) of a ``split-v2[-singleN][-all]`` variant name:
+    ``singleN`` runs one chunk up to N keys (default :data:`SINGLE_CHUNK_KEYS`), ``all`` takes
+    models with :data:`TVM_KERNEL_MIN_KV_HEADS` KV heads or more too (for A/B runs)."""
+    single, every = SINGLE_CHUNK_KEYS, False
+    for opt in variant.split("-")[2:]:
+        if opt.startswith("single") and opt[6:].isdigit():
+            single = int(opt[6:])
+        elif opt == "all":
+            every = True
+        else:
+            raise ValueError(f"{variant!r}: unknown option {opt!r} of split-v2")
+    return single, every
+
+
 def kv_head_layout(
-    h_qo: int, h_kv: int, d: int, page: int, max_threads: int, shared_bytes: int
+    h_qo: int,
+    h_kv: int,
+    d: int,
+    page: int,
+    max_threads: int,
+    shared_bytes: int,
+    single_keys: int = SINGLE_CHUNK_KEYS,
+    every_kv_head_count: bool = False,
 ) -> KVHeadLayout | None:
     """The v2 layout for these shapes within the target's limits, or None (TVM's kernel stays)."""
     if h_qo % h_kv or d > max_threads or d & (d - 1) or d < 4:
         return None
-    if h_kv >= TVM_KERNEL_MIN_KV_HEADS:  # measured with v1 only; kept for v2 (not measured)
+    if h_kv >= TVM_KERNEL_MIN_KV_HEADS and not every_kv_head_count:  # measured with v1 only
         return None
     group = h_qo // h_kv
     heads = 1 << (group - 1).bit_length()
@@ -395,7 +417,7 @@ def kv_head_layout(
     if _v2_shared_bytes(heads, d, threads, tile) > shared_bytes or tile * d < threads:
         return None
     min_pages = max(1, -(-tile // page))  # a chunk of at least one tile
-    single_pages = max(1, SINGLE_CHUNK_KEYS // page)
+    single_pages = max(1, single_keys // page) if single_keys > 0 else 0
     max_chunks = max(1, TARGET_WORKGROUPS_V2 // h_kv)
     return KVHeadLayout(group, heads, threads, tile, min_pages, single_pages, max_chunks)
 
@@ -660,7 +682,8 @@ def split_decode_attention(
         layout = split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
         new = None if layout is None else decode_kernel(h_qo, h_kv, d, page, dtype, layout)
     else:
-        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
+        single, every = v2_options(variant)
+        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, single, every)
         new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2)
     if new is None:
         return None

@@ -114,24 +114,42 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
     return Q4GemvLayout(rows, lanes, threads, decode, prefetch), min_rows, max_k
 
 
-#: reductions from this length on keep dlight-style ``DecodeGEMV`` (:mod:`.wgsl_gemv`): the fp32
-#: decode of this kernel was slower there in the model (H200, Llama-2-7B down projection, 11008
-#: -> 4096: 68.9 us against 51.9; Qwen2.5-3B's 11008 -> 2048: 66.2 against 34.1), and the int8
-#: kernel's per-workgroup staging of the quantized vector grows with K
-MAX_K = 8191
+#: the longest reduction ``q4-auto`` takes: the int8 kernel stages the whole quantized vector in
+#: workgroup memory (:func:`shared_bytes`: 24 KiB at 16,384 in 256-thread workgroups), longer ones
+#: go to the rules after it
+MAX_K = 16384
+#: workgroups ``q4-auto`` aims at: the most rows per set (4, 2, 1) that still give this many
+#: workgroups, else the fewest rows. H200, NVIDIA's Vulkan driver, in the model (GPU profile, µs
+#: per launch, benchmarks/results/h200-2026-12-03-s12/ab): Llama-2-7B down (11008 -> 4096) 4 rows
+#: (DecodeGEMV before: the int8 kernel was not tried at K > 8191) 51.9, 2 rows (256 workgroups)
+#: 25.9, 1 row (512) 33.0; o (4096 -> 4096) 4 rows (128) 17.5, 2 rows 15.8, 1 row 16.3; qkv (4096
+#: -> 12288) 4 rows (384) 21.9, 2 rows 26.0, 1 row 32.4; Qwen2.5-3B down (11008 -> 2048) 1 row
+#: (256) 20.8, 2 rows 23.4; o (2048 -> 2048) 4 rows (64) 13.7, 2 rows 12.8, 1 row 12.1
+MIN_WORKGROUPS = 256
 
 
-def choose(k: int, n: int) -> Q4GemvLayout | None:
-    """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 4 rows per set of 32
-    lanes (2 or 1 where 4 do not tile ``n``), 256 threads; None for reductions over
-    :data:`MAX_K` (or rows no layout tiles), which other rules then take."""
+def shared_bytes(layout: Q4GemvLayout, k: int) -> int:
+    """Workgroup memory of the int8 kernel (:func:`dp4a_kernel`) for a reduction of ``k``: the
+    quantized vector (two 16-byte words per 32 values and level), its scales and sums, and the
+    lanes' partial sums."""
+    levels = 2 if layout.decode == "dp4a2" else 1
+    padded = -(-(k // 32) // layout.threads) * layout.threads
+    return padded * (32 * levels + 4 + 4 * levels) + layout.sets * layout.rows * layout.lanes * 4
+
+
+def choose(k: int, n: int, max_shared: int = 1 << 30) -> Q4GemvLayout | None:
+    """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 32 lanes a set, 256
+    threads, and the most rows per set (4, 2 or 1) that tile ``n`` in :data:`MIN_WORKGROUPS`
+    workgroups or more (else the fewest that tile it); None for reductions over :data:`MAX_K`,
+    over ``max_shared`` bytes of workgroup memory, or rows no layout tiles: other rules take those."""
     if k > MAX_K:
         return None
-    for rows in (4, 2, 1):
-        layout = Q4GemvLayout(rows, 32, 256, "dp4a")
-        if layout.fits(n, k):
+    fitting = [Q4GemvLayout(rows, 32, 256, "dp4a") for rows in (4, 2, 1)]
+    fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
+    for layout in fitting:
+        if n // layout.rows_per_workgroup >= MIN_WORKGROUPS:
             return layout
-    return None
+    return fitting[-1] if fitting else None
 
 
 def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
@@ -443,11 +461,21 @@ class WgslQ4Gemv(WebGPUKernelRule):
         self.min_rows = min_rows
         self.max_reduction = max_reduction
 
+    #: workgroup memory of the target (set by :meth:`apply`; unlimited when called directly)
+    max_shared = 1 << 30
+
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        limit = target.attrs.get("max_shared_memory_per_block") if target is not None else None
+        self.max_shared = int(limit) if limit is not None else 1 << 30
+        return super().apply(func, target, tunable)
+
     def kernel(self, func: Any) -> Any | None:
         m = match_q4f16_gemv(func)
         if m is None or m.out_features < self.min_rows or m.in_features > self.max_reduction:
             return None
-        layout = self.layout or choose(m.in_features, m.out_features)
+        layout = self.layout or choose(m.in_features, m.out_features, self.max_shared)
         if layout is None or not layout.fits(m.out_features, m.in_features):
+            return None
+        if layout.decode.startswith("dp4a") and shared_bytes(layout, m.in_features) > self.max_shared:
             return None
         return build(func, m, layout)

@@ -150,9 +150,19 @@ def test_rule_limits_from_the_name_and_the_automatic_choice():
     assert limited.kernel(q4_matmul_func(4096, 4096, "f16")) is not None
     assert limited.kernel(q4_matmul_func(4096, 2048, "f16")) is None  # under 4096 rows
     assert limited.kernel(q4_matmul_func(11008, 4096, "f16")) is None  # K over 8191
-    # q4-auto: int8 dot4 in 256-thread workgroups up to K 8191, nothing from there on
-    assert wgsl_q4_gemv.choose(4096, 12288).name == "q4-r4-l32-t256-dp4a"
-    assert wgsl_q4_gemv.choose(896, 1152).name == "q4-r4-l32-t256-dp4a"
-    assert wgsl_q4_gemv.choose(4096, 48).name == "q4-r2-l32-t256-dp4a"  # 48 rows: 16 per workgroup
-    assert wgsl_q4_gemv.choose(11008, 4096) is None
+    # q4-auto: int8 dot4 in 256-thread workgroups, the most rows a set that still gives 256
+    # workgroups (else the fewest rows), up to K 16384 and the workgroup memory given
+    assert wgsl_q4_gemv.choose(4096, 12288).name == "q4-r4-l32-t256-dp4a"  # 384 workgroups
+    assert wgsl_q4_gemv.choose(4096, 22016).name == "q4-r4-l32-t256-dp4a"
+    assert wgsl_q4_gemv.choose(11008, 4096).name == "q4-r2-l32-t256-dp4a"  # 256 of 16 rows
+    assert wgsl_q4_gemv.choose(11008, 2048).name == "q4-r1-l32-t256-dp4a"  # 256 of 8 rows
+    assert wgsl_q4_gemv.choose(896, 1152).name == "q4-r1-l32-t256-dp4a"  # 144: as many as it gets
+    assert wgsl_q4_gemv.choose(4096, 48).name == "q4-r1-l32-t256-dp4a"
+    assert wgsl_q4_gemv.choose(16416, 4096) is None  # K over 16384
+    need = wgsl_q4_gemv.shared_bytes(wgsl_q4_gemv.Q4GemvLayout(2, 32, 256, "dp4a"), 11008)
+    assert 16384 < need <= 32768
+    assert wgsl_q4_gemv.choose(11008, 4096, max_shared=need).name == "q4-r2-l32-t256-dp4a"
+    # less memory: 1 row a set (smaller partial sums), then none
+    assert wgsl_q4_gemv.choose(11008, 4096, max_shared=need - 1).name == "q4-r1-l32-t256-dp4a"
+    assert wgsl_q4_gemv.choose(11008, 4096, max_shared=16384) is None
     assert wgsl_q4_gemv.choose(4096, 36) is None  # no layout tiles 36 rows
