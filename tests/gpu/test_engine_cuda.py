@@ -42,10 +42,10 @@ MODELS = {
     ),
 }
 #: a prompt over several chunks of the real models' size (2,048): the chunks after the first attend
-#: to the cached pages (llmchat::prefill_paged_attention), the last one to 4,096 keys; head dim 128,
-#: four query heads per kv head (Llama-3-8B's group): its decode steps over 4,500 keys take the
-#: blocks of 4 query heads with the fused RoPE/append (cuda_attention.py: GQA-4 from 3,072 keys on
-#: sm_90), qwen2-d64's (at most 1,024 keys) the cluster kernel
+#: to the cached pages (llmchat::prefill_paged_attention), the last one to 6,144 keys; head dim 128,
+#: four query heads per kv head (Llama-3-8B's group): its decode steps over 6,500 keys take the
+#: tensor-core kernel with the fused RoPE/append (cuda_attention.py: from 6,144 keys for fewer than
+#: 8 kv heads on sm_90), qwen2-d64's (at most 1,024 keys) the cluster kernel
 LONG_MODELS = {
     "llama-long": (
         "llama",
@@ -59,7 +59,7 @@ LONG_MODELS = {
         },
     ),
 }
-LONG_PROMPT, LONG_STEPS = 4500, 12
+LONG_PROMPT, LONG_STEPS = 6500, 12
 #: float16 compute with half-precision partial sums: the tolerance of the CPU's float16 path
 #: (tests/inference/test_engine_correctness.py), doubled
 REFERENCE_TOL = 2e-2
@@ -97,7 +97,7 @@ def test_engine_logits_and_greedy_tokens(cuda, tiny_model_dir, monkeypatch, name
 
 @pytest.mark.parametrize("name", list(LONG_MODELS))
 def test_long_prompt_over_several_chunks(cuda, tiny_model_dir, monkeypatch, name):
-    """A 4,500-token prompt (chunks of 2,048, 2,048 and 404 tokens: the later ones attend to the
+    """A 6,500-token prompt (chunks of 2,048, 2,048, 2,048 and 356 tokens: the later ones attend to the
     cached pages), then greedy steps over its keys: the logits against the float64 reference and
     against TVM's plain pipeline, and the device's greedy batches against numpy's argmax (queued
     steps after a prompt of this length crashed before cuda_readback.StepFence)."""

@@ -120,11 +120,12 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
 MAX_K = 16384
 #: workgroups ``q4-auto`` aims at: the most rows per set (4, 2, 1) that still give this many
 #: workgroups, else the fewest rows. H200, NVIDIA's Vulkan driver, in the model (GPU profile, µs
-#: per launch, benchmarks/results/h200-2026-12-03-s12/ab): Llama-2-7B down (11008 -> 4096) 4 rows
-#: (DecodeGEMV before: the int8 kernel was not tried at K > 8191) 51.9, 2 rows (256 workgroups)
-#: 25.9, 1 row (512) 33.0; o (4096 -> 4096) 4 rows (128) 17.5, 2 rows 15.8, 1 row 16.3; qkv (4096
-#: -> 12288) 4 rows (384) 21.9, 2 rows 26.0, 1 row 32.4; Qwen2.5-3B down (11008 -> 2048) 1 row
-#: (256) 20.8, 2 rows 23.4; o (2048 -> 2048) 4 rows (64) 13.7, 2 rows 12.8, 1 row 12.1
+#: per launch, benchmarks/results/h200-2026-12-02-s12/ab1): Llama-2-7B down (11008 -> 4096)
+#: DecodeGEMV (the rule before: the int8 kernel took K <= 8191 only) 51.9, int8 with 2 rows a set
+#: (256 workgroups) 25.9, 1 row (512) 33.0; o (4096 -> 4096) 4 rows (128 workgroups) 17.5, 2 rows
+#: 15.8, 1 row 16.3; qkv (4096 -> 12288) 4 rows (384) 21.9, 2 rows 26.0, 1 row 32.4; Qwen2.5-3B
+#: down (11008 -> 2048) 1 row (256) 20.8, 2 rows 23.4, DecodeGEMV 34.3; o (2048 -> 2048) 4 rows
+#: (64) 13.7, 2 rows 12.8, 1 row 12.1
 MIN_WORKGROUPS = 256
 
 
