@@ -15,6 +15,7 @@
 #     and models/ggml-vocab-{llama-spm,qwen2}.gguf from PyPI's llama-cpp-python 0.3.36 sdist)
 # Run on the GPU machine from the repository root:  bash benchmarks/run_h200_vulkan.sh PHASE OUTDIR
 #   PHASE vulkan: copy bandwidths, llmchat on Vulkan (the product's schedules), llama.cpp Vulkan
+#     (FA=1: llama.cpp with flash attention only, its faster setting on every shape so far; default 0,1)
 #   PHASE all:    both, one after the other
 #   PHASE cuda:   llmchat on Vulkan checked against the CUDA library of the same random weights
 #                 (logits, greedy tokens), with the CUDA figures of the same run
@@ -63,7 +64,7 @@ if [ "$PHASE" = vulkan ] || [ "$PHASE" = all ]; then
   for p in ${PRESETS//,/ }; do
     timeout 60 python3 benchmarks/gpu_decode.py make-gguf --preset "$p" --gguf-py "$LC/gguf-py" \
       --vocab-dir "$LC/models" --out "$WORK/$p.gguf" >> "$OUTDIR/gguf.log" 2>&1
-    timeout 75 "$BENCH" -m "$WORK/$p.gguf" -p 512 -n 512 -ngl 99 -r 3 -fa 0,1 -o json \
+    timeout 75 "$BENCH" -m "$WORK/$p.gguf" -p 512 -n 512 -ngl 99 -r 3 -fa "${FA:-0,1}" -o json \
       > "$WORK/$p.json" 2>> "$OUTDIR/llamacpp_bench.log"
     [ $first -eq 0 ] && echo "," >> "$OUTDIR/llamacpp_vulkan.json"; first=0
     sed -e '1s/^\[//' -e '$s/\]$//' "$WORK/$p.json" >> "$OUTDIR/llamacpp_vulkan.json"

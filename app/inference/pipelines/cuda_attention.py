@@ -22,12 +22,22 @@ block in clusters 544.2 / 418.4 / 334.1 and 529.0 / 406.0 / 330.9; 4 heads per b
 chunks for short sequences (at least 32 or 128 keys each) still 462.5 or 437.8 against 500.9 after
 1,024 tokens. So on sm_90, for ``h_qo // h_kv == 4`` only, the PrimFunc's host code picks the
 kernel by the sequence's keys (``page_table_values`` holds every page of the batch: pages x page
-size >= :data:`GQA_MIN_KEYS` x sequences, and the batch's states fit the scratch area): 4 heads
-per block from 3,072 keys (between the measured 1,024, where one head per block wins, and 4,096),
-else the cluster kernel. ``LLMCHAT_CUDA_GQA_DECODE=cluster|groups`` forces one of them and
-``LLMCHAT_CUDA_GQA_MIN_KEYS`` moves the threshold (A/B; :func:`.gpu_choices.cuda_gqa_decode`). The
-product's choice itself (both kernels in one library, picked per call) is not measured yet; other
-group sizes and GPUs before sm_90 are unchanged.
+size >= the threshold x sequences, and the batch's states fit the scratch area): a long-context
+kernel from :data:`GQA_MIN_KEYS` (3,072) keys (between the measured 1,024, where one head per block
+wins, and 4,096), else the cluster kernel.
+
+Since session 12 the long-context kernel is ``llmchat::decode_attention_mma`` wherever it applies
+(2 to 8 query heads per kv head, head dim 128, :func:`long_context_kernel`): the query heads of a
+kv head as the rows of tensor-core MMAs, each key read once per kv head, 32 chunks of 8 warps.
+Alone (benchmarks/kernels/gqa_decode_check.cu, H200, us per layer in a 32-layer CUDA graph;
+benchmarks/results/h200-2026-12-02-s12/gqa), Llama-3-8B after 4,096 / 8,192 keys: 13.60 / 17.63
+against 16.69 / 24.32 for the 4-head blocks and 18.19 / 32.39 for the cluster kernel (1,024 keys:
+10.35 against the cluster kernel's 7.50, hence the threshold). With fewer kv heads it wins later
+(fewer blocks): from :data:`MMA_MIN_KEYS_FEW_KV` keys. Qwen2.5-7B (7 heads, padded to 8) after
+8,192 keys 18.04 against 27.05, Qwen2.5-3B 17.65 against 24.89. The 4-head blocks stay for GQA-4
+shapes the MMA kernel does not take (head dim 64). ``LLMCHAT_CUDA_GQA_DECODE=cluster|groups|mma``
+forces one of them and ``LLMCHAT_CUDA_GQA_MIN_KEYS`` moves the threshold (A/B;
+:func:`.gpu_choices.cuda_gqa_decode`). GPUs before sm_90 are unchanged.
 
 Prompt: TVM's ``batch_prefill_ragged_kv`` (a prompt chunk attending to its own keys) computed
 attention on CUDA cores (374 us per Llama-2-7B layer for a 512-token prompt on the H200, 15 % of
