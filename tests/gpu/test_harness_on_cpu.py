@@ -125,7 +125,8 @@ def test_every_cuda_case_is_built_from_llmchats_rules(with_cluster):
             heads = 'T.launch_thread("threadIdx.y", 8)'
             assert script.count(heads) == (2 if "_gqa_auto_" in case.name else 1), case.name
             assert ("clusterCtaIdx" in script) == ("_gqa_auto_" in case.name), case.name
-            long = "decode_attention_mma<" if "_128_" in case.name and "_groups_" not in case.name else ", 32, 4, 8, false>"
+            mma = "_128_" in case.name and "_groups_" not in case.name
+            long = "decode_attention_mma<" if mma else ", 32, 4, 8, false>"
             assert long in script, case.name
     assert len({c.name for c in cases}) == len(cases)
 

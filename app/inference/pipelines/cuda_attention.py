@@ -190,7 +190,9 @@ def split_decode_attention(
     else:
         per_block = heads_per_block(h_qo // h_kv)
         chunks = num_chunks(h_qo // per_block)
-        body = _decode_launch(func, "decode_attention", chunks, h_qo // per_block, 4, (per_block, False), fused)
+        body = _decode_launch(
+            func, "decode_attention", chunks, h_qo // per_block, 4, (per_block, False), fused
+        )
     kind = long_context_kernel(h_qo, h_kv, d, page, gqa) if cluster else None
     if kind is None:
         return func.with_body(body)
@@ -232,7 +234,13 @@ def long_context_kernel(h_qo: int, h_kv: int, d: int, page: int, gqa: str) -> st
 
 
 def _decode_launch(
-    func: Any, kernel: str, chunks: int, blocks_y: int, warps: int, heads: tuple[int, bool] | None, fused: bool
+    func: Any,
+    kernel: str,
+    chunks: int,
+    blocks_y: int,
+    warps: int,
+    heads: tuple[int, bool] | None,
+    fused: bool,
 ) -> Any:
     """A launch of ``llmchat::<kernel>`` on ``func``'s buffers: ``chunks`` x ``blocks_y`` x
     sequences blocks of ``warps`` warps. ``heads`` = (query heads per block, chunks of a head in
@@ -285,9 +293,7 @@ def _replace_kernel_pass(pass_name: str, global_symbol: str, replace: Any) -> An
     return prim_func_pass(pass_name, rewrite)
 
 
-def split_decode_attention_pass(
-    max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = 0
-) -> Any:
+def split_decode_attention_pass(max_cluster: int = 0, gqa: str = "auto", gqa_min_keys: int = 0) -> Any:
     """Module pass: :func:`split_decode_attention` on TVM's decode attention PrimFunc."""
     return _replace_kernel_pass(
         "llmchat_split_decode_attention",

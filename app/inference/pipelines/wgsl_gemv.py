@@ -14,7 +14,10 @@ the same schedule to subgroup shuffles (:mod:`.wgsl_subgroups`).
 8191 whose rows it tiles. In the model on the H200 (``LLMCHAT_WEBGPU_PROFILE=1``,
 ``benchmarks/results/h200-2026-12-02-s10-q4``), µs per GEMV against the rules below: Llama-2-7B
 gate_up 45.8 -> 30.4, qkv 31.4 -> 21.6, o 20.9 -> 17.6; Qwen2.5-3B gate_up 26.4 -> 23.3, qkv 16.4
--> 13.7, o 16.2 -> 13.8. The rules below keep the longer reductions (the down projections).
+-> 13.7, o 16.2 -> 13.8. **Since session 12** ``q4-auto`` also takes the down projections (K up
+to 16,384) and picks its rows per set by the workgroups they give (``MIN_WORKGROUPS`` in
+:mod:`.wgsl_q4_gemv`): 7B down 51.9 -> 25.9 µs, o 17.5 -> 15.6, 3B down 34.3 -> 20.5. The rules below
+keep what it does not tile or what exceeds an adapter's workgroup memory.
 
 Before that, the product compiled the two rules after ``q4-auto``, chosen by the sweep on the H200's
 Vulkan driver (``benchmarks/results/h200-2026-12-02-gemv-sweep``, each GEMV alone, 200 launches per
