@@ -80,6 +80,6 @@ def argmax_kernel(vocab: int) -> Any:
 class GpuArgmax(WebGPUKernelRule):
     """Replace the annotated argmax PrimFunc by :func:`argmax_kernel` (WebGPU targets)."""
 
-    def kernel(self, func: Any) -> Any | None:
+    def kernel(self, func: Any, max_shared: int = 1 << 30) -> Any | None:
         found = argmax_buffers(func)
         return None if found is None else argmax_kernel(found[2])

@@ -135,7 +135,8 @@ class WebGPUKernelRule:
     def is_target_available(self, target: Any) -> bool:
         return target.kind.name == "webgpu"
 
-    def kernel(self, func: Any) -> Any | None:
+    def kernel(self, func: Any, max_shared: int = 1 << 30) -> Any | None:
+        """The new PrimFunc for ``func`` or None; ``max_shared``: the target's workgroup memory."""
         raise NotImplementedError
 
     def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
@@ -143,7 +144,8 @@ class WebGPUKernelRule:
 
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        new = self.kernel(func)
+        limit = target.attrs.get("max_shared_memory_per_block")
+        new = self.kernel(func, int(limit) if limit is not None else 1 << 30)
         if new is None:
             return None
         if func.attrs is not None:

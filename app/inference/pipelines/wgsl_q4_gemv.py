@@ -462,21 +462,13 @@ class WgslQ4Gemv(WebGPUKernelRule):
         self.min_rows = min_rows
         self.max_reduction = max_reduction
 
-    #: workgroup memory of the target (set by :meth:`apply`; unlimited when called directly)
-    max_shared = 1 << 30
-
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
-        limit = target.attrs.get("max_shared_memory_per_block") if target is not None else None
-        self.max_shared = int(limit) if limit is not None else 1 << 30
-        return super().apply(func, target, tunable)
-
-    def kernel(self, func: Any) -> Any | None:
+    def kernel(self, func: Any, max_shared: int = 1 << 30) -> Any | None:
         m = match_q4f16_gemv(func)
         if m is None or m.out_features < self.min_rows or m.in_features > self.max_reduction:
             return None
-        layout = self.layout or choose(m.in_features, m.out_features, self.max_shared)
+        layout = self.layout or choose(m.in_features, m.out_features, max_shared)
         if layout is None or not layout.fits(m.out_features, m.in_features):
             return None
-        if layout.decode.startswith("dp4a") and shared_bytes(layout, m.in_features) > self.max_shared:
+        if layout.decode.startswith("dp4a") and shared_bytes(layout, m.in_features) > max_shared:
             return None
         return build(func, m, layout)

@@ -69,6 +69,6 @@ def rms_norm_kernel(k: int, eps: float) -> Any:
 class WgslRmsNorm(WebGPUKernelRule):
     """Replace TVM's decode rms_norm PrimFunc by :func:`rms_norm_kernel` (WebGPU targets)."""
 
-    def kernel(self, func: Any) -> Any | None:
+    def kernel(self, func: Any, max_shared: int = 1 << 30) -> Any | None:
         found = match_rms_norm(func)
         return None if found is None else rms_norm_kernel(*found)
