@@ -146,10 +146,18 @@ def schedule_rules(target: Any) -> list[Any]:
 
 
 def fusion_passes(target: Any) -> list[Any]:
-    """On WGSL: prologue kernels (RMSNorm, SiLU gate) folded into the GEMV after them, which
-    :func:`schedule_rules` schedules (:mod:`.wgsl_fusion`)."""
-    from app.inference.pipelines.wgsl_fusion import fuse_prologues_pass, use_wgsl_fusion
+    """On WGSL: the RMSNorm and SiLU-gate kernels computed by the int8 GEMV kernel beside them
+    (default), or the prologues grafted into the GEMV after them as :func:`schedule_rules`
+    schedules it (``LLMCHAT_WGSL_FUSION=on``); :mod:`.wgsl_fusion`."""
+    from app.inference.pipelines.wgsl_fusion import (
+        fuse_int8_pass,
+        fuse_prologues_pass,
+        use_int8_fusion,
+        use_wgsl_fusion,
+    )
 
+    if use_int8_fusion(target):
+        return [fuse_int8_pass(target)]
     return [fuse_prologues_pass(schedule_rules(target), target)] if use_wgsl_fusion(target) else []
 
 

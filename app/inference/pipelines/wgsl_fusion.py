@@ -57,10 +57,24 @@ MAX_RECOMPUTED_WEIGHTS = 16 << 20
 
 
 def use_wgsl_fusion(target: Any) -> bool:
-    """Whether :func:`fuse_prologues_pass` runs for ``target``: on webgpu with
-    ``LLMCHAT_WGSL_FUSION=on`` (or ``all``); off by default (slower on the H200, module doc)."""
+    """Whether :func:`fuse_prologues_pass` (the grafted fusion) runs for ``target``: on webgpu
+    with ``LLMCHAT_WGSL_FUSION=on`` (or ``all``); not by default (slower on the H200, module doc)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return target.kind.name == "webgpu" and choice in ("on", "1", "yes", "all")
+
+
+def use_int8_fusion(target: Any) -> bool:
+    """Whether :func:`fuse_int8_pass` runs for ``target``: on webgpu by default (or with
+    ``LLMCHAT_WGSL_FUSION=int8``) where ``q4-auto`` is the first GEMV rule (the default of
+    :mod:`.wgsl_gemv`); ``off`` keeps every kernel apart, ``on``/``all`` the grafted fusion."""
+    from app.inference.pipelines import wgsl_gemv
+    from app.inference.pipelines.wgsl_q4_gemv import WgslQ4Gemv
+
+    choice = os.environ.get(FUSION_ENV, "").strip().lower()
+    if target.kind.name != "webgpu" or choice not in ("", "int8"):
+        return False
+    first = wgsl_gemv.rules()[:1]
+    return bool(first) and isinstance(first[0], WgslQ4Gemv) and first[0].layout is None
 
 
 def recompute_limit() -> int | None:
@@ -70,25 +84,30 @@ def recompute_limit() -> int | None:
     return None if os.environ.get(FUSION_ENV, "").strip().lower() == "all" else MAX_RECOMPUTED_WEIGHTS
 
 
-def is_rms_norm(func: Any) -> bool:
-    """Whether ``func`` is TVM's rms_norm of a float16 ``[1, 1, K]`` row (any epsilon)."""
+def rms_norm_eps(func: Any) -> float | None:
+    """The epsilon of ``func`` when it is TVM's rms_norm of a float16 ``[1, 1, K]`` row, else None."""
     import tvm_ffi
     from tvm import tirx
 
     if not isinstance(func, tirx.PrimFunc) or len(func.params) != 3:
-        return False
+        return None
     x, w, out = func.params
     shapes = [static_shape(b) if hasattr(b, "shape") else None for b in (x, w, out)]
     if any(s is None for s in shapes) or any(str(b.dtype) != "float16" for b in (x, w, out)):
-        return False
+        return None
     xs, ws, os_ = shapes
     if len(xs) != 3 or xs[:2] != [1, 1] or xs != os_ or ws != [xs[2]]:
-        return False
+        return None
     bare = bare_prim_func(func)
-    return any(
-        tvm_ffi.structural_equal(bare, bare_prim_func(reference_rms_norm(xs[2], eps)))
-        for eps in sorted(float_constants(func))
-    )
+    for eps in sorted(float_constants(func)):
+        if tvm_ffi.structural_equal(bare, bare_prim_func(reference_rms_norm(xs[2], eps))):
+            return eps
+    return None
+
+
+def is_rms_norm(func: Any) -> bool:
+    """Whether ``func`` is TVM's rms_norm of a float16 ``[1, 1, K]`` row (any epsilon)."""
+    return rms_norm_eps(func) is not None
 
 
 def prologue_kind(name: str, func: Any) -> str | None:
@@ -371,5 +390,101 @@ def fuse_prologues_pass(rules: list[Any], target: Any) -> Any:
     @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_fuse_prologues")
     def _pass(mod: Any, _ctx: Any) -> Any:
         return fuse_prologues(mod, rules, target)
+
+    return _pass
+
+
+def _fuse_int8_block(
+    block: Any, mod: Any, builder: Any, fused: dict[tuple[str, ...], Any], max_shared: int
+) -> Any:
+    """``block`` with each batch-1 q4f16_1 GEMV that reads an RMSNorm's output and/or feeds a SiLU
+    gate (each read by nothing else) turned into one call of the int8 kernel doing all of it
+    (:func:`.wgsl_q4_gemv.fused_gemv`), or None when there is none."""
+    from tvm import relax
+
+    from app.inference.pipelines.cuda_gemv import match_q4f16_gemv
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv
+
+    users = relax.analysis.udchain(block)
+    by_var = {b.var: b for b in block.bindings if isinstance(b, relax.VarBinding)}
+    out: list[Any] = []
+    dropped, moved = set(), set()
+    for binding in block.bindings:
+        if binding.var in moved:
+            continue  # a SiLU gate now computed by the GEMV before it
+        call = tir_call(binding.value) if isinstance(binding, relax.VarBinding) else None
+        m = match_q4f16_gemv(mod[call[0]]) if call is not None else None
+        if m is None:
+            out.append(binding)
+            continue
+        gv, args = call
+        gemv = mod[gv]
+        xi = next(i for i, p in enumerate(gemv.params) if p.same_as(m.x))
+        vec = args[xi] if xi < len(args) else None
+        norm = None
+        inner = tir_call(by_var[vec].value) if isinstance(vec, relax.DataflowVar) and vec in by_var else None
+        if inner is not None and len(users.get(vec, [])) == 1:
+            eps = rms_norm_eps(mod[inner[0]])
+            norm = None if eps is None else (inner, eps)
+        gate = None
+        readers = users.get(binding.var, [])
+        if isinstance(binding.var, relax.DataflowVar) and len(readers) == 1 and readers[0] in by_var:
+            reader = by_var[readers[0]]
+            gcall = tir_call(reader.value)
+            if (
+                gcall is not None
+                and len(gcall[1]) == 1
+                and silu_gate_width(gcall[0].name_hint, mod[gcall[0]])
+            ):
+                gate = (reader, gcall)
+        if norm is None and gate is None:
+            out.append(binding)
+            continue
+        key = (
+            norm[0][0].name_hint if norm else "",
+            gv.name_hint,
+            gate[1][0].name_hint if gate else "",
+        )
+        if key not in fused:
+            prim = fused_gemv(
+                gemv, norm[1] if norm else None, mod[gate[1][0]].params[-1] if gate else None, max_shared
+            )
+            fused[key] = prim and builder.add_func(prim, "_".join(name for name in key if name))
+        if fused[key] is None:
+            out.append(binding)
+            continue
+        new_args = []
+        for i, arg in enumerate(args):
+            new_args += list(norm[0][1]) if (norm and i == xi) else [arg]
+        result = gate[0].var if gate else binding.var
+        value = builder.normalize(relax.call_tir(fused[key], relax.Tuple(new_args), result.ty))
+        out.append(relax.VarBinding(result, value))
+        if norm:
+            dropped.add(vec)
+        if gate:
+            moved.add(result)
+    if not dropped and not moved:
+        return None
+    return relax.DataflowBlock([b for b in out if b.var not in dropped])
+
+
+def fuse_int8(mod: Any, max_shared: int) -> Any:
+    """``mod`` with the RMSNorm before and the SiLU gate after each batch-1 q4f16_1 GEMV (where
+    :func:`_fuse_int8_block` finds them) computed inside llmchat's int8 GEMV kernel: on the H200
+    the separate kernels cost ~8-10 µs each, mostly Vulkan's fixed cost per dispatch."""
+    return rewrite_dataflow_blocks(
+        mod, lambda block, builder, fused: _fuse_int8_block(block, mod, builder, fused, max_shared)
+    )
+
+
+def fuse_int8_pass(target: Any) -> Any:
+    """Module pass: :func:`fuse_int8` (after FuseTIR, before the dlight rules)."""
+    import tvm
+
+    max_shared = int(target.attrs.get("max_shared_memory_per_block", 16384))
+
+    @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_fuse_int8")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        return fuse_int8(mod, max_shared)
 
     return _pass

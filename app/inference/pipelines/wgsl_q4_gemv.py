@@ -138,14 +138,15 @@ def shared_bytes(layout: Q4GemvLayout, k: int) -> int:
     return padded * (32 * levels + 4 + 4 * levels) + layout.sets * layout.rows * layout.lanes * 4
 
 
-def choose(k: int, n: int, max_shared: int = 1 << 30) -> Q4GemvLayout | None:
+def choose(k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False) -> Q4GemvLayout | None:
     """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 32 lanes a set, 256
-    threads, and the most rows per set (4, 2 or 1) that tile ``n`` in :data:`MIN_WORKGROUPS`
-    workgroups or more (else the fewest that tile it); None for reductions over :data:`MAX_K`,
-    over ``max_shared`` bytes of workgroup memory, or rows no layout tiles: other rules take those."""
+    threads, and the most rows per set (4, 2 or 1; ``pairs``: 4 or 2, gate and up rows) that tile
+    ``n`` in :data:`MIN_WORKGROUPS` workgroups or more (else the fewest that tile it); None for
+    reductions over :data:`MAX_K`, over ``max_shared`` bytes of workgroup memory, or rows no layout
+    tiles: other rules take those."""
     if k > MAX_K:
         return None
-    fitting = [Q4GemvLayout(rows, 32, 256, "dp4a") for rows in (4, 2, 1)]
+    fitting = [Q4GemvLayout(rows, 32, 256, "dp4a") for rows in ((4, 2) if pairs else (4, 2, 1))]
     fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
     for layout in fitting:
         if n // layout.rows_per_workgroup >= MIN_WORKGROUPS:
@@ -280,17 +281,37 @@ def _epilogue(
     return value + r[0, 0, row] if has_res else value
 
 
-def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
+def dp4a_kernel(
+    m: Q4MatmulMatch,
+    layout: Q4GemvLayout,
+    out_dtype: str,
+    norm_eps: float | None = None,
+    silu_pairs: bool = False,
+) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
     four at a time by WGSL's ``dot4I8Packed``: two masks and two integer dot products per word of
     8 weights. ``dp4a``: one int8 level, whose rounding (up to half a step of max|x| / 127 per
     value) is the difference from the float kernels; ``dp4a2``: the rounding's remainder as a
     second int8 level (steps of max|x| / 127 / 254), two more dot products per word, and an error
-    below float16's own."""
+    below float16's own.
+
+    Two kernels of a decode layer fold into it (:mod:`.wgsl_fusion`, one dispatch instead of two):
+
+    - ``norm_eps``: the GEMV's input is TVM's RMSNorm of ``x`` with weight ``nw`` (parameter
+      after ``x``): every workgroup sums ``x^2`` (its threads, then 16 partial sums, two
+      barriers) and stages ``half(rsqrt(sum / K + eps) * x * nw)``, TVM's arithmetic;
+    - ``silu_pairs``: the ``n`` rows are ``gate`` (the first half) and ``up``; each set computes
+      ``rows / 2`` gate rows and the matching up rows and writes ``silu(gate) * up`` in float16,
+      TVM's arithmetic, into an output of ``n / 2``."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
+    has_norm = norm_eps is not None
+    eps = float(norm_eps or 0.0)
+    half = layout.rows // 2
+    n_out = n // 2 if silu_pairs else n
+    red_lanes = 16  # the norm's second level: partial sums of threads / 16 threads each
     rows, lanes, sets, threads = layout.rows, layout.lanes, layout.sets, layout.threads
     levels = 2 if layout.decode == "dp4a2" else 1
     groups = k // 32
@@ -307,16 +328,22 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
     @T.prim_func(private=True)
     def kernel(
         x: T.Buffer((1, 1, k), "float16"),
+        nw: T.Buffer((k,), "float16"),
         w: T.Buffer((n, k // 8), "uint32"),
         s: T.Buffer((n, groups), "float16"),
         b: T.Buffer((n,), "float16"),
         r: T.Buffer((1, 1, n), "float16"),
-        out: T.Buffer((1, 1, n), out_dtype),
+        out: T.Buffer((1, 1, n_out), out_dtype),
     ):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         bx = T.launch_thread("blockIdx.x", blocks)
         ty = T.launch_thread("threadIdx.y", sets)
         tx = T.launch_thread("threadIdx.x", lanes)
+        # the norm's partial sums of squares (threads, then 16) and its scale
+        red = T.decl_buffer((threads,), "float32", scope="shared")
+        red2 = T.decl_buffer((red_lanes,), "float32", scope="shared")
+        ss = T.decl_buffer((1,), "float32", scope="local")
+        usum = T.decl_buffer((1,), "float32", scope="local")
         # the quantized activations, per group and level: two vec4 words of int8 (even / odd
         # values of each 8-value word interleaved) and the sum of the quantized values; the scale
         xq = T.decl_buffer((padded * 2 * levels,), "uint32x4", scope="shared")
@@ -335,15 +362,52 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         isum = T.decl_buffer((levels,), "int32", scope="local")
         gsum = T.decl_buffer((1,), "float32", scope="local")
         row0 = (bx * sets + ty) * rows
+        # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
+        # matching up rows n / 2 + g0 + rr - half
+        g0 = (bx * sets + ty) * half
         tid = ty * lanes + tx
         # the first step's weights (DRAM) go out before the staging
         for rr in T.unroll(rows):
-            wq[T.ramp(rr * 4, 1, 4)] = w.vload([row0 + rr, T.min(tx, groups - 1) * 4], "uint32x4")
-            sc[rr] = s[row0 + rr, T.min(tx, groups - 1)]
+            wq[T.ramp(rr * 4, 1, 4)] = w.vload(
+                [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx, groups - 1) * 4], "uint32x4"
+            )
+            sc[rr] = s[_row(silu_pairs, row0, g0, rr, half, n), T.min(tx, groups - 1)]
+        if has_norm:
+            ss[0] = T.float32(0)
+            for st in T.unroll(stage_iters):
+                for j in T.unroll(32):
+                    ss[0] = ss[0] + T.if_then_else(
+                        tid + st * threads < groups,
+                        T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
+                        * T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]),
+                        T.float32(0),
+                    )
+            red[tid] = ss[0]
+            T.tvm_storage_sync("shared")
+            if tid < red_lanes:
+                ss[0] = T.float32(0)
+                for i in T.unroll(threads // red_lanes):
+                    ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
+                red2[tid] = ss[0]
+            T.tvm_storage_sync("shared")
+            ss[0] = T.float32(0)
+            for i in T.unroll(red_lanes):
+                ss[0] = ss[0] + red2[i]
+            ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(eps))
         for st in T.unroll(stage_iters):
             amax[0] = T.float32(0)
             for j in T.unroll(32):
                 xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
+                if has_norm:
+                    xv[j] = T.Cast(
+                        "float32",
+                        T.Cast(
+                            "float16",
+                            ss[0]
+                            * xv[j]
+                            * T.Cast("float32", nw[T.min(tid + st * threads, groups - 1) * 32 + j]),
+                        ),
+                    )
                 amax[0] = T.max(amax[0], T.fabs(xv[j]))
             for lv in T.unroll(levels):
                 qsum[lv] = 0
@@ -386,9 +450,12 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
             if ld > 0 and ld < iters:
                 for rr in T.unroll(rows):
                     wq[T.ramp((ld % slots * rows + rr) * 4, 1, 4)] = w.vload(
-                        [row0 + rr, T.min(tx + ld * lanes, groups - 1) * 4], "uint32x4"
+                        [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1) * 4],
+                        "uint32x4",
                     )
-                    sc[ld % slots * rows + rr] = s[row0 + rr, T.min(tx + ld * lanes, groups - 1)]
+                    sc[ld % slots * rows + rr] = s[
+                        _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1)
+                    ]
             for lv in T.unroll(levels):
                 xw[T.ramp(lv * 8, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2]
                 xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1]
@@ -424,13 +491,35 @@ def dp4a_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
         for rr in T.unroll(rows):
             part[(ty * rows + rr) * lanes + tx] = acc[rr]
         T.tvm_storage_sync("shared")
-        gsum[0] = T.float32(0)
-        for ln in T.unroll(lanes):
-            gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
-        if tx < rows:
-            out[0, 0, row0 + tx] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
+        if silu_pairs:
+            # lane l < half: gate row l of the set and its up row (half + l)
+            gsum[0] = T.float32(0)
+            usum[0] = T.float32(0)
+            for ln in T.unroll(lanes):
+                gsum[0] = gsum[0] + part[(ty * rows + tx % half) * lanes + ln]
+                usum[0] = usum[0] + part[(ty * rows + half + tx % half) * lanes + ln]
+            if tx < half:
+                out[0, 0, g0 + tx] = (
+                    T.Cast("float16", gsum[0])
+                    * T.sigmoid(T.Cast("float16", gsum[0]))
+                    * T.Cast("float16", usum[0])
+                )
+        else:
+            gsum[0] = T.float32(0)
+            for ln in T.unroll(lanes):
+                gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
+            if tx < rows:
+                out[0, 0, row0 + tx] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
 
     return kernel
+
+
+def _row(silu_pairs: bool, row0: Any, g0: Any, rr: Any, half: int, n: int) -> Any:
+    """The weight row of a set's row ``rr``: ``row0 + rr``; with SiLU pairs the gate rows
+    ``g0 + rr`` (``rr < half``), then their up rows ``n / 2 + g0 + rr - half``."""
+    if not silu_pairs:
+        return row0 + rr
+    return g0 + rr % half + (rr // half) * (n // 2)
 
 
 def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
@@ -441,14 +530,70 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
     for buf in (m.x, m.out, m.residual):
         if buf is not None and (static_shape(buf) or [0])[:-1] != [1, 1]:
             return None
-    make = dp4a_kernel if layout.decode.startswith("dp4a") else gemv_kernel
-    new = make(m, layout, str(m.out.dtype))
-    roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params, strict=True))
+    if layout.decode.startswith("dp4a"):
+        new = dp4a_kernel(m, layout, str(m.out.dtype))
+        roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out"), new.params, strict=True))
+    else:
+        new = gemv_kernel(m, layout, str(m.out.dtype))
+        roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params, strict=True))
     old_roles = {"x": m.x, "w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual, "out": m.out}
     params = []
     for p in func.params:
         role = next(name for name, b in old_roles.items() if b is not None and b.same_as(p))
         params.append(roles[role])
+    return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
+
+
+#: workgroup memory the RMSNorm prologue adds (:func:`dp4a_kernel`): the threads' partial sums of
+#: squares and 16 second-level sums, float32
+def norm_shared_bytes(layout: Q4GemvLayout) -> int:
+    return 4 * (layout.threads + 16)
+
+
+def fused_gemv(gemv: Any, norm_eps: float | None, silu_out: Any | None, max_shared: int) -> Any | None:
+    """The GEMV ``gemv`` as one int8 kernel (:func:`dp4a_kernel` in :func:`choose`'s layout) that
+    also computes its input's RMSNorm (``norm_eps``) and/or the SiLU gate of its output
+    (``silu_out``: the ``[1, 1, n / 2]`` float16 buffer the gate kernel wrote). Parameters:
+    ``gemv``'s in its order, its vector replaced by (``x``, the norm's weight) with the norm, its
+    output by ``silu_out`` with the gate. None where the kernel does not take the GEMV (not a
+    batch-1 q4f16_1 GEMV, K over :data:`MAX_K`, rows it does not tile, a gate after a bias or a
+    residual, over ``max_shared``): the kernels stay apart."""
+    from tvm import tirx
+
+    m = match_q4f16_gemv(gemv)
+    if m is None:
+        return None
+    for buf in (m.x, m.out, m.residual):
+        if buf is not None and (static_shape(buf) or [0])[:-1] != [1, 1]:
+            return None
+    pairs = silu_out is not None
+    if pairs and (
+        m.bias is not None
+        or m.residual is not None
+        or str(m.out.dtype) != "float16"
+        or str(silu_out.dtype) != "float16"
+        or (static_shape(silu_out) or [0])[-1] * 2 != m.out_features
+    ):
+        return None
+    probe = Q4GemvLayout(4, 32, 256, "dp4a")
+    extra = norm_shared_bytes(probe) if norm_eps is not None else 0
+    layout = choose(m.in_features, m.out_features, max_shared - extra, pairs=pairs)
+    if layout is None:
+        return None
+    new = dp4a_kernel(m, layout, str(m.out.dtype), norm_eps=norm_eps, silu_pairs=pairs)
+    roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out"), new.params, strict=True))
+    old_roles = {"w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual}
+    params = []
+    for p in gemv.params:
+        if p.same_as(m.x):
+            params += [roles["x"], roles["nw"]] if norm_eps is not None else [roles["x"]]
+        elif p.same_as(m.out):
+            continue
+        else:
+            params.append(
+                roles[next(name for name, b in old_roles.items() if b is not None and b.same_as(p))]
+            )
+    params.append(roles["out"])
     return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
 
 

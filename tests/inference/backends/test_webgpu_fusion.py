@@ -283,6 +283,27 @@ def test_fusion_cuts_three_launches_per_layer_and_one_for_the_logits(monkeypatch
     assert sum(on[name] for name in fused) == 3 * layers + 1  # each fused pair: one launch
 
 
+def test_the_default_int8_fusion_cuts_the_same_launches(monkeypatch):
+    """By default the int8 GEMV kernel computes the norm before q/k/v, gate_up and the logits and
+    the SiLU gate after gate_up: the same three launches a layer and one for the logits fewer,
+    with the gate_up GEMV taking both its norm and its gate (one launch for three kernels)."""
+    off = _tiny_counts(monkeypatch, "off")
+    default = _tiny_counts(monkeypatch, "")
+    layers = 2
+    assert wgsl_fusion.use_int8_fusion(_target())
+    assert "rms_norm" not in default and "fused_split_silu_multiply" not in default
+    assert sum(off.values()) - sum(default.values()) == 3 * layers + 1
+    triple = [
+        name
+        for name in default
+        if name.startswith("rms_norm_") and name.endswith("_fused_split_silu_multiply")
+    ]
+    assert len(triple) == 1 and default[triple[0]] == layers
+    assert sum(v for name, v in default.items() if name.startswith("rms_norm_")) == 2 * layers + 1
+    monkeypatch.setenv("LLMCHAT_WGSL_GEMV", "t8-b256-l16-u4-mb128")  # no int8 kernel: no fusion
+    assert not wgsl_fusion.use_int8_fusion(_target())
+
+
 def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_model_dir, monkeypatch):
     """The kernel launches counted from the scheduled module of a tiny model are the dispatches
     llmchat's device API records per greedy decode step (fusion on, then off)."""
@@ -293,7 +314,7 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
     from app.inference.hardware.device_spec import DeviceSpec
 
     model_dir = tiny_model_dir("llama", "q4f16_1")
-    for fusion in ("on", "off"):
+    for fusion in ("on", "off", "int8"):
         monkeypatch.setenv(wgsl_fusion.FUSION_ENV, fusion)
         engine = load_engine(model_dir, device="vulkan")
         try:
@@ -323,7 +344,10 @@ def test_the_switch_is_part_of_the_library_key(monkeypatch):
     assert on != off
     assert wgsl_fusion.use_wgsl_fusion(_target()) is False
     monkeypatch.delenv(wgsl_fusion.FUSION_ENV)
-    assert wgsl_fusion.use_wgsl_fusion(_target()) is False  # off by default (slower on the H200)
+    assert wgsl_fusion.use_wgsl_fusion(_target()) is False  # not by default (slower on the H200)
+    assert wgsl_fusion.use_int8_fusion(_target()) is True  # the int8 kernel's instead
+    default = library_key(cfg, "vulkan", "wgsl-f16-wg49152-t256").digest()
+    assert default not in (on, off)
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
     assert wgsl_fusion.use_wgsl_fusion(cuda) is False
     assert gpu.fusion_passes(cuda) == []

@@ -166,3 +166,67 @@ def test_rule_limits_from_the_name_and_the_automatic_choice():
     assert wgsl_q4_gemv.choose(11008, 4096, max_shared=need - 1).name == "q4-r1-l32-t256-dp4a"
     assert wgsl_q4_gemv.choose(11008, 4096, max_shared=16384) is None
     assert wgsl_q4_gemv.choose(4096, 36) is None  # no layout tiles 36 rows
+
+
+FUSED_CASES = [
+    # k, n (the GEMV's rows: gate and up with the SiLU gate), epilogue, RMSNorm before, SiLU after
+    (4096, 512, "res", True, False),  # a 7B o/down-like row with the norm (qkv) and a residual
+    (896, 1152, "bias", True, False),  # Qwen2.5-0.5B q/k/v: bias, 28 groups (lanes idle)
+    (11008, 256, "f16", False, True),  # a row over 256 groups: two staging steps
+    (4096, 1024, "f16", True, True),  # Llama's gate_up: the norm before, the gate after
+    (2048, 64, "f16", True, True),  # 2 rows a set (64 rows: fewer than 256 workgroups)
+    (896, 2048, "f32", True, False),  # the logits: float32 out
+]
+
+
+def _rms64(x: np.ndarray, nw: np.ndarray, eps: float) -> np.ndarray:
+    """TVM's rms_norm in float64, rounded to float16 as its kernel writes it."""
+    x64 = x.astype(np.float64).reshape(-1)
+    v = x64 / np.sqrt(np.mean(x64 * x64) + eps) * nw.astype(np.float64)
+    return v.astype(np.float16)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "epilogue", "norm", "gate"),
+    FUSED_CASES,
+    ids=[f"{c[0]}x{c[1]}-{c[2]}{'-norm' if c[3] else ''}{'-silu' if c[4] else ''}" for c in FUSED_CASES],
+)
+def test_int8_kernel_with_the_norm_and_the_gate_matches_float64_on_vulkan(
+    k, n, epilogue, norm, gate, tmp_path
+):
+    """The RMSNorm before and the SiLU gate after a GEMV, computed by the int8 kernel itself
+    (``fused_gemv``): one dispatch, what numpy computes in float64 from the same int8 rounding."""
+    import tvm
+
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv
+
+    need_vulkan()
+    eps = 1e-5
+    func = q4_matmul_func(k, n, epilogue)
+    silu_out = tvm.tirx.decl_buffer((1, 1, n // 2), "float16", name="gated") if gate else None
+    new = fused_gemv(func, eps if norm else None, silu_out, 32768)
+    assert new is not None, "the int8 kernel did not take the GEMV"
+    run = _matmul_run(k, n, epilogue, 1, seed=k + 3 * n)
+    x, w, s = run.args[:3]
+    x = (x.astype(np.float32) * 3).astype(np.float16)  # a norm far from 1
+    nw = (1 + 0.25 * np.random.default_rng(k).standard_normal(k)).astype(np.float16)
+    v = _rms64(x, nw, eps).reshape(x.shape) if norm else x
+    expected = q4_matmul64(_int8_rounded(v)[0], w, s)[None]
+    extras = run.args[3:-1]
+    if epilogue == "bias":
+        expected = (expected + extras[0].astype(np.float64)).astype(np.float16).astype(np.float64)
+    elif epilogue == "res":
+        expected = expected.astype(np.float16).astype(np.float64) + extras[0].astype(np.float64)
+    if gate:
+        g, u = expected[..., : n // 2].astype(np.float16), expected[..., n // 2 :].astype(np.float16)
+        g64 = g.astype(np.float64)
+        expected = (g64 / (1 + np.exp(-g64))).astype(np.float16).astype(np.float64) * u.astype(np.float64)
+    out = np.zeros(expected.shape, run.args[-1].dtype)
+    args = [x, *([nw] if norm else []), w, s, *extras, out]
+    got = _run_on_vulkan(new, args, tmp_path, name="fused")
+    what = f"fused k={k} n={n} {epilogue} norm={norm} gate={gate}"
+    _close(got, expected, MATMUL_TOL, what)
+    bad = got.copy()
+    bad[0, 0, -1] += np.float32(0.05) * max(1.0, float(np.abs(got).max()))
+    with pytest.raises(AssertionError):
+        _close(bad, expected, MATMUL_TOL, what)
