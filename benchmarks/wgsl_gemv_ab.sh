@@ -19,7 +19,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|s0|v2all|s0all) echo "";;                               # the product's default
+    cur|fuse|nofuse|s0|v2all|s0all) echo "";;                        # the product's default
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -34,7 +34,8 @@ rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switc
 }
 env_of() {  # other kernel switches of a set
   case $1 in
-    fuse) echo "LLMCHAT_WGSL_FUSION=on";;                           # RMSNorm / SiLU inside the GEMVs
+    fuse) echo "LLMCHAT_WGSL_FUSION=on";;                           # RMSNorm / SiLU grafted into the GEMVs
+    nofuse) echo "LLMCHAT_WGSL_FUSION=off";;                        # RMSNorm / SiLU kernels of their own
     s0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0";;            # attention: chunks from the first page
     v2all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-all";;             # attention v2 for 32 KV heads too
     s0all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0-all";;
