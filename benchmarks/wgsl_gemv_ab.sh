@@ -9,7 +9,8 @@
 # the run sets the same value). PRESETS (default qwen2.5-3b,llama2-7b) and ARCH (default the H200's
 # WGSL profile) as for benchmarks/gpu_decode.py. On the GPU machine carry .whl, .gl,
 # scratch/whl-hub and DIR; the run writes loop_SET.log / gpuprof_SET.log and all.tgz into $OUT and
-# stops starting new sets after BUDGET_S seconds (default 480).
+# stops starting new sets after BUDGET_S seconds (default 480). BENCH=1: only the bench protocol
+# (gpu_decode.py run: decode tok/s, 1-token prompt, 512 tokens, best of 3) of each set.
 set -u
 cd "$(dirname "$0")/.."
 CMD=${1:?compile or run}; DIR=${2:?a folder for the libraries}; shift 2
@@ -19,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|s0|v2all|s0all) echo "";;                        # the product's default
+    cur|fuse|nofuse|norm|silu|s0|v2all|s0all) echo "";;              # the product's default
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -36,6 +37,8 @@ env_of() {  # other kernel switches of a set
   case $1 in
     fuse) echo "LLMCHAT_WGSL_FUSION=on";;                           # RMSNorm / SiLU grafted into the GEMVs
     nofuse) echo "LLMCHAT_WGSL_FUSION=off";;                        # RMSNorm / SiLU kernels of their own
+    norm) echo "LLMCHAT_WGSL_FUSION=int8-norm";;                    # the int8 GEMVs take the RMSNorm only
+    silu) echo "LLMCHAT_WGSL_FUSION=int8-silu";;                    # ... the SiLU gate only
     s0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0";;            # attention: chunks from the first page
     v2all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-all";;             # attention v2 for 32 KV heads too
     s0all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0-all";;
@@ -67,6 +70,12 @@ O=$OUTDIR
 for s in $SETS; do
   [ $(( $(date +%s) - _device_env_start )) -gt "${BUDGET_S:-480}" ] && { stamp "out of time before $s"; break; }
   use "$s"
+  if [ -n "${BENCH:-}" ]; then  # the bench protocol only: decode tok/s of each preset
+    timeout 120 python3 benchmarks/gpu_decode.py run --backend vulkan --cache "$DIR/$s" --presets "$PRESETS" \
+      --plain "" --check-steps 8 --out "$O/bench_$s.json" > "$O/bench_$s.log" 2>&1
+    stamp "bench $s rc=$?: $(grep -o '"decode_tok_s": [0-9.]*' "$O/bench_$s.log" | paste -sd' ')"
+    continue
+  fi
   timeout 60 python3 benchmarks/vulkan_profile.py --cache "$DIR/$s" --presets "$PRESETS" --steps 64 > "$O/loop_$s.log" 2>&1
   stamp "loop $s rc=$?: $(grep -o '"preset": "[^"]*", "steps": 64, "ms_per_step": [0-9.]*' "$O/loop_$s.log" | paste -sd' ')"
   LLMCHAT_WEBGPU_PROFILE=1 timeout 60 python3 benchmarks/vulkan_profile.py --cache "$DIR/$s" --presets "$PRESETS" \
@@ -81,5 +90,5 @@ for line in open(sys.argv[1]):
         print(f"  {d['preset']} GPU {d['gpu_ms_per_step']} ms/step; {top}")
 PY
 done
-(cd "$O" && tar czf all.tgz ./*.log ./*.txt 2>/dev/null)
+(cd "$O" && tar czf all.tgz ./*.log ./*.txt ./*.json 2>/dev/null)
 stamp end

@@ -70,8 +70,7 @@ def use_int8_fusion(target: Any) -> bool:
     from app.inference.pipelines import wgsl_gemv
     from app.inference.pipelines.wgsl_q4_gemv import WgslQ4Gemv
 
-    choice = os.environ.get(FUSION_ENV, "").strip().lower()
-    if target.kind.name != "webgpu" or choice not in ("", "int8"):
+    if target.kind.name != "webgpu" or not int8_fusion_parts():
         return False
     first = wgsl_gemv.rules()[:1]
     return bool(first) and isinstance(first[0], WgslQ4Gemv) and first[0].layout is None
@@ -395,7 +394,12 @@ def fuse_prologues_pass(rules: list[Any], target: Any) -> Any:
 
 
 def _fuse_int8_block(
-    block: Any, mod: Any, builder: Any, fused: dict[tuple[str, ...], Any], max_shared: int
+    block: Any,
+    mod: Any,
+    builder: Any,
+    fused: dict[tuple[str, ...], Any],
+    max_shared: int,
+    parts: tuple[str, ...],
 ) -> Any:
     """``block`` with each batch-1 q4f16_1 GEMV that reads an RMSNorm's output and/or feeds a SiLU
     gate (each read by nothing else) turned into one call of the int8 kernel doing all of it
@@ -423,12 +427,17 @@ def _fuse_int8_block(
         vec = args[xi] if xi < len(args) else None
         norm = None
         inner = tir_call(by_var[vec].value) if isinstance(vec, relax.DataflowVar) and vec in by_var else None
-        if inner is not None and len(users.get(vec, [])) == 1:
+        if "norm" in parts and inner is not None and len(users.get(vec, [])) == 1:
             eps = rms_norm_eps(mod[inner[0]])
             norm = None if eps is None else (inner, eps)
         gate = None
         readers = users.get(binding.var, [])
-        if isinstance(binding.var, relax.DataflowVar) and len(readers) == 1 and readers[0] in by_var:
+        if (
+            "silu" in parts
+            and isinstance(binding.var, relax.DataflowVar)
+            and len(readers) == 1
+            and readers[0] in by_var
+        ):
             reader = by_var[readers[0]]
             gcall = tir_call(reader.value)
             if (
@@ -468,13 +477,26 @@ def _fuse_int8_block(
     return relax.DataflowBlock([b for b in out if b.var not in dropped])
 
 
-def fuse_int8(mod: Any, max_shared: int) -> Any:
+def fuse_int8(mod: Any, max_shared: int, parts: tuple[str, ...] = ("norm", "silu")) -> Any:
     """``mod`` with the RMSNorm before and the SiLU gate after each batch-1 q4f16_1 GEMV (where
     :func:`_fuse_int8_block` finds them) computed inside llmchat's int8 GEMV kernel: on the H200
     the separate kernels cost ~8-10 µs each, mostly Vulkan's fixed cost per dispatch."""
     return rewrite_dataflow_blocks(
-        mod, lambda block, builder, fused: _fuse_int8_block(block, mod, builder, fused, max_shared)
+        mod, lambda block, builder, fused: _fuse_int8_block(block, mod, builder, fused, max_shared, parts)
     )
+
+
+def int8_fusion_parts() -> tuple[str, ...]:
+    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): ``norm`` and ``silu`` by
+    default (or ``int8``), one of them with ``int8-norm`` / ``int8-silu`` (for A/B runs), none
+    for any other value."""
+    choice = os.environ.get(FUSION_ENV, "").strip().lower()
+    return {
+        "": ("norm", "silu"),
+        "int8": ("norm", "silu"),
+        "int8-norm": ("norm",),
+        "int8-silu": ("silu",),
+    }.get(choice, ())
 
 
 def fuse_int8_pass(target: Any) -> Any:
@@ -485,6 +507,6 @@ def fuse_int8_pass(target: Any) -> Any:
 
     @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_fuse_int8")
     def _pass(mod: Any, _ctx: Any) -> Any:
-        return fuse_int8(mod, max_shared)
+        return fuse_int8(mod, max_shared, int8_fusion_parts())
 
     return _pass

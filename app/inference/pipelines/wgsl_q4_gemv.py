@@ -343,6 +343,7 @@ def dp4a_kernel(
         red = T.decl_buffer((threads,), "float32", scope="shared")
         red2 = T.decl_buffer((red_lanes,), "float32", scope="shared")
         ss = T.decl_buffer((1,), "float32", scope="local")
+        xr = T.decl_buffer((stage_iters * 32 if has_norm else 1,), "float32", scope="local")
         usum = T.decl_buffer((1,), "float32", scope="local")
         # the quantized activations, per group and level: two vec4 words of int8 (even / odd
         # values of each 8-value word interleaved) and the sum of the quantized values; the scale
@@ -376,11 +377,12 @@ def dp4a_kernel(
             ss[0] = T.float32(0)
             for st in T.unroll(stage_iters):
                 for j in T.unroll(32):
+                    # the thread's values stay in registers for the staging below
+                    xr[st * 32 + j] = T.Cast(
+                        "float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]
+                    )
                     ss[0] = ss[0] + T.if_then_else(
-                        tid + st * threads < groups,
-                        T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
-                        * T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]),
-                        T.float32(0),
+                        tid + st * threads < groups, xr[st * 32 + j] * xr[st * 32 + j], T.float32(0)
                     )
             red[tid] = ss[0]
             T.tvm_storage_sync("shared")
@@ -397,17 +399,18 @@ def dp4a_kernel(
         for st in T.unroll(stage_iters):
             amax[0] = T.float32(0)
             for j in T.unroll(32):
-                xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
                 if has_norm:
                     xv[j] = T.Cast(
                         "float32",
                         T.Cast(
                             "float16",
                             ss[0]
-                            * xv[j]
+                            * xr[st * 32 + j]
                             * T.Cast("float32", nw[T.min(tid + st * threads, groups - 1) * 32 + j]),
                         ),
                     )
+                else:
+                    xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
                 amax[0] = T.max(amax[0], T.fabs(xv[j]))
             for lv in T.unroll(levels):
                 qsum[lv] = 0

@@ -262,7 +262,15 @@ struct Context {
   WGPUBuffer uniform = nullptr;  // scalar arguments, one slot per dispatch
   std::vector<uint8_t> uniform_host;
   size_t uniform_used = 0;
+  // where the slots not yet written to the GPU begin: a submission writes only its own slots, so
+  // the work submitted before it keeps reading the slots it was recorded with
+  size_t uniform_start = 0;
   uint32_t uniform_align = 256;
+
+  // LLMCHAT_WEBGPU_SUBMIT_EVERY=N: submit the pending encoder after every N dispatches, so the GPU
+  // runs the first kernels of a step while the host records the rest (0: only when the host
+  // needs a result)
+  int64_t submit_every = 0, since_submit = 0;
 
   WGPUBuffer upload = nullptr;  // host->device copies inside the pending encoder
   size_t upload_used = 0;
@@ -389,6 +397,8 @@ static Context* get_context(int index) {
   // WGSL with `enable subgroups;` (a library built for a -sgN profile) needs the feature on the
   // device; code built without subgroups runs the same with it
   if (a.subgroups) features.push_back(a.subgroup_feature);
+  const char* every_env = getenv("LLMCHAT_WEBGPU_SUBMIT_EVERY");
+  const int64_t submit_every = every_env != nullptr ? std::max<int64_t>(0, strtoll(every_env, nullptr, 10)) : 0;
   const char* profile_env = getenv("LLMCHAT_WEBGPU_PROFILE");
   const bool want_profile = profile_env != nullptr && std::string(profile_env) == "1";
   if (want_profile && a.timestamps) {
@@ -451,6 +461,7 @@ static Context* get_context(int index) {
     check(ctx.get(), "creating the profiler's timestamp queries");
     ctx->profiling = true;
   }
+  ctx->submit_every = submit_every;
 
   if (all.size() <= static_cast<size_t>(index)) all.resize(index + 1);
   all[index] = std::move(ctx);
@@ -520,10 +531,14 @@ static void flush(Context* ctx) {
   WGPUCommandBuffer cmd = wgpuCommandEncoderFinish(ctx->encoder, nullptr);
   wgpuCommandEncoderRelease(ctx->encoder);
   ctx->encoder = nullptr;
-  if (ctx->uniform_used) wgpuQueueWriteBuffer(ctx->queue, ctx->uniform, 0, ctx->uniform_host.data(), ctx->uniform_used);
+  if (ctx->uniform_used > ctx->uniform_start) {
+    wgpuQueueWriteBuffer(ctx->queue, ctx->uniform, ctx->uniform_start, ctx->uniform_host.data() + ctx->uniform_start,
+                         ctx->uniform_used - ctx->uniform_start);
+  }
   ctx->last_submission = wgpuQueueSubmitForIndex(ctx->queue, 1, &cmd);
   wgpuCommandBufferRelease(cmd);
-  ctx->uniform_used = 0;
+  ctx->uniform_start = ctx->uniform_used;
+  ctx->since_submit = 0;
   ctx->upload_used = 0;
   ctx->submits++;
   ctx->submit_ns += now_ns() - t0;
@@ -1092,7 +1107,10 @@ class WebGPUModule final : public ffi::ModuleObj {
     if (ctx->profiling && ctx->query_names.size() + 2 > kProfileQueries) flush(ctx);
     // scalars into the uniform ring
     size_t slot = round_up(k->pod_bytes, ctx->uniform_align);
-    if (ctx->uniform_used + slot > ctx->uniform_host.size()) flush(ctx);
+    if (ctx->uniform_used + slot > ctx->uniform_host.size()) {  // the ring is full: start it again
+      flush(ctx);
+      ctx->uniform_used = ctx->uniform_start = 0;
+    }
     uint32_t offset = static_cast<uint32_t>(ctx->uniform_used);
     uint8_t* pod = ctx->uniform_host.data() + offset;
     for (size_t i = 0; i < k->pod_args.size(); ++i) {
@@ -1170,6 +1188,7 @@ class WebGPUModule final : public ffi::ModuleObj {
     }
     ctx->dispatches++;
     ctx->record_ns += now_ns() - t0;
+    if (ctx->submit_every > 0 && ++ctx->since_submit >= ctx->submit_every) flush(ctx);
   }
 
   std::unordered_map<std::string, FunctionInfo> fmap_;
