@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|s0|v2all|s0all) echo "";;              # the product's default
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -39,6 +39,8 @@ env_of() {  # other kernel switches of a set
     nofuse) echo "LLMCHAT_WGSL_FUSION=off";;                        # RMSNorm / SiLU kernels of their own
     norm) echo "LLMCHAT_WGSL_FUSION=int8-norm";;                    # the int8 GEMVs take the RMSNorm only
     silu) echo "LLMCHAT_WGSL_FUSION=int8-silu";;                    # ... the SiLU gate only
+    both) echo "LLMCHAT_WGSL_FUSION=int8";;                         # ... both, whatever the row
+    pre2|pre4|pre8) echo "LLMCHAT_WGSL_Q4_PRELOAD=${1#pre}";;       # q4-auto: steps loaded before the staging
     s0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0";;            # attention: chunks from the first page
     v2all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-all";;             # attention v2 for 32 KV heads too
     s0all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0-all";;
@@ -47,7 +49,7 @@ env_of() {  # other kernel switches of a set
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
 use() {
   local r e; r=$(rules "$1") || exit 2
-  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION
+  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD
   if [ -n "$r" ]; then export LLMCHAT_WGSL_GEMV=$r; fi
   for e in $(env_of "$1"); do export "${e?}"; done
 }

@@ -427,7 +427,8 @@ def _fuse_int8_block(
         vec = args[xi] if xi < len(args) else None
         norm = None
         inner = tir_call(by_var[vec].value) if isinstance(vec, relax.DataflowVar) and vec in by_var else None
-        if "norm" in parts and inner is not None and len(users.get(vec, [])) == 1:
+        takes_norm = "norm" in parts or ("norm-short" in parts and m.in_features <= INT8_NORM_MAX_K)
+        if takes_norm and inner is not None and len(users.get(vec, [])) == 1:
             eps = rms_norm_eps(mod[inner[0]])
             norm = None if eps is None else (inner, eps)
         gate = None
@@ -486,13 +487,24 @@ def fuse_int8(mod: Any, max_shared: int, parts: tuple[str, ...] = ("norm", "silu
     )
 
 
+#: the default takes the RMSNorm into the int8 GEMV only for rows of this many values or fewer.
+#: H200, NVIDIA's Vulkan driver, decode tok/s by the bench protocol, same session
+#: (benchmarks/results/h200-2026-12-03-s13/sweep): the norm inside every GEMV after it against
+#: its own kernel, Qwen2.5-0.5B (K = 896) 737.0 against 681.4, Qwen2.5-3B (K = 2048) 321.1 against
+#: 344.9, Llama-2-7B (K = 4096) 228.7 against 244.8. Each workgroup sums the squares of the row
+#: before it stages it: two barriers and a longer start, which costs more than the dispatch it
+#: saves on the longer rows.
+INT8_NORM_MAX_K = 1024
+
+
 def int8_fusion_parts() -> tuple[str, ...]:
-    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): ``norm`` and ``silu`` by
-    default (or ``int8``), one of them with ``int8-norm`` / ``int8-silu`` (for A/B runs), none
-    for any other value."""
+    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default the SiLU gate
+    (``silu``) and the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``); ``int8``
+    both everywhere, ``int8-norm`` / ``int8-silu`` one of them (for A/B runs); none for any other
+    value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
-        "": ("norm", "silu"),
+        "": ("norm-short", "silu"),
         "int8": ("norm", "silu"),
         "int8-norm": ("norm",),
         "int8-silu": ("silu",),

@@ -31,6 +31,7 @@ with ``R`` rows per set, ``L`` lanes per set, ``T`` threads per workgroup.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,9 @@ class Q4GemvLayout:
     decode: str = "unpack"
     #: int8 kernels: load the next step's weights before this step's dot products (two register sets)
     prefetch: bool = False
+    #: int8 kernels without ``prefetch``: the steps whose weights are loaded before the vector is
+    #: staged (as many register sets); each later step's load goes out ``preload - 1`` steps ahead
+    preload: int = 1
 
     @property
     def sets(self) -> int:
@@ -76,6 +80,7 @@ class Q4GemvLayout:
             f"q4-r{self.rows}-l{self.lanes}-t{self.threads}"
             + ("" if self.decode == "unpack" else f"-{self.decode}")
             + ("-pf" if self.prefetch else "")
+            + (f"-pre{self.preload}" if self.preload > 1 else "")
         )
 
 
@@ -97,12 +102,16 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
         rows, lanes, threads = (int(p[1:]) for p, c in zip(parts[1:4], "rlt", strict=True) if p[:1] == c)
     except ValueError:
         return None
-    decode, min_rows, max_k, prefetch = "unpack", 0, 1 << 30, False
+    decode, min_rows, max_k, prefetch, preload = "unpack", 0, 1 << 30, False, 1
     for opt in parts[4:]:
         if opt in ("f32", "dp4a", "dp4a2") and decode == "unpack":
             decode = opt
-        elif opt == "pf" and decode.startswith("dp4a"):
+        elif opt == "pf" and decode.startswith("dp4a") and preload == 1:
             prefetch = True
+        elif opt.startswith("pre") and opt[3:].isdigit() and decode.startswith("dp4a") and not prefetch:
+            preload = int(opt[3:])
+            if not 1 <= preload <= 8:
+                return None
         elif opt.startswith("nmin") and opt[4:].isdigit():
             min_rows = int(opt[4:])
         elif opt.startswith("kmax") and opt[4:].isdigit():
@@ -111,7 +120,7 @@ def parse_rule(name: str) -> tuple[Q4GemvLayout, int, int] | None:
             return None
     if rows < 1 or lanes < 1 or threads > 256 or threads % lanes or rows > 8:
         return None
-    return Q4GemvLayout(rows, lanes, threads, decode, prefetch), min_rows, max_k
+    return Q4GemvLayout(rows, lanes, threads, decode, prefetch, preload), min_rows, max_k
 
 
 #: the longest reduction ``q4-auto`` takes: the int8 kernel stages the whole quantized vector in
@@ -138,6 +147,27 @@ def shared_bytes(layout: Q4GemvLayout, k: int) -> int:
     return padded * (32 * levels + 4 + 4 * levels) + layout.sets * layout.rows * layout.lanes * 4
 
 
+#: the switch for ``q4-auto``'s :attr:`Q4GemvLayout.preload` (part of the library cache key)
+PRELOAD_ENV = "LLMCHAT_WGSL_Q4_PRELOAD"
+#: ``q4-auto``'s steps of weights loaded before the staging, unless ``LLMCHAT_WGSL_Q4_PRELOAD``
+#: names another number
+PRELOAD = 1
+
+
+def preload_steps() -> int:
+    """:data:`PRELOAD`, or the number ``LLMCHAT_WGSL_Q4_PRELOAD`` names (1 to 8)."""
+    from app.errors import LlmchatError
+
+    raw = os.environ.get(PRELOAD_ENV, "").strip()
+    if not raw:
+        return PRELOAD
+    if not raw.isdigit() or not 1 <= int(raw) <= 8:
+        raise LlmchatError(
+            f"{PRELOAD_ENV}={raw!r} is not a number of steps from 1 to 8", f"unset {PRELOAD_ENV}"
+        )
+    return int(raw)
+
+
 def choose(k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False) -> Q4GemvLayout | None:
     """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 32 lanes a set, 256
     threads, and the most rows per set (4, 2 or 1; ``pairs``: 4 or 2, gate and up rows) that tile
@@ -146,7 +176,10 @@ def choose(k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False) -> Q4
     tiles: other rules take those."""
     if k > MAX_K:
         return None
-    fitting = [Q4GemvLayout(rows, 32, 256, "dp4a") for rows in ((4, 2) if pairs else (4, 2, 1))]
+    fitting = [
+        Q4GemvLayout(rows, 32, 256, "dp4a", preload=preload_steps())
+        for rows in ((4, 2) if pairs else (4, 2, 1))
+    ]
     fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
     for layout in fitting:
         if n // layout.rows_per_workgroup >= MIN_WORKGROUPS:
@@ -323,7 +356,9 @@ def dp4a_kernel(
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
     fine = float(2 * 127)  # the second level's steps per first-level step
-    slots = 2 if layout.prefetch else 1  # register sets of weights: this step's, the next one's
+    # steps loaded before the staging, and register sets of weights (this step's and those ahead)
+    pre = 1 if layout.prefetch else max(1, min(layout.preload, iters))
+    slots = 2 if layout.prefetch else pre
 
     @T.prim_func(private=True)
     def kernel(
@@ -367,12 +402,16 @@ def dp4a_kernel(
         # matching up rows n / 2 + g0 + rr - half
         g0 = (bx * sets + ty) * half
         tid = ty * lanes + tx
-        # the first step's weights (DRAM) go out before the staging
-        for rr in T.unroll(rows):
-            wq[T.ramp(rr * 4, 1, 4)] = w.vload(
-                [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx, groups - 1) * 4], "uint32x4"
-            )
-            sc[rr] = s[_row(silu_pairs, row0, g0, rr, half, n), T.min(tx, groups - 1)]
+        # the first ``pre`` steps' weights (DRAM) go out before the staging
+        for p0 in T.unroll(pre):
+            for rr in T.unroll(rows):
+                wq[T.ramp((p0 % slots * rows + rr) * 4, 1, 4)] = w.vload(
+                    [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1) * 4],
+                    "uint32x4",
+                )
+                sc[p0 % slots * rows + rr] = s[
+                    _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1)
+                ]
         if has_norm:
             ss[0] = T.float32(0)
             for st in T.unroll(stage_iters):
@@ -447,10 +486,11 @@ def dp4a_kernel(
             acc[rr] = T.float32(0)
         for it in T.unroll(iters):
             # this step's weights are in slot ``cur``; the load below fetches step ``ld`` (the
-            # next one with prefetch, else this one; step 0's went out before the staging)
+            # next one with prefetch, ``pre - 1`` ahead with preload, else this one; the first
+            # ``pre`` steps went out before the staging)
             cur = (it % slots) * rows
             ld = it + slots - 1
-            if ld > 0 and ld < iters:
+            if ld >= pre and ld < iters:
                 for rr in T.unroll(rows):
                     wq[T.ramp((ld % slots * rows + rr) * 4, 1, 4)] = w.vload(
                         [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1) * 4],

@@ -63,6 +63,10 @@ CASES = [
     (4096, 256, "f16", "q4-r4-l32-t256-dp4a-pf"),
     (11008, 64, "res", "q4-r1-l64-t256-dp4a-pf"),
     (2048, 64, "bias", "q4-r1-l64-t64-dp4a-pf"),
+    # the first steps' weights loaded before the staging: all of them (4 steps), 3 of 11, 2 of 2
+    (4096, 256, "res", "q4-r4-l32-t256-dp4a-pre4"),
+    (11008, 64, "f16", "q4-r2-l32-t256-dp4a-pre3"),
+    (2048, 64, "bias", "q4-r1-l32-t64-dp4a-pre2"),
 ]
 
 
@@ -77,7 +81,7 @@ def test_q4_gemv_matches_float64_on_vulkan(k, n, epilogue, name, tmp_path):
     new = WgslQ4Gemv(_layout(name)).kernel(func)
     assert new is not None, "the rule did not take the GEMV"
     run = _matmul_run(k, n, epilogue, 1, seed=k + n)
-    if name.endswith(("-dp4a", "-dp4a-pf")):
+    if "-dp4a" in name and "-dp4a2" not in name:
         # the kernel's own arithmetic: the activations rounded to int8 per 32 values; the same
         # rounding here, then the float64 reference of that input
         x, w, s = run.args[:3]
@@ -116,7 +120,14 @@ def test_rule_takes_only_what_tiles_and_keeps_parameter_order():
 
 
 @pytest.mark.parametrize(
-    "name", ["q4-r4-l32-t256", "q4-r2-l128-t256-f32", "q4-r4-l64-t256-dp4a", "q4-r1-l64-t256-dp4a-pf"]
+    "name",
+    [
+        "q4-r4-l32-t256",
+        "q4-r2-l128-t256-f32",
+        "q4-r4-l64-t256-dp4a",
+        "q4-r1-l64-t256-dp4a-pf",
+        "q4-r4-l32-t256-dp4a-pre4",
+    ],
 )
 def test_layout_names_round_trip(name):
     assert _layout(name).name == name
@@ -133,6 +144,9 @@ def test_layout_names_round_trip(name):
         "q4-r4-l32-t256-dp4a-f32",
         "q4-r4-l32-t256-kmax",
         "q4-r4-l32-t256-pf",  # a prefetch for the int8 kernels only
+        "q4-r4-l32-t256-pre2",  # a preload too
+        "q4-r4-l32-t256-dp4a-pre9",
+        "q4-r4-l32-t256-dp4a-pf-pre2",  # one or the other
     ],
 )
 def test_bad_layout_names_are_refused(name):
@@ -230,3 +244,15 @@ def test_int8_kernel_with_the_norm_and_the_gate_matches_float64_on_vulkan(
     bad[0, 0, -1] += np.float32(0.05) * max(1.0, float(np.abs(got).max()))
     with pytest.raises(AssertionError):
         _close(bad, expected, MATMUL_TOL, what)
+
+
+def test_the_preload_switch_sets_q4_autos_layout(monkeypatch):
+    from app.errors import LlmchatError
+    from app.inference.pipelines import wgsl_q4_gemv
+
+    assert wgsl_q4_gemv.choose(4096, 4096).preload == wgsl_q4_gemv.PRELOAD
+    monkeypatch.setenv(wgsl_q4_gemv.PRELOAD_ENV, "4")
+    assert wgsl_q4_gemv.choose(4096, 4096).name == "q4-r2-l32-t256-dp4a-pre4"
+    monkeypatch.setenv(wgsl_q4_gemv.PRELOAD_ENV, "0")
+    with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_Q4_PRELOAD"):
+        wgsl_q4_gemv.choose(4096, 4096)
