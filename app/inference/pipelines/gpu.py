@@ -24,8 +24,8 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   each chosen by GPU generation;
 - on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
   along the keys over many workgroups with a merge kernel (``wgsl_attention``);
-- on WebGPU/Vulkan, the RMSNorm and SiLU-gate kernels folded into the GEMV after them, which
-  these rules schedule (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
+- on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
+  kernel beside them (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 On WGSL, cross-thread reductions use subgroup shuffles only for an adapter profile with one fixed

@@ -25,10 +25,27 @@ fused where it is TVM's own ``rms_norm`` or split-SiLU-multiply of a float16 ``[
 and the GEMV recomputes it cheaply (:data:`MAX_RECOMPUTED_WEIGHTS`; ``LLMCHAT_WGSL_FUSION=all``
 lifts that limit).
 
-**Off by default** (``LLMCHAT_WGSL_FUSION=on`` or ``=all`` turns it on): on the H200's Vulkan
-driver the fused library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate
-kernels (benchmarks/results/h200-2026-12-02-wgsl-fusion/): 65 launches fewer per step, but the
-fused GEMVs are far slower than the launches they save. Why is not yet known.
+**Two ways, by ``LLMCHAT_WGSL_FUSION``:**
+
+- **default (``int8``-style, :func:`fuse_int8_pass`)**: llmchat's int8 GEMV kernel
+  (:func:`.wgsl_q4_gemv.dp4a_kernel`, written by hand) computes the SiLU gate of the gate_up
+  GEMV's output (each set of lanes computes gate rows and their up rows and writes
+  ``silu(gate) * up``) and, for rows up to :data:`INT8_NORM_MAX_K`, the RMSNorm of its input
+  (every workgroup sums the squares before staging the row). H200, NVIDIA's Vulkan driver,
+  decode tok/s Qwen2.5-0.5B / 3B / Llama-2-7B (benchmarks/results/h200-2026-12-03-s13): 681.4 /
+  344.9 / 244.8 with every kernel apart, 720.5 / 359.0 / 248.5 with the gate inside, 737.0 /
+  321.1 / 228.7 with the norm inside every GEMV (hence the limit), 804.4 / 362.9 / 250.6 with the
+  default (a later call of the same session).
+  ``int8`` takes both everywhere, ``int8-norm`` / ``int8-silu`` one of them, ``off`` neither.
+- **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
+  front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
+  library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
+  (benchmarks/results/h200-2026-12-02-wgsl-fusion/): 65 launches fewer per step, but the fused
+  GEMVs are far slower than the launches they save.
+
+A GPU profile with a timestamp after every dispatch (``LLMCHAT_WEBGPU_PROFILE=1``) overstates
+what a small kernel costs in a real step (each timestamp adds about 6-7 µs there): fusions are
+judged by the bench protocol's decode speed, never by the profile alone.
 """
 
 from __future__ import annotations
