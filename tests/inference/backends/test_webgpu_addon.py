@@ -152,6 +152,59 @@ def test_dispatches_are_batched_into_few_submits(dev, tmp_path):
     assert np.array_equal(result, expected)
 
 
+def test_submitting_every_n_dispatches_keeps_results_and_scalars_exact(dev, tmp_path):
+    """LLMCHAT_WEBGPU_SUBMIT_EVERY=3: the pending work is submitted every 3 dispatches (a step's
+    first kernels run while the host records the rest); chained kernels still see each other's
+    results, and launches of two sizes keep their own scalars in the uniform ring across
+    submissions and past its wrap (over 4,096 slots)."""
+    lib_path = _scale_module(tmp_path)
+    script = textwrap.dedent(f"""
+        import json, numpy as np, tvm
+        from app.inference.backends import webgpu
+        dev = webgpu.device(0)
+        lib = tvm.runtime.load_module({str(lib_path)!r})
+        a = tvm.runtime.tensor(np.ones(256, "float32"), dev)
+        b = tvm.runtime.empty((256,), "float32", dev)
+        lib["scale"](a, b); b.numpy()
+        before = webgpu.stats(0)
+        for _ in range(25):
+            lib["scale"](a, b)
+            lib["scale"](b, a)
+        chained = a.numpy().tolist()
+        mid = webgpu.stats(0)
+        x = tvm.runtime.tensor(np.arange(256, dtype="float32"), dev)
+        y = tvm.runtime.tensor(np.full(256, -7, "float32"), dev)
+        u = tvm.runtime.tensor(np.arange(200, dtype="float32") * 3, dev)
+        v = tvm.runtime.tensor(np.full(200, -7, "float32"), dev)
+        wrong = 0
+        for i in range(2100):
+            lib["scale"](x, y)
+            lib["scale"](u, v)
+            if i % 700 == 699:
+                wrong += int(not np.array_equal(y.numpy(), np.arange(256, dtype="float32") * 2 + 1))
+                wrong += int(not np.array_equal(v.numpy(), np.arange(200, dtype="float32") * 6 + 1))
+        after = webgpu.stats(0)
+        print(json.dumps(dict(chained=chained, submits=mid["submits"] - before["submits"],
+                              wrong=wrong, dispatches=after["dispatches"] - mid["dispatches"])))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, LLMCHAT_WEBGPU_SUBMIT_EVERY="3"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = np.ones(256, "float32")
+    for _ in range(25):
+        expected = (expected * 2 + 1) * 2 + 1
+    assert np.array_equal(np.array(out["chained"], "float32"), expected)
+    assert out["submits"] >= 50 // 3, out  # every 3 dispatches, not once at the read back
+    assert out["dispatches"] == 4200 and out["wrong"] == 0, out
+
+
 def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
     lib_path = _scale_module(tmp_path)
     script = textwrap.dedent(f"""

@@ -268,8 +268,10 @@ struct Context {
   uint32_t uniform_align = 256;
 
   // LLMCHAT_WEBGPU_SUBMIT_EVERY=N: submit the pending encoder after every N dispatches, so the GPU
-  // runs the first kernels of a step while the host records the rest (0: only when the host
-  // needs a result)
+  // runs the first kernels of a step while the host records the rest (0, the default: only when
+  // the host needs a result). Slower at every N tried on the H200 with NVIDIA's driver (Llama-2-7B
+  // decode 244.8 tok/s at 0, 238.8 at 96, 226.4 at 32, 185.9 at 8: benchmarks/results/
+  // h200-2026-12-03-s13/sweep); kept for drivers where recording a step costs more than a submit
   int64_t submit_every = 0, since_submit = 0;
 
   WGPUBuffer upload = nullptr;  // host->device copies inside the pending encoder
