@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -44,6 +44,8 @@ env_of() {  # other kernel switches of a set
     s0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0";;            # attention: chunks from the first page
     v2all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-all";;             # attention v2 for 32 KV heads too
     s0all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0-all";;
+    atv1) echo "LLMCHAT_WGSL_ATTENTION=split-v1";;                  # attention: the first split kernel
+    attvm) echo "LLMCHAT_WGSL_ATTENTION=tvm";;                      # attention: TVM's kernel
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
