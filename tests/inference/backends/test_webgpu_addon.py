@@ -27,6 +27,21 @@ def dev():
     return webgpu.device(0)
 
 
+def _child(script: str, **env: str) -> str:
+    """Run ``script`` in a fresh Python process (the add-on reads its switches when a device is
+    first made) with ``env`` added; its standard output, after checking it exited cleanly."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **env),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
 def _scale_module(tmp_path: Path, block: int = 64) -> Path:
     """TVM compiles B[i] = A[i] * 2 + 1 (any n) for the webgpu target and exports it."""
     import tvm
@@ -187,16 +202,7 @@ def test_submitting_every_n_dispatches_keeps_results_and_scalars_exact(dev, tmp_
         print(json.dumps(dict(chained=chained, submits=mid["submits"] - before["submits"],
                               wrong=wrong, dispatches=after["dispatches"] - mid["dispatches"])))
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, LLMCHAT_WEBGPU_SUBMIT_EVERY="3"),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(_child(script, LLMCHAT_WEBGPU_SUBMIT_EVERY="3").strip().splitlines()[-1])
     expected = np.ones(256, "float32")
     for _ in range(25):
         expected = (expected * 2 + 1) * 2 + 1
@@ -217,16 +223,7 @@ def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
         lib["scale"](tvm.runtime.tensor(a, dev), b)
         print("OK" if np.array_equal(b.numpy(), a * 2 + 1) else "WRONG")
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().endswith("OK")
+    assert _child(script).strip().endswith("OK")
 
 
 def test_the_profiler_times_every_dispatch_on_the_gpu(dev, tmp_path):
@@ -253,16 +250,7 @@ def test_the_profiler_times_every_dispatch_on_the_gpu(dev, tmp_path):
     """)
 
     def child(profile: str) -> dict:
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, LLMCHAT_WEBGPU_PROFILE=profile),
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return json.loads(_child(script, LLMCHAT_WEBGPU_PROFILE=profile).strip().splitlines()[-1])
 
     on = child("1")
     small, big = on["256"], on[str(1 << 22)]
