@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -46,12 +46,19 @@ env_of() {  # other kernel switches of a set
     s0all) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single0-all";;
     atv1) echo "LLMCHAT_WGSL_ATTENTION=split-v1";;                  # attention: the first split kernel
     attvm) echo "LLMCHAT_WGSL_ATTENTION=tvm";;                      # attention: TVM's kernel
+    h1|h2|h4) echo "LLMCHAT_WGSL_ATTENTION=split-v2-heads${1#h}";;  # attention v2: N query heads a workgroup
+    h2s512) echo "LLMCHAT_WGSL_ATTENTION=split-v2-heads2-single512";; # ... one chunk up to 512 keys
+    h0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-heads0";;              # ... all query heads of a KV head
+    s64|s256) echo "LLMCHAT_WGSL_ATTENTION=split-v2-single${1#s}";;  # ... one chunk up to N keys
+    wg64|wg256|wg512) echo "LLMCHAT_WGSL_ATTENTION=split-v2-wg${1#wg}";; # ... N workgroups at long contexts
+    tvmmany) echo "LLMCHAT_WGSL_ATTENTION=split-v2-tvmmany";;        # ... TVM's kernel from 16 KV heads
+    raoff) echo "LLMCHAT_WGSL_ROPE_APPEND=off";;                     # RoPE + append: TVM's two launches
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
 use() {
   local r e; r=$(rules "$1") || exit 2
-  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD
+  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD LLMCHAT_WGSL_ROPE_APPEND
   if [ -n "$r" ]; then export LLMCHAT_WGSL_GEMV=$r; fi
   for e in $(env_of "$1"); do export "${e?}"; done
 }

@@ -121,9 +121,11 @@ def _records(func: Any) -> bool:
     return match_q4f16_gemm(func) is not None
 
 
-def _qkv_producers(mod: Any) -> set[Any] | None:
+def _qkv_producers(mod: Any, records: Any = None) -> set[Any] | None:
     """The GlobalVars of the matmuls whose outputs the attention calls take, or None when one
-    attention call's q/k/v comes from anything else (or there is no attention call)."""
+    attention call's q/k/v comes from anything else (or there is no attention call). ``records``
+    (default: llmchat's CUDA GEMV or GEMM takes it) says whether a PrimFunc can record its output."""
+    records = records or _records
     from tvm import relax
 
     producers: set[Any] = set()
@@ -147,7 +149,7 @@ def _qkv_producers(mod: Any) -> set[Any] | None:
                     if len(call[1]) == 1 and _is_reshape(callee):
                         source = call[1][0]
                         continue
-                    if not _records(callee):
+                    if not records(callee):
                         return None
                     producers.add(call[0])
                     break

@@ -23,7 +23,9 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   and appends it to the KV cache: ``cuda_rope_append``), the decode RMSNorm and the greedy argmax,
   each chosen by GPU generation;
 - on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
-  along the keys over many workgroups with a merge kernel (``wgsl_attention``);
+  along the keys and the query heads over many workgroups with a merge kernel
+  (``wgsl_attention``), which also applies a decoded token's RoPE and appends it to the KV cache
+  (``wgsl_rope_append``: two launches a layer fewer; ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps them);
 - on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
   kernel beside them (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
 
@@ -184,6 +186,7 @@ def schedule_passes(target: Any) -> list[Any]:
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
+    wgsl_ra = _wgsl_rope_append(target)
     return [
         *_backend_passes(target).library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
@@ -195,9 +198,32 @@ def schedule_passes(target: Any) -> list[Any]:
         *([mark_rope_append_pass()] if fuse_rope_append(target) else []),
         fast_decode_pass(),
         *fusion_passes(target),
+        *wgsl_ra[:1],
         *attention_passes(target),
         dl.ApplyDefaultSchedule(*schedule_rules(target)),
-        *([skip_single_token_pass()] if fuse_rope_append(target) else []),
+        *([skip_single_token_pass()] if fuse_rope_append(target) or wgsl_ra else []),
+        *wgsl_ra[1:],
+    ]
+
+
+def _wgsl_rope_append(target: Any) -> list[Any]:
+    """On WGSL with llmchat's v2 decode attention: the passes that fold a decoded token's RoPE and
+    KV append into it (:mod:`.wgsl_rope_append`: its mark pass, then its record pass for after
+    the schedules), unless ``LLMCHAT_WGSL_ROPE_APPEND=off``; else none."""
+    from app.inference.pipelines import wgsl_rope_append
+
+    variant = wgsl_attention_variant()
+    if not (use_wgsl_attention(target) and variant.startswith("split-v2") and wgsl_rope_append.enabled()):
+        return []
+    plan = wgsl_rope_append.Plan()
+    return [
+        wgsl_rope_append.mark_pass(
+            plan,
+            int(target.attrs["max_num_threads"]),
+            int(target.attrs["max_shared_memory_per_block"]),
+            variant,
+        ),
+        wgsl_rope_append.record_pass(plan),
     ]
 
 

@@ -30,9 +30,13 @@ the padded tile, with 4 barriers per tile; and the merge is always a second disp
 
 **split-v2** (:func:`decode_kernel_v2`, default):
 
-1. one workgroup per (chunk, KV head x sequence) for *all* the query heads of the KV head (the
-   group padded to a power of two, ``heads``: 8 for both Qwen2.5 shapes), 256 threads: the staged
-   keys and values serve every query head (v1 loaded them once per head group);
+1. one workgroup per (chunk, KV head x sequence, head split) for up to
+   :data:`DEFAULT_V2_HEADS` (4) query heads of the KV head (the group padded to a power of two
+   and split over ``hsplit`` workgroups: 2 for both Qwen2.5 shapes' 8, 1 for Llama-2-7B's 1),
+   ``min(256, heads x head_dim)`` threads: the staged keys and values serve all of the
+   workgroup's query heads (v1 loaded them once per head group). Before session 14 one
+   workgroup took all 8 heads: each thread then summed a whole 128-dim dot product per key,
+   and the Qwen2.5-3B shape ran on 2 workgroups (H200: 361 -> 380 tok/s with the split);
 2. a tile of 32 keys (16 for head_dim 128 in 32 KiB of workgroup memory, lavapipe's) holds K
    and V together: one thread per (head, key) score (several when heads x tile < 256, their
    sums added while reading the scores), then each thread keeps its head's tile scores in
@@ -42,7 +46,7 @@ the padded tile, with 4 barriers per tile; and the merge is always a second disp
    their global loads are in flight during this tile's scores and softmax (software pipelining);
 4. chunks: one chunk (one launch, no merge: the partial writes the output and the lse) while the
    page table holds at most :data:`SINGLE_CHUNK_KEYS` keys' pages; beyond, chunks of at least one
-   tile, at most ``TARGET_WORKGROUPS_V2 / KV heads`` (64) of them; the merge launch sits under a
+   tile, at most ``TARGET_WORKGROUPS_V2 / (KV heads x hsplit)`` of them; the merge launch sits under a
    host-side ``if`` (the host knows ``nnz_pages``), and merges with ``256 / head_dim`` lanes per
    output dimension (one online pass each, then one barrier).
 
@@ -77,8 +81,15 @@ workgroup-memory access sits under an ``if`` (TVM's barrier pass refuses that).
 The keys in the cache must already carry the rotary embedding: the pass replaces the kernel only
 in a module whose KV cache is created with ``RopeMode.NORMAL`` (llmchat's models; TVM's runtime
 then passes ``rotary_mode`` 0 at decode). Shapes it does not handle (sliding window, head_dim
-over the thread limit or not a power of two, dtypes other than float16/float32, 16 KV heads or
-more: measured with v1 only, kept for v2) keep TVM's kernel.
+over the thread limit or not a power of two, dtypes other than float16/float32; for v1 also 16 KV
+heads or more) keep TVM's kernel.
+
+**Fused** (v2 built with ``fused``, :mod:`.wgsl_rope_append`): for one sequence the kernel also
+does what TVM's split-rotary and append kernels did for the decoded token, which then launch
+nothing: the add-on binds the recorded q/k/v projection in place of ``Q``; q and the new key get
+RoPE (TVM's float32 arithmetic, rounded to half), the first workgroup of each KV head whose chunk
+holds the last key writes the key and value to their page slot, and every workgroup that meets
+the last key takes it from the projection instead of the page (no ordering between workgroups).
 """
 
 from __future__ import annotations
@@ -88,7 +99,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.inference.pipelines.cuda_kernels import prim_func_pass
-from app.inference.pipelines.cuda_rope_append import _rope_mode_normal
+from app.inference.pipelines.cuda_rope_append import FUSED_ATTR, _rope_mode_normal
 from app.inference.pipelines.tir_facts import static_int
 
 #: the PrimFunc TVM's paged KV cache uses for decode attention (no sliding window)
@@ -133,10 +144,12 @@ class SplitLayout:
     max_chunks: int
 
 
-#: KV heads from which TVM's kernel (one workgroup per KV head) stays: H200, NVIDIA's Vulkan driver,
-#: Llama-2-7B shape (32 KV heads), 512-token replies: 155 tok/s with TVM's kernel, 123 with the split
-#: (its second dispatch per layer and one head per workgroup cost more than the split gains); the
-#: Qwen2.5 shapes (2 KV heads) went 290 -> 408 (0.5B) and 110 -> 217 (3B) tok/s with it
+#: KV heads from which split-v1 keeps TVM's kernel (one workgroup per KV head): H200, NVIDIA's Vulkan
+#: driver, Llama-2-7B shape (32 KV heads), 512-token replies: 155 tok/s with TVM's kernel, 123 with
+#: v1 (its second dispatch per layer and one head per workgroup cost more than the split gains); the
+#: Qwen2.5 shapes (2 KV heads) went 290 -> 408 (0.5B) and 110 -> 217 (3B) tok/s with it. v2 takes
+#: these shapes too (``split-v2-tvmmany`` keeps TVM's kernel there, for A/B runs): 250.9 -> 264.6
+#: tok/s on the 7B shape (benchmarks/results/h200-2026-12-03-s14/)
 TVM_KERNEL_MIN_KV_HEADS = 16
 
 
@@ -352,6 +365,11 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
 SINGLE_CHUNK_KEYS = 128
 #: v2: workgroups aimed at over the chunks and KV heads of one sequence at long contexts
 TARGET_WORKGROUPS_V2 = 128
+#: v2: the most query heads of a workgroup (0: all of its KV head's; ``split-v2-headsN`` for A/B).
+#: H200, NVIDIA's Vulkan driver, bench protocol (decode tok/s, Qwen2.5-0.5B / 3B): all (8) 799.3 /
+#: 360.3 and 761.9 / 361.8 (first and last set of the run), 4 heads 808.3 / 379.9, 2 heads 794.8 /
+#: 379.7, 1 head 752.9 / 367.5 (benchmarks/results/h200-2026-12-03-s14/)
+DEFAULT_V2_HEADS = 4
 #: v2: the most keys of a tile (K and V staged as float32: 2 x tile x (head_dim + 1) x 4 bytes)
 MAX_TILE_V2 = 32
 
@@ -361,7 +379,9 @@ class KVHeadLayout:
     """How :func:`decode_kernel_v2` splits the work: one workgroup per (chunk, KV head, sequence)
     for all ``group`` query heads of the KV head (padded to ``heads``, a power of two) with
     ``threads`` threads, ``tile`` keys per step, chunks of at least ``min_pages`` pages (one chunk
-    up to ``single_pages`` pages) and at most ``max_chunks`` of them."""
+    up to ``single_pages`` pages) and at most ``max_chunks`` of them. ``hsplit`` > 1: the padded
+    group is split over that many workgroups of ``heads`` query heads each (same keys, fewer
+    products per thread)."""
 
     group: int
     heads: int
@@ -370,25 +390,48 @@ class KVHeadLayout:
     min_pages: int
     single_pages: int
     max_chunks: int
+    hsplit: int = 1
 
 
 def _v2_shared_bytes(heads: int, d: int, threads: int, tile: int) -> int:
     return (2 * tile * (d + 1) + heads * d + threads) * 4
 
 
-def v2_options(variant: str) -> tuple[int, bool]:
-    """(keys of one chunk, every KV head count) of a ``split-v2[-singleN][-all]`` variant name:
-    ``singleN`` runs one chunk up to N keys (default :data:`SINGLE_CHUNK_KEYS`), ``all`` takes
-    models with :data:`TVM_KERNEL_MIN_KV_HEADS` KV heads or more too (for A/B runs)."""
-    single, every = SINGLE_CHUNK_KEYS, False
+@dataclass(frozen=True)
+class V2Options:
+    """The A/B options of a ``split-v2[-singleN][-tvmmany][-headsN][-wgN]`` variant name (the
+    defaults are the product's): ``singleN`` runs one chunk up to N keys (default
+    :data:`SINGLE_CHUNK_KEYS`); ``tvmmany`` keeps TVM's kernel for :data:`TVM_KERNEL_MIN_KV_HEADS`
+    KV heads or more (``all``, the old switch that took them, is the default now); ``headsN``
+    gives each workgroup at most N query heads (a power of two, 0 for all of its KV head's;
+    default :data:`DEFAULT_V2_HEADS`); ``wgN`` aims at N workgroups per sequence at long contexts
+    (default :data:`TARGET_WORKGROUPS_V2`)."""
+
+    single_keys: int = SINGLE_CHUNK_KEYS
+    every_kv_head_count: bool = True
+    max_heads: int = DEFAULT_V2_HEADS
+    target_workgroups: int = TARGET_WORKGROUPS_V2
+
+
+def v2_options(variant: str) -> V2Options:
+    """:class:`V2Options` of a ``split-v2...`` variant name; ValueError names an unknown option."""
+    opts: dict[str, Any] = {}
     for opt in variant.split("-")[2:]:
-        if opt.startswith("single") and opt[6:].isdigit():
-            single = int(opt[6:])
+        num = opt.lstrip("abcdefghijklmnopqrstuvwxyz")
+        word = opt[: len(opt) - len(num)]
+        if word == "single" and num.isdigit():
+            opts["single_keys"] = int(num)
         elif opt == "all":
-            every = True
+            opts["every_kv_head_count"] = True
+        elif opt == "tvmmany":
+            opts["every_kv_head_count"] = False
+        elif word == "heads" and num.isdigit() and not int(num) & (int(num) - 1):
+            opts["max_heads"] = int(num)
+        elif word == "wg" and num.isdigit() and int(num) > 0:
+            opts["target_workgroups"] = int(num)
         else:
             raise ValueError(f"{variant!r}: unknown option {opt!r} of split-v2")
-    return single, every
+    return V2Options(**opts)
 
 
 def kv_head_layout(
@@ -398,16 +441,20 @@ def kv_head_layout(
     page: int,
     max_threads: int,
     shared_bytes: int,
-    single_keys: int = SINGLE_CHUNK_KEYS,
-    every_kv_head_count: bool = False,
+    options: V2Options | None = None,
 ) -> KVHeadLayout | None:
-    """The v2 layout for these shapes within the target's limits, or None (TVM's kernel stays)."""
+    """The v2 layout for these shapes within the target's limits (``options``: the product's
+    defaults unless given), or None (TVM's kernel stays)."""
+    o = options or V2Options()
+    single_keys, every_kv_head_count, max_heads = o.single_keys, o.every_kv_head_count, o.max_heads
     if h_qo % h_kv or d > max_threads or d & (d - 1) or d < 4:
         return None
-    if h_kv >= TVM_KERNEL_MIN_KV_HEADS and not every_kv_head_count:  # measured with v1 only
+    if h_kv >= TVM_KERNEL_MIN_KV_HEADS and not every_kv_head_count:  # A/B: TVM's kernel there
         return None
     group = h_qo // h_kv
-    heads = 1 << (group - 1).bit_length()
+    padded = 1 << (group - 1).bit_length()
+    heads = min(padded, max_heads) if max_heads > 0 else padded
+    hsplit = padded // heads
     threads = min(max_threads, 256, heads * d)
     if threads < heads:
         return None
@@ -418,16 +465,99 @@ def kv_head_layout(
         return None
     min_pages = max(1, -(-tile // page))  # a chunk of at least one tile
     single_pages = max(1, single_keys // page) if single_keys > 0 else 0
-    max_chunks = max(1, TARGET_WORKGROUPS_V2 // h_kv)
-    return KVHeadLayout(group, heads, threads, tile, min_pages, single_pages, max_chunks)
+    max_chunks = max(1, o.target_workgroups // (h_kv * hsplit))
+    return KVHeadLayout(group, heads, threads, tile, min_pages, single_pages, max_chunks, hsplit)
 
 
-def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KVHeadLayout) -> Any:
+#: the add-on's packed function of the fused RoPE and append (:mod:`.wgsl_rope_append`): the
+#: next launch's buffer argument N becomes the recorded q/k/v projection
+SUBSTITUTE_NEXT = "llmchat.webgpu.substitute_next"
+
+
+def _rope(T: Any, qkv: Any, h: Any, c: Any, d: int, pos: Any, scale: Any, theta: Any, dtype: str) -> Any:
+    """Head ``h``, dimension ``c`` of the one token's fused q/k/v projection ``qkv`` with RoPE at
+    position ``pos``: TVM's ``llama_rope_with_position_map`` arithmetic (float32, the partner
+    dimension negated in the first half, rounded to ``dtype``), theta and scale as parameters."""
+    freq = T.Cast("float32", pos) * scale / T.pow(theta, T.Cast("float32", c * 2 % d) / T.float32(d))
+    partner = T.Cast("float32", qkv[0, h, (c + d // 2) % d]) * T.if_then_else(
+        c < d // 2, T.float32(-1), T.float32(1)
+    )
+    return T.Cast(dtype, T.cos(freq) * T.Cast("float32", qkv[0, h, c]) + T.sin(freq) * partner)
+
+
+def _q_value(
+    T: Any,
+    Q: Any,
+    b: Any,
+    h: Any,
+    c: Any,
+    fused: bool,
+    B: Any,
+    d: int,
+    pos: Any,
+    scale: Any,
+    theta: Any,
+    dtype: str,
+) -> Any:
+    """Query head ``h``, dimension ``c``: ``Q``'s, or with ``fused`` and one sequence the recorded
+    projection's with RoPE (:func:`_rope`)."""
+    if not fused:
+        return Q[b, h, c]
+    return T.if_then_else(B == 1, _rope(T, Q, h, c, d, pos[0], scale, theta, dtype), Q[b, h, c])
+
+
+def _kv_value(
+    T: Any,
+    pages: Any,
+    slot: Any,
+    kv: int,
+    hk: Any,
+    pos: Any,
+    col: Any,
+    page: int,
+    fused: bool,
+    B: Any,
+    info: Any,
+    Q: Any,
+    h_qo: int,
+    h_kv: int,
+    d: int,
+    q_pos: Any,
+    scale: Any,
+    theta: Any,
+    dtype: str,
+) -> Any:
+    """Key (``kv`` 0) or value (1) at ``pos`` of KV head ``hk``: the page's, or with ``fused`` and
+    one sequence the new token's (the last key) from the recorded projection (the key with RoPE)."""
+    stored = pages[slot, kv, hk, pos % page, col]
+    if not fused:
+        return stored
+    new = (
+        _rope(T, Q, h_qo + hk, col, d, q_pos[0], scale, theta, dtype)
+        if kv == 0
+        else Q[0, h_qo + h_kv + hk, col]
+    )
+    return T.if_then_else(T.And(B == 1, pos == info[1] - 1), new, stored)
+
+
+def decode_kernel_v2(
+    h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KVHeadLayout, fused: bool = False
+) -> Any:
     """The v2 decode attention (module docstring) as a scheduled PrimFunc with
-    ``batch_decode_paged_kv``'s parameters (no sliding window)."""
+    ``batch_decode_paged_kv``'s parameters (no sliding window). ``fused``: for one sequence
+    (``B == 1``, a decoded token) the kernel reads the token's q, k and v from the recorded q/k/v
+    projection (the add-on binds it in place of ``Q``, :mod:`.wgsl_rope_append`), applies RoPE
+    itself and writes the new key and value to their page slot; more sequences read ``Q`` and
+    the pages as TVM's split-rotary and append left them."""
     from tvm.script import tirx as T
 
-    group, heads, threads, tile = layout.group, layout.heads, layout.threads, layout.tile
+    group, heads, threads, tile, hsplit = (
+        layout.group,
+        layout.heads,
+        layout.threads,
+        layout.tile,
+        layout.hsplit,
+    )
     pairs = heads * tile  # scores of a tile (padded heads included)
     tpp = threads // pairs  # threads per score
     dpp = d // tpp  # products each of them adds
@@ -481,7 +611,7 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
             "int32",
             elem_offset=k_rope_pos_offset_elem_offset,
         )
-        q_rope_position = T.match_buffer(  # noqa: F841
+        q_rope_position = T.match_buffer(
             q_rope_position_handle,
             (B,),
             "int32",
@@ -497,10 +627,15 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
         part_o = T.decl_buffer((B * h_qo * chunks * d,), "float32", scope="global")
         part_ml = T.decl_buffer((B * h_qo * chunks * 2,), "float32", scope="global")
 
+        if fused:  # noqa: SIM102 (a Python condition around a TIR one)
+            if B == 1:  # the partial launch below reads the recorded q/k/v projection as Q
+                T.evaluate(T.call_packed(SUBSTITUTE_NEXT, Q, 0))
+
         with T.launch_thread("blockIdx.x", chunks) as c:
-            by = T.launch_thread("blockIdx.y", h_kv * B)  # WebGPU: no blockIdx.z
-            hk = T.meta_var(by % h_kv)
-            b = T.meta_var(by // h_kv)
+            by = T.launch_thread("blockIdx.y", h_kv * hsplit * B)  # WebGPU: no blockIdx.z
+            hk = T.meta_var(by // hsplit % h_kv)
+            b = T.meta_var(by // (h_kv * hsplit))
+            hb = T.meta_var(by % hsplit * heads)  # the workgroup's first query head of the group
             tx = T.launch_thread("threadIdx.x", threads)
             q_sh = T.decl_buffer((heads * d,), "float32", scope="shared")
             k_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
@@ -526,10 +661,26 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
             info[2] = c * chunk_pages * page  # first key of the chunk
             info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
             for i in T.unroll(heads * d // threads):
-                hq = T.meta_var((i * threads + tx) // d)  # of the KV head's query heads (padded)
+                hq = T.meta_var(hb + (i * threads + tx) // d)  # of the KV head's query heads (padded)
                 q_sh[i * threads + tx] = T.if_then_else(
                     hq < group,
-                    T.Cast("float32", Q[b, hk * group + T.min(hq, group - 1), (i * threads + tx) % d])
+                    T.Cast(
+                        "float32",
+                        _q_value(
+                            T,
+                            Q,
+                            b,
+                            hk * group + T.min(hq, group - 1),
+                            (i * threads + tx) % d,
+                            fused,
+                            B,
+                            d,
+                            q_rope_position,
+                            rope_scale,
+                            rope_theta,
+                            dtype,
+                        ),
+                    )
                     * sm_scale
                     * LOG2E,
                     T.float32(0),
@@ -538,13 +689,83 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
             l_run[0] = T.float32(0)
             for j in T.unroll(outs):
                 acc[j] = T.float32(0)
+            if fused:  # noqa: SIM102 (a Python condition around a TIR one)
+                # the new token's key and value into their page slot: the first workgroup of the
+                # KV head whose chunk holds the last key (the others take them from the projection)
+                if B == 1 and by % hsplit == 0 and c == (info[1] - 1) // (chunk_pages * page):
+                    for i in T.unroll(-(-d // threads)):
+                        if i * threads + tx < d:
+                            pages[
+                                page_table_values[info[0] + (info[1] - 1) // page],
+                                0,
+                                hk,
+                                (info[1] - 1) % page,
+                                i * threads + tx,
+                            ] = _rope(
+                                T,
+                                Q,
+                                h_qo + hk,
+                                i * threads + tx,
+                                d,
+                                q_rope_position[0],
+                                rope_scale,
+                                rope_theta,
+                                dtype,
+                            )
+                            pages[
+                                page_table_values[info[0] + (info[1] - 1) // page],
+                                1,
+                                hk,
+                                (info[1] - 1) % page,
+                                i * threads + tx,
+                            ] = Q[0, h_qo + h_kv + hk, i * threads + tx]
             for i in T.unroll(loads):  # tile 0 into registers
                 key = T.meta_var((i * threads + tx) // d)
                 col = T.meta_var((i * threads + tx) % d)
                 pos = T.meta_var(T.max(T.min(info[2] + key, info[1] - 1), 0))  # clamped
                 slot = T.meta_var(page_table_values[info[0] + pos // page])
-                kr[i] = pages[slot, 0, hk, pos % page, col]
-                vr[i] = pages[slot, 1, hk, pos % page, col]
+                kr[i] = _kv_value(
+                    T,
+                    pages,
+                    slot,
+                    0,
+                    hk,
+                    pos,
+                    col,
+                    page,
+                    fused,
+                    B,
+                    info,
+                    Q,
+                    h_qo,
+                    h_kv,
+                    d,
+                    q_rope_position,
+                    rope_scale,
+                    rope_theta,
+                    dtype,
+                )
+                vr[i] = _kv_value(
+                    T,
+                    pages,
+                    slot,
+                    1,
+                    hk,
+                    pos,
+                    col,
+                    page,
+                    fused,
+                    B,
+                    info,
+                    Q,
+                    h_qo,
+                    h_kv,
+                    d,
+                    q_rope_position,
+                    rope_scale,
+                    rope_theta,
+                    dtype,
+                )
             for t in range(T.ceildiv(info[3], tile)):
                 T.tvm_storage_sync("shared")  # the previous tile's readers are done
                 for i in T.unroll(loads):
@@ -559,8 +780,48 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
                     col = T.meta_var((i * threads + tx) % d)
                     pos = T.meta_var(T.max(T.min(info[2] + (t + 1) * tile + key, info[1] - 1), 0))
                     slot = T.meta_var(page_table_values[info[0] + pos // page])
-                    kr[i] = pages[slot, 0, hk, pos % page, col]
-                    vr[i] = pages[slot, 1, hk, pos % page, col]
+                    kr[i] = _kv_value(
+                        T,
+                        pages,
+                        slot,
+                        0,
+                        hk,
+                        pos,
+                        col,
+                        page,
+                        fused,
+                        B,
+                        info,
+                        Q,
+                        h_qo,
+                        h_kv,
+                        d,
+                        q_rope_position,
+                        rope_scale,
+                        rope_theta,
+                        dtype,
+                    )
+                    vr[i] = _kv_value(
+                        T,
+                        pages,
+                        slot,
+                        1,
+                        hk,
+                        pos,
+                        col,
+                        page,
+                        fused,
+                        B,
+                        info,
+                        Q,
+                        h_qo,
+                        h_kv,
+                        d,
+                        q_rope_position,
+                        rope_scale,
+                        rope_theta,
+                        dtype,
+                    )
                 part[0] = T.float32(0)
                 for j in T.unroll(dpp):  # score (head, key) of this thread: dpp of its products
                     part[0] = (
@@ -587,7 +848,7 @@ def decode_kernel_v2(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout
                     for j in T.unroll(outs):
                         acc[j] = acc[j] + p[0] * v_sh[k * row + j * tph + tx % tph]
                 m[0] = m_new[0]
-            hq2 = T.meta_var(tx // tph)  # this thread's query head (of the KV head's, padded)
+            hq2 = T.meta_var(hb + tx // tph)  # this thread's query head (of the KV head's, padded)
             if hq2 < group:
                 if chunks == 1:  # the whole sequence: the final output (no merge launch)
                     for j in T.unroll(outs):
@@ -678,13 +939,13 @@ def split_decode_attention(
     h_kv, page = static_int(pages.shape[2]), static_int(pages.shape[3])
     if None in (h_qo, d, h_kv, page):
         return None
+    fused = bool(func.attrs is not None and func.attrs.get(FUSED_ATTR, False))
     if variant == "split-v1":
-        layout = split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
+        layout = None if fused else split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
         new = None if layout is None else decode_kernel(h_qo, h_kv, d, page, dtype, layout)
     else:
-        single, every = v2_options(variant)
-        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, single, every)
-        new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2)
+        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, v2_options(variant))
+        new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2, fused)
     if new is None:
         return None
     for key, value in (func.attrs or {}).items():

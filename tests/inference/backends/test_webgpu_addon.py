@@ -124,6 +124,35 @@ def test_kernels_run_exactly_including_a_grid_over_65535_workgroups(dev, tmp_pat
         assert np.array_equal(tb.numpy(), a * np.float32(2) + np.float32(1)), f"wrong result for n={n}"
 
 
+def test_the_next_launch_reads_the_recorded_buffer_in_place_of_an_argument(dev, tmp_path):
+    """``llmchat.webgpu.substitute_next`` (the fused RoPE and append of the decode attention):
+    the next launch binds the buffer ``record_qkv`` recorded in place of the argument named,
+    that launch only; once the recorded buffer is freed, asking for it is a clear error."""
+    import tvm
+
+    lib = tvm.runtime.load_module(str(_scale_module(tmp_path)))
+    record = tvm.get_global_func("llmchat.webgpu.record_qkv")
+    substitute = tvm.get_global_func("llmchat.webgpu.substitute_next")
+    a = np.arange(100, dtype="float32")
+    c = np.arange(200, dtype="float32")[::-1].copy()
+    ta, tb, tc = (tvm.runtime.tensor(x, dev) for x in (a, np.zeros(100, "float32"), c))
+    record(tc)
+    substitute(ta, 0)
+    lib["scale"](ta, tb)
+    assert np.array_equal(tb.numpy(), c[:100] * np.float32(2) + np.float32(1))  # read C, not A
+    lib["scale"](ta, tb)
+    assert np.array_equal(tb.numpy(), a * np.float32(2) + np.float32(1))  # that launch only
+    del tc  # freed: nothing recorded any more
+    substitute(ta, 0)
+    with pytest.raises(Exception, match="no q/k/v projection was recorded"):
+        lib["scale"](ta, tb)
+    substitute(ta, 5)
+    with pytest.raises(Exception, match="no buffer argument 5 to substitute"):
+        lib["scale"](ta, tb)
+    lib["scale"](ta, tb)  # and the device still works afterwards
+    assert np.array_equal(tb.numpy(), a * np.float32(2) + np.float32(1))
+
+
 def test_a_grid_of_exactly_65536_workgroups_does_not_write_past_the_end(dev, tmp_path):
     """packGridDimX: the folded grid has padding workgroups that must do nothing."""
     import tvm

@@ -90,6 +90,12 @@ def _reference(q, pages, indptr, values, lens, sm_scale):
 def test_split_decode_attention_matches_float64_reference(
     webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant
 ):
+    _check(webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant)
+
+
+def _check(webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant):
+    """The split kernels of ``variant`` built for these shapes, run on scattered pages: launches
+    (one without a merge up to 128 keys for v2) and output / lse against :func:`_reference`."""
     import tvm
 
     from app.inference.backends import webgpu
@@ -132,7 +138,7 @@ def test_split_decode_attention_matches_float64_reference(
     lib[DECODE_ATTENTION](*t, out, lse, 0, 1.0, 10000.0, sm_scale)
     dispatches = webgpu.stats(dev.index)["dispatches"] - before
     # v2 runs one chunk and no merge while the page table holds at most 128 keys' pages
-    one_chunk = variant == "split-v2" and nnz * PAGE <= 128
+    one_chunk = variant.startswith("split-v2") and nnz * PAGE <= 128
     assert dispatches == (1 if one_chunk else 2)
 
     ref, ref_lse = _reference(q, pages, indptr, values, lens, sm_scale)
@@ -141,6 +147,37 @@ def test_split_decode_attention_matches_float64_reference(
     assert err <= tol, f"output off by {err:.2e}"
     lse_err = np.abs(lse.numpy() - ref_lse).max()
     assert lse_err <= (1e-3 if dtype == "float16" else 1e-4), f"lse off by {lse_err:.2e}"
+
+
+HEAD_SPLIT_CASES = [
+    # query heads, kv heads, head_dim, dtype, keys of each sequence, variant
+    (16, 2, 128, "float16", [17, 64], "split-v2-heads2"),  # Qwen2.5-3B: 8 workgroups of 2 heads
+    (16, 2, 128, "float16", [1100], "split-v2-heads2"),  # ... chunks and the merge
+    (16, 2, 128, "float16", [17, 1100], "split-v2-heads0"),  # all 8 in one workgroup (before)
+    (14, 2, 64, "float32", [300, 16], "split-v2-heads1"),  # 7 heads alone, 64 threads each
+    (32, 32, 128, "float16", [3, 100], "split-v2"),  # Llama-2-7B's 32 KV heads, one head each
+    (32, 32, 128, "float16", [1000], "split-v2-wg512"),  # ... 16 chunks a head and the merge
+]
+
+
+@pytest.mark.parametrize(
+    ("h_qo", "h_kv", "d", "dtype", "lens", "variant"),
+    HEAD_SPLIT_CASES,
+    ids=[f"{a}q{b}kv-d{c}-{t}-{'_'.join(map(str, n))}-{v}" for a, b, c, t, n, v in HEAD_SPLIT_CASES],
+)
+def test_v2_query_heads_split_over_workgroups(webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant):
+    """``split-v2-headsN``: a KV head's query heads over several workgroups of N heads each (the
+    same keys, fewer products a thread; 0: all in one) give the float64 reference's output and
+    lse; the layout says how many workgroups share a KV head."""
+    from app.inference.pipelines.wgsl_attention import kv_head_layout, v2_options
+
+    options = v2_options(variant)
+    shared = int(webgpu_target.attrs["max_shared_memory_per_block"])
+    layout = kv_head_layout(h_qo, h_kv, d, PAGE, 256, shared, options)
+    padded = 1 << (h_qo // h_kv - 1).bit_length()
+    assert layout is not None and layout.heads == (min(padded, options.max_heads) or padded)
+    assert layout.hsplit == padded // layout.heads  # workgroups a KV head
+    _check(webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant)
 
 
 def _profile_target(profile):
@@ -200,20 +237,38 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     assert plain[DECODE_ATTENTION].same_as(mod[DECODE_ATTENTION])  # no NORMAL-RoPE KV cache: kept
 
 
-def test_v2_layout_takes_all_query_heads_of_a_kv_head():
-    """v2 on the H200 profile: one workgroup holds every query head of its KV head (Qwen2.5-0.5B:
-    7, padded to 8; 3B: 8), within the profile's threads and workgroup memory; one chunk up to
-    128 keys, then chunks of at least one tile, at most 64 per KV head (128 workgroups)."""
-    from app.inference.pipelines.wgsl_attention import kv_head_layout
+def test_v2_layout_splits_the_query_heads_of_a_kv_head():
+    """v2 on the H200 profile: a workgroup holds 4 query heads of its KV head (Qwen2.5-0.5B: 7,
+    padded to 8; 3B: 8; two workgroups a KV head), within the profile's threads and workgroup
+    memory; one chunk up to 128 keys, then chunks of at least one tile, at most 32 per (KV head,
+    head split) (128 workgroups). Llama-2-7B's 32 KV heads: one head, 128 threads, 4 chunks at
+    most; ``tvmmany`` keeps TVM's kernel there; an unknown option is an error."""
+    from app.inference.pipelines.wgsl_attention import kv_head_layout, v2_options
 
     for h_qo, d, tile in ((14, 64, 32), (16, 128, 32)):
         layout = kv_head_layout(h_qo, 2, d, PAGE, max_threads=256, shared_bytes=49152)
         assert layout is not None
-        assert (layout.group, layout.heads, layout.threads, layout.tile) == (h_qo // 2, 8, 256, tile)
+        assert (layout.group, layout.heads, layout.hsplit, layout.threads, layout.tile) == (
+            h_qo // 2,
+            4,
+            2,
+            256,
+            tile,
+        )
         assert (2 * layout.tile * (d + 1) + layout.heads * d + layout.threads) * 4 <= 49152
-        assert layout.single_pages * PAGE == 128 and layout.max_chunks == 64
+        assert layout.single_pages * PAGE == 128 and layout.max_chunks == 32
     assert kv_head_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=32768).tile == 16  # lavapipe
-    assert kv_head_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
+    llama = kv_head_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152)
+    assert llama is not None and (llama.heads, llama.hsplit, llama.threads, llama.max_chunks) == (
+        1,
+        1,
+        128,
+        4,
+    )
+    assert kv_head_layout(32, 32, 128, PAGE, 256, 49152, v2_options("split-v2-tvmmany")) is None
+    assert v2_options("split-v2-heads0-single0-wg256") == v2_options("split-v2-wg256-single0-heads0")
+    with pytest.raises(ValueError, match="heads3"):
+        v2_options("split-v2-heads3")
 
 
 def test_attention_variant_switch(monkeypatch):
@@ -237,7 +292,7 @@ def test_tvm_switch_keeps_tvm_attention(monkeypatch):
 
 def test_many_kv_heads_keep_tvms_kernel():
     """With 16 or more KV heads (Llama-2-7B: 32) TVM's one-workgroup-per-head kernel was faster on
-    the H200: the split is not used there."""
+    the H200 than split-v1: v1 is not used there (v2 is)."""
     from app.inference.pipelines.wgsl_attention import TVM_KERNEL_MIN_KV_HEADS, split_layout
 
     assert split_layout(32, 32, 128, PAGE, max_threads=256, shared_bytes=49152) is None
@@ -248,3 +303,96 @@ def test_many_kv_heads_keep_tvms_kernel():
         is None
     )
     assert split_layout(16, 2, 128, PAGE, max_threads=256, shared_bytes=49152) is not None
+
+
+def _rope_np(x, pos, theta, d):
+    """TVM's RoPE of one head's row (float64 reference)."""
+    c = np.arange(d)
+    freq = pos / theta ** ((c * 2 % d) / d)
+    partner = np.where(c < d // 2, -x[(c + d // 2) % d], x[(c + d // 2) % d])
+    return np.cos(freq) * x + np.sin(freq) * partner
+
+
+FUSED_CASES = [
+    # query heads, kv heads, head_dim, keys (the new token included)
+    (16, 2, 128, 17),  # Qwen2.5-3B, one chunk
+    (14, 2, 64, 300),  # Qwen2.5-0.5B, chunks and the merge
+    (32, 32, 128, 33),  # Llama-2-7B
+]
+
+
+@pytest.mark.parametrize(
+    ("h_qo", "h_kv", "d", "n"), FUSED_CASES, ids=[f"{a}q{b}kv-d{c}-{n}" for a, b, c, n in FUSED_CASES]
+)
+def test_fused_rope_append_reads_the_recorded_projection(webgpu_target, tmp_path, h_qo, h_kv, d, n):
+    """The fused v2 kernel (one sequence): q, k and v of the new token come from the q/k/v
+    projection recorded through the add-on (not from ``Q`` or the page slot, which hold junk),
+    RoPE is applied as TVM's split-rotary does, the new key and value land in their page slot,
+    and the output and lse match a float64 reference; with two sequences the same library reads
+    ``Q`` and the pages as they are (TVM's split-rotary and append ran)."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines.cuda_rope_append import FUSED_ATTR
+    from app.inference.pipelines.wgsl_attention import DECODE_ATTENTION, split_decode_attention
+
+    target, dtype, theta = webgpu_target, "float16", 10000.0
+    tvm_func = _tvm_kernel(h_qo, h_kv, d, dtype, target).with_attr(FUSED_ATTR, True)
+    func = split_decode_attention(
+        tvm_func, int(target.attrs["max_num_threads"]), int(target.attrs["max_shared_memory_per_block"])
+    )
+    lib = _build(func, target, tmp_path)
+    dev = webgpu.device(0)
+    rng = np.random.default_rng(n + h_qo)
+    n_pages = -(-n // PAGE)
+    max_pages = n_pages + 2
+    pages = rng.standard_normal((max_pages, 2, h_kv, PAGE, d)).astype(dtype)
+    values = rng.permutation(max_pages)[:n_pages].astype("int32")
+    indptr = np.array([0, n_pages], "int32")
+    last = np.array([n - (n_pages - 1) * PAGE], "int32")
+    pos = n - 1
+    qkv = rng.standard_normal((1, h_qo + 2 * h_kv, d)).astype(dtype)
+    junk_q = np.full((1, h_qo, d), 7.0, dtype)  # what Q holds: split-rotary did not run
+    slot, off = values[pos // PAGE], pos % PAGE
+    pages[slot, :, :, off, :] = 9.0  # the append did not run either
+    sm_scale = 1 / np.sqrt(d)
+    q_pos = np.array([pos], "int32")
+    t_pages = tvm.runtime.tensor(pages, dev)
+    t = [tvm.runtime.tensor(a, dev) for a in (junk_q,)]
+    rest = [tvm.runtime.tensor(a, dev) for a in (indptr, values, last, np.zeros(1, "int32"), q_pos)]
+    t_qkv = tvm.runtime.tensor(qkv, dev)
+    out = tvm.runtime.empty((1, h_qo, d), dtype, dev)
+    lse = tvm.runtime.empty((1, h_qo), "float32", dev)
+    tvm.get_global_func("llmchat.webgpu.record_qkv")(t_qkv)
+    lib[DECODE_ATTENTION](t[0], t_pages, *rest, out, lse, 0, 1.0, theta, sm_scale)
+
+    x = qkv.astype(np.float64)[0]
+    q = np.stack([_rope_np(x[h], pos, theta, d) for h in range(h_qo)]).astype(dtype)
+    k_new = np.stack([_rope_np(x[h_qo + h], pos, theta, d) for h in range(h_kv)]).astype(dtype)
+    v_new = qkv[0, h_qo + h_kv :]
+    got_pages = t_pages.numpy()
+    # the slot holds the rotated key (float16 rounding of float32 sin/cos) and the value exactly
+    assert np.abs(got_pages[slot, 0, :, off, :].astype(np.float64) - k_new).max() <= 4e-3
+    assert np.array_equal(got_pages[slot, 1, :, off, :], v_new)
+    other = np.ones(pages.shape, bool)
+    other[slot, :, :, off, :] = False
+    assert np.array_equal(got_pages[other], pages[other])  # nothing else written
+    ref_pages = pages.copy()
+    ref_pages[slot, 0, :, off, :] = k_new
+    ref_pages[slot, 1, :, off, :] = v_new
+    ref, ref_lse = _reference(q[None], ref_pages, indptr, values, [n], sm_scale)
+    assert np.abs(out.numpy().astype(np.float64) - ref).max() <= 5e-3
+    assert np.abs(lse.numpy() - ref_lse).max() <= 2e-3
+
+    # two sequences: Q and the pages as they are, the recorded projection not read
+    q2 = rng.standard_normal((2, h_qo, d)).astype(dtype)
+    indptr2 = np.array([0, n_pages, n_pages], "int32")
+    lens2 = [n, 0]
+    last2 = np.array([last[0], 0], "int32")
+    zeros2 = np.zeros(2, "int32")
+    out2 = tvm.runtime.empty((2, h_qo, d), dtype, dev)
+    lse2 = tvm.runtime.empty((2, h_qo), "float32", dev)
+    args2 = [tvm.runtime.tensor(a, dev) for a in (q2, pages, indptr2, values, last2, zeros2, zeros2)]
+    lib[DECODE_ATTENTION](*args2, out2, lse2, 0, 1.0, theta, sm_scale)
+    ref2, _ = _reference(q2[:1], pages, indptr2[:2], values, lens2[:1], sm_scale)
+    assert np.abs(out2.numpy()[:1].astype(np.float64) - ref2).max() <= 5e-3  # values near 9: half a step

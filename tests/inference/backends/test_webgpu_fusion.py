@@ -304,9 +304,27 @@ def test_the_default_int8_fusion_cuts_the_same_launches(monkeypatch):
     assert not wgsl_fusion.use_int8_fusion(_target())
 
 
+def test_rope_and_append_move_into_the_decode_attention(monkeypatch):
+    """By default a decoded token's split-rotary and KV append launch nothing (the v2 attention
+    does both, :mod:`~app.inference.pipelines.wgsl_rope_append`): two launches a layer fewer than
+    with ``LLMCHAT_WGSL_ROPE_APPEND=off``; the switch is part of the library key."""
+    from app.inference.compile.cache import _kernel_switches
+    from app.inference.pipelines.wgsl_rope_append import SWITCH
+
+    layers = 2
+    default = _tiny_counts(monkeypatch, "")
+    monkeypatch.setenv(SWITCH, "off")
+    off = _tiny_counts(monkeypatch, "")
+    assert off["fused_rope"] == layers and off["tir_kv_cache_transpose_append"] == layers
+    assert "fused_rope" not in default and "tir_kv_cache_transpose_append" not in default
+    assert sum(off.values()) - sum(default.values()) == 2 * layers
+    assert _kernel_switches()[SWITCH] == "off"
+
+
 def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_model_dir, monkeypatch):
     """The kernel launches counted from the scheduled module of a tiny model are the dispatches
-    llmchat's device API records per greedy decode step (fusion on, then off)."""
+    llmchat's device API records per greedy decode step (fusion on, then off with the RoPE and
+    append kernels launched, then int8)."""
     need_vulkan()
     from app.inference.backends import webgpu
     from app.inference.compile.targets import make_target
@@ -314,8 +332,9 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
     from app.inference.hardware.device_spec import DeviceSpec
 
     model_dir = tiny_model_dir("llama", "q4f16_1")
-    for fusion in ("on", "off", "int8"):
+    for fusion, rope_append in (("on", ""), ("off", "off"), ("int8", "")):
         monkeypatch.setenv(wgsl_fusion.FUSION_ENV, fusion)
+        monkeypatch.setenv("LLMCHAT_WGSL_ROPE_APPEND", rope_append)
         engine = load_engine(model_dir, device="vulkan")
         try:
             rt = engine.runtime

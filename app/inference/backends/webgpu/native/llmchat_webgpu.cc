@@ -23,6 +23,7 @@
 // web/src/webgpu.ts in the apache-tvm wheel); this is llmchat's own implementation.
 
 #include <dlfcn.h>
+#include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
@@ -53,7 +54,7 @@ using tvm::runtime::DeviceAPI;
 using tvm::runtime::DeviceAttrKind;
 namespace ffi = tvm::ffi;
 
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
 // timestamps per submission when profiling (LLMCHAT_WEBGPU_PROFILE=1)
 constexpr uint32_t kProfileQueries = 4096;
 constexpr DLDeviceType kDeviceType = static_cast<DLDeviceType>(kDLWebGPU);
@@ -282,6 +283,13 @@ struct Context {
 
   // bind groups by (pipeline, buffers)
   std::unordered_map<std::string, WGPUBindGroup> bind_groups;
+
+  // llmchat.webgpu.record_qkv / substitute_next: a decoded token's RoPE and KV append inside the
+  // decode attention (app/inference/pipelines/wgsl_rope_append.py). The q/k/v projection's host
+  // code records its output buffer; the attention's host code then asks for its next launch's
+  // buffer argument ``substitute`` to be that buffer (it reads q, k and v of the token there)
+  WGPUBuffer recorded = nullptr;
+  int substitute = -1;
 
   // asynchronous read-backs (llmchat.webgpu.readback_*): a copy queued behind the work recorded so
   // far, waited for by its own submission, not by the work queued after it
@@ -814,6 +822,7 @@ class WebGPUDeviceAPI final : public DeviceAPI {
     WGPUBuffer buf = as_buffer(ptr);
     flush(ctx);  // recorded work may still read it
     drop_bind_groups(ctx, buf);
+    if (ctx->recorded == buf) ctx->recorded = nullptr;
     ctx->allocated -= static_cast<int64_t>(wgpuBufferGetSize(buf));
     wgpuBufferRelease(buf);
   }
@@ -1080,6 +1089,8 @@ class WebGPUModule final : public ffi::ModuleObj {
   static void launch(Kernel* k, ffi::PackedArgs args) {
     Context* ctx = k->ctx;
     int64_t t0 = now_ns();
+    int substitute = ctx->substitute;  // for this launch only, whether it dispatches or not
+    ctx->substitute = -1;
     if (ctx->lost) check(ctx, ("running kernel " + k->name).c_str());
     size_t nargs = k->buffer_args.size() + k->pod_args.size();
     if (static_cast<size_t>(args.size()) != nargs + k->dim_of_tag.size()) {
@@ -1139,8 +1150,17 @@ class WebGPUModule final : public ffi::ModuleObj {
     WGPUComputePipeline pipe = k->pipeline;
     memcpy(&key[0], &pipe, sizeof(void*));
     std::vector<WGPUBuffer> bufs(k->buffer_args.size());
+    if (substitute >= static_cast<int>(k->buffer_args.size())) {
+      LLMCHAT_FAIL("kernel " << k->name << ": no buffer argument " << substitute << " to substitute");
+    }
     for (size_t i = 0; i < k->buffer_args.size(); ++i) {
       void* p = args[k->buffer_args[i]].cast<void*>();
+      if (static_cast<int>(i) == substitute) {
+        if (ctx->recorded == nullptr) {
+          LLMCHAT_FAIL("kernel " << k->name << ": no q/k/v projection was recorded for it to read");
+        }
+        p = static_cast<void*>(ctx->recorded);
+      }
       if (p == nullptr) LLMCHAT_FAIL("kernel " << k->name << ": buffer argument " << i << " is NULL");
       bufs[i] = as_buffer(p);
       memcpy(&key[sizeof(void*) * (1 + i)], &p, sizeof(void*));
@@ -1284,6 +1304,18 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](int64_t index, int64_t slot) -> ffi::Bytes {
              std::lock_guard<std::recursive_mutex> guard(lock());
              return ffi::Bytes(readback_wait(get_context(static_cast<int>(index)), static_cast<int>(slot)));
+           })
+      .def("llmchat.webgpu.record_qkv",
+           [](ffi::TensorView t) -> int64_t {
+             std::lock_guard<std::recursive_mutex> guard(lock());
+             get_context(t.device().device_id)->recorded = as_buffer(t.data_ptr());
+             return 0;
+           })
+      .def("llmchat.webgpu.substitute_next",
+           [](ffi::TensorView t, int64_t arg) -> int64_t {
+             std::lock_guard<std::recursive_mutex> guard(lock());
+             get_context(t.device().device_id)->substitute = static_cast<int>(arg);
+             return 0;
            })
       .def("llmchat.webgpu.sync", [](int64_t index) {
         std::lock_guard<std::recursive_mutex> guard(lock());

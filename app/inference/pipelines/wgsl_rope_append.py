@@ -1,0 +1,130 @@
+"""A decoded token's RoPE and KV append inside llmchat's WGSL decode attention (WebGPU/Vulkan).
+
+For every layer TVM's paged KV cache launches three kernels when one token is decoded:
+split-rotary (q, k, v out of the fused projection, RoPE on q and k), transpose-append (k and v
+into their page slot) and the attention. On NVIDIA's Vulkan driver a dispatch costs ~5 µs
+whatever it does (an empty one: 5.4 µs), so the first two cost about as much as a GEMV. The CUDA
+path folds them into its attention kernel with recorded device pointers
+(:mod:`.cuda_rope_append`); WGSL has no pointers, so here the add-on does the recording:
+
+- the PrimFunc computing each layer's fused q/k/v projection (whatever kernel it became) calls
+  the add-on's ``llmchat.webgpu.record_qkv`` with its output from its host code, before its launch;
+- TVM's split-rotary and append PrimFuncs launch their kernels only for more than one token (the
+  host-side condition of :func:`.cuda_rope_append.skip_single_token`);
+- the decode attention is llmchat's v2 kernel built ``fused`` (:func:`.wgsl_attention.decode_kernel_v2`):
+  for one sequence its host code calls ``llmchat.webgpu.substitute_next``, so the add-on binds
+  the recorded projection in place of ``Q`` for the next launch; the kernel applies RoPE to the
+  token's q and k as TVM's split-rotary does, writes the new key and value to their page slot
+  (one workgroup per KV head) and takes them from the projection where it meets the last key.
+
+Only where every attention call of the module takes q/k/v from a PrimFunc's output (through
+reshapes), split-rotary and append are TVM's own for default RoPE, the KV cache applies RoPE
+(``RopeMode.NORMAL``) and the v2 kernel takes the shapes; otherwise nothing changes.
+``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps the three launches (part of the library cache key).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.inference.pipelines.cuda_rope_append import (
+    DECODE_ATTENTION,
+    FUSED_ATTR,
+    SKIP_SINGLE_ATTR,
+    SPLIT_ROTARY,
+    TRANSPOSE_APPEND,
+    _qkv_producers,
+    _rope_mode_normal,
+    is_default_rope,
+    is_plain_append,
+)
+
+#: the switch: ``off`` keeps TVM's split-rotary and append launches for one token
+SWITCH = "LLMCHAT_WGSL_ROPE_APPEND"
+#: the add-on's packed function the q/k/v projection's host code calls with its output
+RECORD_QKV = "llmchat.webgpu.record_qkv"
+
+
+def enabled() -> bool:
+    """Whether the fusion is asked for (default) or ``LLMCHAT_WGSL_ROPE_APPEND=off``."""
+    return os.environ.get(SWITCH, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+@dataclass
+class Plan:
+    """What :func:`mark` found, for :func:`record_pass` after the schedules: the names of the
+    PrimFuncs whose output is a q/k/v projection the attention reads."""
+
+    producers: set[str] = field(default_factory=set)
+
+
+def _is_prim_func(func: Any) -> bool:
+    from tvm import tirx
+
+    return isinstance(func, tirx.PrimFunc)
+
+
+def mark(mod: Any, plan: Plan, max_threads: int, shared_bytes: int, variant: str) -> Any:
+    """``mod`` with split-rotary and append launching only for more than one token, the decode
+    attention marked fused and ``plan.producers`` filled; ``mod`` unchanged where that is not
+    safe (module docstring)."""
+    from app.inference.pipelines.wgsl_attention import split_decode_attention
+
+    names = {gv.name_hint: gv for gv in mod.functions}
+    kv_funcs = [names.get(n) for n in (SPLIT_ROTARY, TRANSPOSE_APPEND, DECODE_ATTENTION)]
+    if any(gv is None for gv in kv_funcs) or not variant.startswith("split-v2"):
+        return mod
+    split_gv, append_gv, attention_gv = kv_funcs
+    if not (is_default_rope(mod[split_gv]) and is_plain_append(mod[append_gv]) and _rope_mode_normal(mod)):
+        return mod
+    fused_attention = mod[attention_gv].with_attr(FUSED_ATTR, True)
+    if split_decode_attention(fused_attention, max_threads, shared_bytes, variant) is None:
+        return mod
+    producers = _qkv_producers(mod, records=_is_prim_func)
+    if not producers:
+        return mod
+    mod = mod.clone()
+    for gv, tokens_param in ((split_gv, 0), (append_gv, 1)):
+        mod.update_func(gv, mod[gv].with_attr(SKIP_SINGLE_ATTR, tokens_param))
+    mod.update_func(attention_gv, fused_attention)
+    plan.producers = {gv.name_hint for gv in producers}
+    return mod
+
+
+def mark_pass(plan: Plan, max_threads: int, shared_bytes: int, variant: str) -> Any:
+    """Module pass: :func:`mark` (after the fusions, before the attention pass and the schedules)."""
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_mark_rope_append")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        return mark(mod, plan, max_threads, shared_bytes, variant)
+
+    return _pass
+
+
+def record(func: Any) -> Any:
+    """``func`` with a host-side call of :data:`RECORD_QKV` on its output (its last parameter)
+    before its body."""
+    from tvm import tirx
+
+    call = tirx.Evaluate(tirx.call_packed(RECORD_QKV, func.params[-1]))
+    return func.with_body(tirx.SeqStmt([call, func.body]))
+
+
+def record_pass(plan: Plan) -> Any:
+    """Module pass: :func:`record` on the PrimFuncs :func:`mark` named (after the schedules)."""
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="llmchat_wgsl_record_qkv")
+    def _pass(mod: Any, _ctx: Any) -> Any:
+        targets = [gv for gv in mod.functions if gv.name_hint in plan.producers]
+        if not targets:
+            return mod
+        mod = mod.clone()
+        for gv in targets:
+            mod.update_func(gv, record(mod[gv]))
+        return mod
+
+    return _pass
