@@ -394,7 +394,8 @@ class KVHeadLayout:
 
 
 def _v2_shared_bytes(heads: int, d: int, threads: int, tile: int) -> int:
-    return (2 * tile * (d + 1) + heads * d + threads) * 4
+    # K and V tiles, q, the scores, the fused kernel's new key and value
+    return (2 * tile * (d + 1) + heads * d + threads + 2 * d) * 4
 
 
 @dataclass(frozen=True)
@@ -518,26 +519,17 @@ def _kv_value(
     fused: bool,
     B: Any,
     info: Any,
-    Q: Any,
-    h_qo: int,
-    h_kv: int,
+    new_kv: Any,
     d: int,
-    q_pos: Any,
-    scale: Any,
-    theta: Any,
     dtype: str,
 ) -> Any:
     """Key (``kv`` 0) or value (1) at ``pos`` of KV head ``hk``: the page's, or with ``fused`` and
-    one sequence the new token's (the last key) from the recorded projection (the key with RoPE)."""
+    one sequence the new token's (the last key) as the workgroup staged it in ``new_kv`` (the
+    key with RoPE, then the value)."""
     stored = pages[slot, kv, hk, pos % page, col]
     if not fused:
         return stored
-    new = (
-        _rope(T, Q, h_qo + hk, col, d, q_pos[0], scale, theta, dtype)
-        if kv == 0
-        else Q[0, h_qo + h_kv + hk, col]
-    )
-    return T.if_then_else(T.And(B == 1, pos == info[1] - 1), new, stored)
+    return T.if_then_else(T.And(B == 1, pos == info[1] - 1), T.Cast(dtype, new_kv[kv * d + col]), stored)
 
 
 def decode_kernel_v2(
@@ -641,6 +633,8 @@ def decode_kernel_v2(
             k_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
             v_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
             red = T.decl_buffer((threads,), "float32", scope="shared")
+            # fused: the new token's key (with RoPE) and value, computed once per workgroup
+            new_kv = T.decl_buffer((2 * d if fused else 1,), "float32", scope="shared")
             info = T.decl_buffer((4,), "int32", scope="local")  # 1st page, length, chunk start, chunk keys
             kr = T.decl_buffer((loads,), dtype, scope="local")  # the next tile's keys and values
             vr = T.decl_buffer((loads,), dtype, scope="local")
@@ -719,6 +713,18 @@ def decode_kernel_v2(
                                 (info[1] - 1) % page,
                                 i * threads + tx,
                             ] = Q[0, h_qo + h_kv + hk, i * threads + tx]
+            if fused:
+                # every thread (threads >= head_dim) writes one dimension's key and value; with more
+                # than one sequence Q is the real q and head 0 is read instead (unused)
+                kv_head = T.meta_var(T.if_then_else(B == 1, h_qo + hk, 0))
+                new_kv[tx % d] = T.Cast(
+                    "float32",
+                    _rope(T, Q, kv_head, tx % d, d, q_rope_position[0], rope_scale, rope_theta, dtype),
+                )
+                new_kv[d + tx % d] = T.Cast(
+                    "float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d]
+                )
+                T.tvm_storage_sync("shared")
             for i in T.unroll(loads):  # tile 0 into registers
                 key = T.meta_var((i * threads + tx) // d)
                 col = T.meta_var((i * threads + tx) % d)
@@ -736,13 +742,8 @@ def decode_kernel_v2(
                     fused,
                     B,
                     info,
-                    Q,
-                    h_qo,
-                    h_kv,
+                    new_kv,
                     d,
-                    q_rope_position,
-                    rope_scale,
-                    rope_theta,
                     dtype,
                 )
                 vr[i] = _kv_value(
@@ -757,13 +758,8 @@ def decode_kernel_v2(
                     fused,
                     B,
                     info,
-                    Q,
-                    h_qo,
-                    h_kv,
+                    new_kv,
                     d,
-                    q_rope_position,
-                    rope_scale,
-                    rope_theta,
                     dtype,
                 )
             for t in range(T.ceildiv(info[3], tile)):
@@ -792,13 +788,8 @@ def decode_kernel_v2(
                         fused,
                         B,
                         info,
-                        Q,
-                        h_qo,
-                        h_kv,
+                        new_kv,
                         d,
-                        q_rope_position,
-                        rope_scale,
-                        rope_theta,
                         dtype,
                     )
                     vr[i] = _kv_value(
@@ -813,13 +804,8 @@ def decode_kernel_v2(
                         fused,
                         B,
                         info,
-                        Q,
-                        h_qo,
-                        h_kv,
+                        new_kv,
                         d,
-                        q_rope_position,
-                        rope_scale,
-                        rope_theta,
                         dtype,
                     )
                 part[0] = T.float32(0)
@@ -945,6 +931,8 @@ def split_decode_attention(
         new = None if layout is None else decode_kernel(h_qo, h_kv, d, page, dtype, layout)
     else:
         layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, v2_options(variant))
+        if layout2 is not None and fused and layout2.threads < d:
+            layout2 = None  # the fused kernel stages the new key with one thread per dimension
         new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2, fused)
     if new is None:
         return None

@@ -20,7 +20,14 @@ path folds them into its attention kernel with recorded device pointers
 Only where every attention call of the module takes q/k/v from a PrimFunc's output (through
 reshapes), split-rotary and append are TVM's own for default RoPE, the KV cache applies RoPE
 (``RopeMode.NORMAL``) and the v2 kernel takes the shapes; otherwise nothing changes.
-``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps the three launches (part of the library cache key).
+
+**By default only for head_dim up to 64** (:data:`AUTO_MAX_HEAD_DIM`), from the H200 (NVIDIA's
+Vulkan driver, bench protocol, decode tok/s, fused against ``off`` in one call,
+benchmarks/results/h200-2026-12-03-s14/ab5.tgz): Qwen2.5-0.5B (head_dim 64) 806.8 against 762.2;
+Qwen2.5-3B (128) 356.1 against 374.8; Llama-2-7B (128) 215.7 against 258.7. Why the 128-wide
+heads lose that much (the kernel's extra work is one RoPE per thread and a staged key) is not
+known yet. ``LLMCHAT_WGSL_ROPE_APPEND=on`` fuses every head_dim, ``off`` none (part of the
+library cache key).
 """
 
 from __future__ import annotations
@@ -41,15 +48,27 @@ from app.inference.pipelines.cuda_rope_append import (
     is_plain_append,
 )
 
-#: the switch: ``off`` keeps TVM's split-rotary and append launches for one token
+#: the switch: ``on`` fuses every head_dim, ``off`` keeps TVM's split-rotary and append launches
+#: for one token, unset (``auto``) fuses head_dims up to :data:`AUTO_MAX_HEAD_DIM`
 SWITCH = "LLMCHAT_WGSL_ROPE_APPEND"
+#: the widest head ``auto`` fuses (module docstring: measured faster at 64, slower at 128)
+AUTO_MAX_HEAD_DIM = 64
 #: the add-on's packed function the q/k/v projection's host code calls with its output
 RECORD_QKV = "llmchat.webgpu.record_qkv"
 
 
+def mode() -> str:
+    """``auto`` (unset), ``on`` or ``off`` (``LLMCHAT_WGSL_ROPE_APPEND``; ``0``/``no``/``false``
+    mean off, ``1``/``yes``/``true`` on)."""
+    raw = os.environ.get(SWITCH, "").strip().lower()
+    if raw in ("off", "0", "no", "false"):
+        return "off"
+    return "on" if raw in ("on", "1", "yes", "true") else "auto"
+
+
 def enabled() -> bool:
-    """Whether the fusion is asked for (default) or ``LLMCHAT_WGSL_ROPE_APPEND=off``."""
-    return os.environ.get(SWITCH, "").strip().lower() not in ("off", "0", "no", "false")
+    """Whether the fusion may be made (not ``LLMCHAT_WGSL_ROPE_APPEND=off``)."""
+    return mode() != "off"
 
 
 @dataclass
@@ -77,6 +96,10 @@ def mark(mod: Any, plan: Plan, max_threads: int, shared_bytes: int, variant: str
     if any(gv is None for gv in kv_funcs) or not variant.startswith("split-v2"):
         return mod
     split_gv, append_gv, attention_gv = kv_funcs
+    q = mod[attention_gv].params[0]
+    head_dim = int(q.shape[-1]) if hasattr(q, "shape") and len(q.shape) == 3 else 0
+    if mode() == "auto" and not 0 < head_dim <= AUTO_MAX_HEAD_DIM:
+        return mod
     if not (is_default_rope(mod[split_gv]) and is_plain_append(mod[append_gv]) and _rope_mode_normal(mod)):
         return mod
     fused_attention = mod[attention_gv].with_attr(FUSED_ATTR, True)

@@ -321,6 +321,31 @@ def test_rope_and_append_move_into_the_decode_attention(monkeypatch):
     assert _kernel_switches()[SWITCH] == "off"
 
 
+def test_rope_and_append_stay_apart_for_wide_heads_unless_asked(monkeypatch):
+    """head_dim 128 (Qwen2.5-3B, Llama-2-7B) measured slower fused on the H200: by default its
+    split-rotary and append keep their launches; ``LLMCHAT_WGSL_ROPE_APPEND=on`` fuses them too."""
+    from app.inference.compile.targets import make_target
+    from app.inference.engine import random_model
+    from app.inference.engine.random_model import preset_config
+    from app.inference.hardware.device_spec import DeviceSpec
+    from app.inference.pipelines.wgsl_rope_append import AUTO_MAX_HEAD_DIM, SWITCH
+
+    wide = dict(
+        random_model.PRESETS["tiny-llama"], hidden_size=256, num_attention_heads=2, num_key_value_heads=1
+    )
+    monkeypatch.setitem(random_model.PRESETS, "tiny-llama-d128", wide)
+    config = preset_config("tiny-llama-d128", "q4f16_1")
+    assert config.hidden_size // config.num_attention_heads == 128 > AUTO_MAX_HEAD_DIM
+    target = make_target(DeviceSpec("vulkan", 0), "wgsl-f16-wg49152-t256")
+    monkeypatch.delenv(SWITCH, raising=False)
+    default = decode_step_kernels(scheduled_module(config, target))
+    monkeypatch.setenv(SWITCH, "on")
+    on = decode_step_kernels(scheduled_module(config, target))
+    layers = config.num_hidden_layers
+    assert default["fused_rope"] == layers and default["tir_kv_cache_transpose_append"] == layers
+    assert "fused_rope" not in on and sum(default.values()) - sum(on.values()) == 2 * layers
+
+
 def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_model_dir, monkeypatch):
     """The kernel launches counted from the scheduled module of a tiny model are the dispatches
     llmchat's device API records per greedy decode step (fusion on, then off with the RoPE and
