@@ -507,25 +507,12 @@ def _q_value(
     return T.if_then_else(B == 1, _rope(T, Q, h, c, d, pos[0], scale, theta, dtype), Q[b, h, c])
 
 
-def _kv_value(
-    T: Any,
-    pages: Any,
-    slot: Any,
-    kv: int,
-    hk: Any,
-    pos: Any,
-    col: Any,
-    page: int,
-    fused: bool,
-    B: Any,
-    info: Any,
-    new_kv: Any,
-    d: int,
-    dtype: str,
-) -> Any:
-    """Key (``kv`` 0) or value (1) at ``pos`` of KV head ``hk``: the page's, or with ``fused`` and
-    one sequence the new token's (the last key) as the workgroup staged it in ``new_kv`` (the
-    key with RoPE, then the value)."""
+def _kv_value(T: Any, kv_ctx: tuple, slot: Any, kv: int, pos: Any, col: Any) -> Any:
+    """Key (``kv`` 0) or value (1) at ``pos``, ``col`` of the workgroup's KV head: the page's, or
+    with ``fused`` and one sequence the new token's (the last key) as the workgroup staged it in
+    ``new_kv`` (the key with RoPE, then the value). ``kv_ctx``: (pages, KV head, page size, fused,
+    B, info, new_kv, head_dim, dtype)."""
+    pages, hk, page, fused, B, info, new_kv, d, dtype = kv_ctx
     stored = pages[slot, kv, hk, pos % page, col]
     if not fused:
         return stored
@@ -725,43 +712,14 @@ def decode_kernel_v2(
                     "float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d]
                 )
                 T.tvm_storage_sync("shared")
+            kv_ctx = T.meta_var((pages, hk, page, fused, B, info, new_kv, d, dtype))
             for i in T.unroll(loads):  # tile 0 into registers
                 key = T.meta_var((i * threads + tx) // d)
                 col = T.meta_var((i * threads + tx) % d)
                 pos = T.meta_var(T.max(T.min(info[2] + key, info[1] - 1), 0))  # clamped
                 slot = T.meta_var(page_table_values[info[0] + pos // page])
-                kr[i] = _kv_value(
-                    T,
-                    pages,
-                    slot,
-                    0,
-                    hk,
-                    pos,
-                    col,
-                    page,
-                    fused,
-                    B,
-                    info,
-                    new_kv,
-                    d,
-                    dtype,
-                )
-                vr[i] = _kv_value(
-                    T,
-                    pages,
-                    slot,
-                    1,
-                    hk,
-                    pos,
-                    col,
-                    page,
-                    fused,
-                    B,
-                    info,
-                    new_kv,
-                    d,
-                    dtype,
-                )
+                kr[i] = _kv_value(T, kv_ctx, slot, 0, pos, col)
+                vr[i] = _kv_value(T, kv_ctx, slot, 1, pos, col)
             for t in range(T.ceildiv(info[3], tile)):
                 T.tvm_storage_sync("shared")  # the previous tile's readers are done
                 for i in T.unroll(loads):
@@ -776,38 +734,8 @@ def decode_kernel_v2(
                     col = T.meta_var((i * threads + tx) % d)
                     pos = T.meta_var(T.max(T.min(info[2] + (t + 1) * tile + key, info[1] - 1), 0))
                     slot = T.meta_var(page_table_values[info[0] + pos // page])
-                    kr[i] = _kv_value(
-                        T,
-                        pages,
-                        slot,
-                        0,
-                        hk,
-                        pos,
-                        col,
-                        page,
-                        fused,
-                        B,
-                        info,
-                        new_kv,
-                        d,
-                        dtype,
-                    )
-                    vr[i] = _kv_value(
-                        T,
-                        pages,
-                        slot,
-                        1,
-                        hk,
-                        pos,
-                        col,
-                        page,
-                        fused,
-                        B,
-                        info,
-                        new_kv,
-                        d,
-                        dtype,
-                    )
+                    kr[i] = _kv_value(T, kv_ctx, slot, 0, pos, col)
+                    vr[i] = _kv_value(T, kv_ctx, slot, 1, pos, col)
                 part[0] = T.float32(0)
                 for j in T.unroll(dpp):  # score (head, key) of this thread: dpp of its products
                     part[0] = (
