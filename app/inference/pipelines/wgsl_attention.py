@@ -394,8 +394,7 @@ class KVHeadLayout:
 
 
 def _v2_shared_bytes(heads: int, d: int, threads: int, tile: int) -> int:
-    # K and V tiles, q, the scores, the fused kernel's new key and value
-    return (2 * tile * (d + 1) + heads * d + threads + 2 * d) * 4
+    return (2 * tile * (d + 1) + heads * d + threads) * 4
 
 
 @dataclass(frozen=True)
@@ -507,16 +506,12 @@ def _q_value(
     return T.if_then_else(B == 1, _rope(T, Q, h, c, d, pos[0], scale, theta, dtype), Q[b, h, c])
 
 
-def _kv_value(T: Any, kv_ctx: tuple, slot: Any, kv: int, pos: Any, col: Any) -> Any:
-    """Key (``kv`` 0) or value (1) at ``pos``, ``col`` of the workgroup's KV head: the page's, or
-    with ``fused`` and one sequence the new token's (the last key) as the workgroup staged it in
-    ``new_kv`` (the key with RoPE, then the value). ``kv_ctx``: (pages, KV head, page size, fused,
-    B, info, new_kv, head_dim, dtype)."""
-    pages, hk, page, fused, B, info, new_kv, d, dtype = kv_ctx
-    stored = pages[slot, kv, hk, pos % page, col]
-    if not fused:
-        return stored
-    return T.if_then_else(T.And(B == 1, pos == info[1] - 1), T.Cast(dtype, new_kv[kv * d + col]), stored)
+def _staged(T: Any, loaded: Any, new: Any, is_new: Any) -> Any:
+    """What a thread stages for one key element: the loaded one as float32, or (``is_new``, the
+    fused kernel's last key) the new token's."""
+    if is_new is False:
+        return T.Cast("float32", loaded)
+    return T.if_then_else(is_new, new, T.Cast("float32", loaded))
 
 
 def decode_kernel_v2(
@@ -620,8 +615,8 @@ def decode_kernel_v2(
             k_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
             v_sh = T.decl_buffer((tile * row,), "float32", scope="shared")
             red = T.decl_buffer((threads,), "float32", scope="shared")
-            # fused: the new token's key (with RoPE) and value, computed once per workgroup
-            new_kv = T.decl_buffer((2 * d if fused else 1,), "float32", scope="shared")
+            # fused: the new token's key (with RoPE) and value at this thread's dimension
+            new_kv = T.decl_buffer((2,), "float32", scope="local")
             info = T.decl_buffer((4,), "int32", scope="local")  # 1st page, length, chunk start, chunk keys
             kr = T.decl_buffer((loads,), dtype, scope="local")  # the next tile's keys and values
             vr = T.decl_buffer((loads,), dtype, scope="local")
@@ -701,41 +696,54 @@ def decode_kernel_v2(
                                 i * threads + tx,
                             ] = Q[0, h_qo + h_kv + hk, i * threads + tx]
             if fused:
-                # every thread (threads >= head_dim) writes one dimension's key and value; with more
-                # than one sequence Q is the real q and head 0 is read instead (unused)
-                kv_head = T.meta_var(T.if_then_else(B == 1, h_qo + hk, 0))
-                new_kv[tx % d] = T.Cast(
+                # a thread stages dimension tx % head_dim of every key (threads: a multiple of it);
+                # with more than one sequence Q is the real q and head 0 is read instead (unused)
+                new_kv[0] = T.Cast(
                     "float32",
-                    _rope(T, Q, kv_head, tx % d, d, q_rope_position[0], rope_scale, rope_theta, dtype),
+                    _rope(
+                        T,
+                        Q,
+                        T.if_then_else(B == 1, h_qo + hk, 0),
+                        tx % d,
+                        d,
+                        q_rope_position[0],
+                        rope_scale,
+                        rope_theta,
+                        dtype,
+                    ),
                 )
-                new_kv[d + tx % d] = T.Cast(
-                    "float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d]
-                )
-                T.tvm_storage_sync("shared")
-            kv_ctx = T.meta_var((pages, hk, page, fused, B, info, new_kv, d, dtype))
+                new_kv[1] = T.Cast("float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d])
             for i in T.unroll(loads):  # tile 0 into registers
                 key = T.meta_var((i * threads + tx) // d)
                 col = T.meta_var((i * threads + tx) % d)
                 pos = T.meta_var(T.max(T.min(info[2] + key, info[1] - 1), 0))  # clamped
                 slot = T.meta_var(page_table_values[info[0] + pos // page])
-                kr[i] = _kv_value(T, kv_ctx, slot, 0, pos, col)
-                vr[i] = _kv_value(T, kv_ctx, slot, 1, pos, col)
+                kr[i] = pages[slot, 0, hk, pos % page, col]
+                vr[i] = pages[slot, 1, hk, pos % page, col]
             for t in range(T.ceildiv(info[3], tile)):
                 T.tvm_storage_sync("shared")  # the previous tile's readers are done
                 for i in T.unroll(loads):
                     key = T.meta_var((i * threads + tx) // d)
                     col = T.meta_var((i * threads + tx) % d)
                     valid = T.meta_var(t * tile + key < info[3])
-                    k_sh[key * row + col] = T.if_then_else(valid, T.Cast("float32", kr[i]), T.float32(0))
-                    v_sh[key * row + col] = T.if_then_else(valid, T.Cast("float32", vr[i]), T.float32(0))
+                    # fused, one sequence: the last key is the new token's, from the projection (the
+                    # page loads stay unconditional: TVM's WGSL puts a branch around a load in a
+                    # select, and 32 such loads a thread cost the Llama-2-7B shape 17 % on the H200)
+                    new = T.meta_var(fused and T.And(B == 1, info[2] + t * tile + key == info[1] - 1))
+                    k_sh[key * row + col] = T.if_then_else(
+                        valid, _staged(T, kr[i], new_kv[0], new), T.float32(0)
+                    )
+                    v_sh[key * row + col] = T.if_then_else(
+                        valid, _staged(T, vr[i], new_kv[1], new), T.float32(0)
+                    )
                 T.tvm_storage_sync("shared")
                 for i in T.unroll(loads):  # the next tile's loads, in flight during this tile's work
                     key = T.meta_var((i * threads + tx) // d)
                     col = T.meta_var((i * threads + tx) % d)
                     pos = T.meta_var(T.max(T.min(info[2] + (t + 1) * tile + key, info[1] - 1), 0))
                     slot = T.meta_var(page_table_values[info[0] + pos // page])
-                    kr[i] = _kv_value(T, kv_ctx, slot, 0, pos, col)
-                    vr[i] = _kv_value(T, kv_ctx, slot, 1, pos, col)
+                    kr[i] = pages[slot, 0, hk, pos % page, col]
+                    vr[i] = pages[slot, 1, hk, pos % page, col]
                 part[0] = T.float32(0)
                 for j in T.unroll(dpp):  # score (head, key) of this thread: dpp of its products
                     part[0] = (
@@ -859,8 +867,8 @@ def split_decode_attention(
         new = None if layout is None else decode_kernel(h_qo, h_kv, d, page, dtype, layout)
     else:
         layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, v2_options(variant))
-        if layout2 is not None and fused and layout2.threads < d:
-            layout2 = None  # the fused kernel stages the new key with one thread per dimension
+        if layout2 is not None and fused and (layout2.threads < d or layout2.threads % d):
+            layout2 = None  # the fused kernel: thread t stages dimension t % head_dim of every key
         new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2, fused)
     if new is None:
         return None

@@ -24,10 +24,14 @@ reshapes), split-rotary and append are TVM's own for default RoPE, the KV cache 
 **By default only for head_dim up to 64** (:data:`AUTO_MAX_HEAD_DIM`), from the H200 (NVIDIA's
 Vulkan driver, bench protocol, decode tok/s, fused against ``off`` in one call,
 benchmarks/results/h200-2026-12-03-s14/ab5.tgz): Qwen2.5-0.5B (head_dim 64) 806.8 against 762.2;
-Qwen2.5-3B (128) 356.1 against 374.8; Llama-2-7B (128) 215.7 against 258.7. Why the 128-wide
-heads lose that much (the kernel's extra work is one RoPE per thread and a staged key) is not
-known yet. ``LLMCHAT_WGSL_ROPE_APPEND=on`` fuses every head_dim, ``off`` none (part of the
-library cache key).
+Qwen2.5-3B (128) 356.1 against 374.8; Llama-2-7B (128) 215.7 against 258.7. Those fused kernels
+chose between the page and the new key with a select around each page load, which TVM's WGSL
+writes as a branch: 32 loads a thread each behind its own branch on the 7B shape, 16 on the 3B, 8
+on the 0.5B, in the order of the losses. The kernel now loads the pages unconditionally and puts
+the new key in where it stages the tile; **that version has not run on a GPU yet** (the session's
+device time was spent), so the head_dim rule stands until an A/B (``raon`` against ``raoff`` in
+``benchmarks/wgsl_gemv_ab.sh``) says otherwise. ``LLMCHAT_WGSL_ROPE_APPEND=on`` fuses every
+head_dim, ``off`` none (part of the library cache key).
 """
 
 from __future__ import annotations
