@@ -24,8 +24,9 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   each chosen by GPU generation;
 - on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
   along the keys and the query heads over many workgroups with a merge kernel
-  (``wgsl_attention``), which also applies a decoded token's RoPE and appends it to the KV cache
-  (``wgsl_rope_append``: two launches a layer fewer; ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps them);
+  (``wgsl_attention``), which for head_dim up to 64 also applies a decoded token's RoPE and
+  appends it to the KV cache (``wgsl_rope_append``: two launches a layer fewer;
+  ``LLMCHAT_WGSL_ROPE_APPEND=on|off`` for every head_dim or none);
 - on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
   kernel beside them (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
 
