@@ -173,26 +173,42 @@ def _rope_mode_normal(mod: Any) -> bool:
     return bool(modes) and all(modes)
 
 
-def mark_rope_append(mod: Any) -> Any:
-    """``mod`` with the attributes that make one decoded token's RoPE and append part of the
-    decode attention (see the module docstring), or ``mod`` unchanged where that is not safe."""
+def rope_append_funcs(mod: Any) -> tuple[Any, Any, Any] | None:
+    """The GlobalVars of the KV cache's split-rotary, append and decode attention PrimFuncs when
+    the first two are TVM's own for default RoPE and the cache applies RoPE (``RopeMode.NORMAL``),
+    else None: the conditions of any fused RoPE/append (this module's and :mod:`.wgsl_rope_append`)."""
     names = {gv.name_hint: gv for gv in mod.functions}
     kv_funcs = [names.get(n) for n in (SPLIT_ROTARY, TRANSPOSE_APPEND, DECODE_ATTENTION)]
     if any(gv is None for gv in kv_funcs):
-        return mod
+        return None
     split_gv, append_gv, attention_gv = kv_funcs
     if not (is_default_rope(mod[split_gv]) and is_plain_append(mod[append_gv]) and _rope_mode_normal(mod)):
-        return mod
-    producers = _qkv_producers(mod)
-    if not producers:
-        return mod
+        return None
+    return split_gv, append_gv, attention_gv
+
+
+def mark_fused(mod: Any, funcs: tuple[Any, Any, Any]) -> Any:
+    """A copy of ``mod`` whose split-rotary and append (``funcs``, :func:`rope_append_funcs`)
+    launch only for more than one token and whose decode attention is marked :data:`FUSED_ATTR`."""
+    split_gv, append_gv, attention_gv = funcs
     mod = mod.clone()
-    for gv in producers:
-        mod.update_func(gv, mod[gv].with_attr(RECORD_QKV_ATTR, True))
     # the buffer whose first axis counts the tokens: split-rotary's qkv, append's k
     for gv, tokens_param in ((split_gv, 0), (append_gv, 1)):
         mod.update_func(gv, mod[gv].with_attr(SKIP_SINGLE_ATTR, tokens_param))
     mod.update_func(attention_gv, mod[attention_gv].with_attr(FUSED_ATTR, True))
+    return mod
+
+
+def mark_rope_append(mod: Any) -> Any:
+    """``mod`` with the attributes that make one decoded token's RoPE and append part of the
+    decode attention (see the module docstring), or ``mod`` unchanged where that is not safe."""
+    funcs = rope_append_funcs(mod)
+    producers = _qkv_producers(mod) if funcs else None
+    if not producers:
+        return mod
+    mod = mark_fused(mod, funcs)
+    for gv in producers:
+        mod.update_func(gv, mod[gv].with_attr(RECORD_QKV_ATTR, True))
     return mod
 
 

@@ -665,36 +665,6 @@ def decode_kernel_v2(
             l_run[0] = T.float32(0)
             for j in T.unroll(outs):
                 acc[j] = T.float32(0)
-            if fused:  # noqa: SIM102 (a Python condition around a TIR one)
-                # the new token's key and value into their page slot: the first workgroup of the
-                # KV head whose chunk holds the last key (the others take them from the projection)
-                if B == 1 and by % hsplit == 0 and c == (info[1] - 1) // (chunk_pages * page):
-                    for i in T.unroll(-(-d // threads)):
-                        if i * threads + tx < d:
-                            pages[
-                                page_table_values[info[0] + (info[1] - 1) // page],
-                                0,
-                                hk,
-                                (info[1] - 1) % page,
-                                i * threads + tx,
-                            ] = _rope(
-                                T,
-                                Q,
-                                h_qo + hk,
-                                i * threads + tx,
-                                d,
-                                q_rope_position[0],
-                                rope_scale,
-                                rope_theta,
-                                dtype,
-                            )
-                            pages[
-                                page_table_values[info[0] + (info[1] - 1) // page],
-                                1,
-                                hk,
-                                (info[1] - 1) % page,
-                                i * threads + tx,
-                            ] = Q[0, h_qo + h_kv + hk, i * threads + tx]
             if fused:
                 # a thread stages dimension tx % head_dim of every key (threads: a multiple of it);
                 # with more than one sequence Q is the real q and head 0 is read instead (unused)
@@ -713,6 +683,17 @@ def decode_kernel_v2(
                     ),
                 )
                 new_kv[1] = T.Cast("float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d])
+                # the new token's key and value into their page slot: threads tx < head_dim of the
+                # first workgroup of the KV head whose chunk holds the last key
+                if B == 1 and by % hsplit == 0 and c == (info[1] - 1) // (chunk_pages * page) and tx < d:
+                    for kv in T.unroll(2):
+                        pages[
+                            page_table_values[info[0] + (info[1] - 1) // page],
+                            kv,
+                            hk,
+                            (info[1] - 1) % page,
+                            tx,
+                        ] = T.Cast(dtype, new_kv[kv])
             for i in T.unroll(loads):  # tile 0 into registers
                 key = T.meta_var((i * threads + tx) // d)
                 col = T.meta_var((i * threads + tx) % d)

@@ -41,15 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.inference.pipelines.cuda_rope_append import (
-    DECODE_ATTENTION,
     FUSED_ATTR,
-    SKIP_SINGLE_ATTR,
-    SPLIT_ROTARY,
-    TRANSPOSE_APPEND,
     _qkv_producers,
-    _rope_mode_normal,
-    is_default_rope,
-    is_plain_append,
+    mark_fused,
+    rope_append_funcs,
 )
 
 #: the switch: ``on`` fuses every head_dim, ``off`` keeps TVM's split-rotary and append launches
@@ -95,29 +90,22 @@ def mark(mod: Any, plan: Plan, max_threads: int, shared_bytes: int, variant: str
     safe (module docstring)."""
     from app.inference.pipelines.wgsl_attention import split_decode_attention
 
-    names = {gv.name_hint: gv for gv in mod.functions}
-    kv_funcs = [names.get(n) for n in (SPLIT_ROTARY, TRANSPOSE_APPEND, DECODE_ATTENTION)]
-    if any(gv is None for gv in kv_funcs) or not variant.startswith("split-v2"):
+    funcs = rope_append_funcs(mod) if variant.startswith("split-v2") else None
+    if funcs is None:
         return mod
-    split_gv, append_gv, attention_gv = kv_funcs
-    q = mod[attention_gv].params[0]
+    attention = mod[funcs[2]]
+    q = attention.params[0]
     head_dim = int(q.shape[-1]) if hasattr(q, "shape") and len(q.shape) == 3 else 0
     if mode() == "auto" and not 0 < head_dim <= AUTO_MAX_HEAD_DIM:
         return mod
-    if not (is_default_rope(mod[split_gv]) and is_plain_append(mod[append_gv]) and _rope_mode_normal(mod)):
-        return mod
-    fused_attention = mod[attention_gv].with_attr(FUSED_ATTR, True)
+    fused_attention = attention.with_attr(FUSED_ATTR, True)
     if split_decode_attention(fused_attention, max_threads, shared_bytes, variant) is None:
         return mod
     producers = _qkv_producers(mod, records=_is_prim_func)
     if not producers:
         return mod
-    mod = mod.clone()
-    for gv, tokens_param in ((split_gv, 0), (append_gv, 1)):
-        mod.update_func(gv, mod[gv].with_attr(SKIP_SINGLE_ATTR, tokens_param))
-    mod.update_func(attention_gv, fused_attention)
     plan.producers = {gv.name_hint for gv in producers}
-    return mod
+    return mark_fused(mod, funcs)
 
 
 def mark_pass(plan: Plan, max_threads: int, shared_bytes: int, variant: str) -> Any:
