@@ -37,6 +37,10 @@ lifts that limit).
   321.1 / 228.7 with the norm inside every GEMV (hence the limit), 804.4 / 362.9 / 250.6 with the
   default (a later call of the same session).
   ``int8`` takes both everywhere, ``int8-norm`` / ``int8-silu`` one of them, ``off`` neither.
+  ``int8-q8``: where the norm stays apart (rows over :data:`INT8_NORM_MAX_K`), its kernel
+  (:func:`.wgsl_q4_gemv.q8_norm`, one workgroup) writes the vector already quantized to int8 and
+  the GEMV after it reads those words instead of staging the vector in every workgroup: the same
+  launches, the same arithmetic bit for bit, less work in each GEMV workgroup.
 - **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
   front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
   library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
@@ -424,7 +428,7 @@ def _fuse_int8_block(
     from tvm import relax
 
     from app.inference.pipelines.cuda_gemv import match_q4f16_gemv
-    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8_norm, q8_words
 
     users = relax.analysis.udchain(block)
     by_var = {b.var: b for b in block.bindings if isinstance(b, relax.VarBinding)}
@@ -445,9 +449,13 @@ def _fuse_int8_block(
         norm = None
         inner = tir_call(by_var[vec].value) if isinstance(vec, relax.DataflowVar) and vec in by_var else None
         takes_norm = "norm" in parts or ("norm-short" in parts and m.in_features <= INT8_NORM_MAX_K)
-        if takes_norm and inner is not None and len(users.get(vec, [])) == 1:
+        q8 = None  # the norm's kernel writes the vector quantized (q8_norm), the GEMV reads that
+        if inner is not None and len(users.get(vec, [])) == 1 and (takes_norm or "q8" in parts):
             eps = rms_norm_eps(mod[inner[0]])
-            norm = None if eps is None else (inner, eps)
+            if eps is not None and takes_norm:
+                norm = (inner, eps)
+            elif eps is not None:
+                q8 = (inner, eps)
         gate = None
         readers = users.get(binding.var, [])
         if (
@@ -464,29 +472,42 @@ def _fuse_int8_block(
                 and silu_gate_width(gcall[0].name_hint, mod[gcall[0]])
             ):
                 gate = (reader, gcall)
-        if norm is None and gate is None:
+        if norm is None and gate is None and q8 is None:
             out.append(binding)
             continue
         key = (
             norm[0][0].name_hint if norm else "",
             gv.name_hint,
             gate[1][0].name_hint if gate else "",
+            "q8" if q8 else "",
         )
         if key not in fused:
             prim = fused_gemv(
-                gemv, norm[1] if norm else None, mod[gate[1][0]].params[-1] if gate else None, max_shared
+                gemv,
+                norm[1] if norm else None,
+                mod[gate[1][0]].params[-1] if gate else None,
+                max_shared,
+                q8=q8 is not None,
             )
             fused[key] = prim and builder.add_func(prim, "_".join(name for name in key if name))
+        qkey = (q8[0][0].name_hint, "q8") if q8 else None
+        if q8 and qkey not in fused:
+            fused[qkey] = builder.add_func(q8_norm(m.in_features, q8[1]), "_".join(qkey))
         if fused[key] is None:
             out.append(binding)
             continue
         new_args = []
         for i, arg in enumerate(args):
             new_args += list(norm[0][1]) if (norm and i == xi) else [arg]
+        if q8:
+            qvar = relax.DataflowVar(f"{vec.name}_q8", relax.TensorType((q8_words(m.in_features),), "uint32"))
+            staged = relax.call_tir(fused[qkey], relax.Tuple(list(q8[0][1])), qvar.ty)
+            out.append(relax.VarBinding(qvar, builder.normalize(staged)))
+            new_args[xi] = qvar
         result = gate[0].var if gate else binding.var
         value = builder.normalize(relax.call_tir(fused[key], relax.Tuple(new_args), result.ty))
         out.append(relax.VarBinding(result, value))
-        if norm:
+        if norm or q8:
             dropped.add(vec)
         if gate:
             moved.add(result)
@@ -517,11 +538,14 @@ INT8_NORM_MAX_K = 1024
 def int8_fusion_parts() -> tuple[str, ...]:
     """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default the SiLU gate
     (``silu``) and the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``); ``int8``
-    both everywhere, ``int8-norm`` / ``int8-silu`` one of them (for A/B runs); none for any other
-    value (``off``)."""
+    both everywhere, ``int8-norm`` / ``int8-silu`` one of them (for A/B runs); ``int8-q8`` the
+    default plus, for the longer rows, the norm's own kernel writing the vector quantized once
+    (``q8``: :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
+    workgroups quantizing it; none for any other value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
         "": ("norm-short", "silu"),
+        "int8-q8": ("norm-short", "silu", "q8"),
         "int8": ("norm", "silu"),
         "int8-norm": ("norm",),
         "int8-silu": ("silu",),

@@ -147,6 +147,14 @@ def shared_bytes(layout: Q4GemvLayout, k: int) -> int:
     return padded * (32 * levels + 4 + 4 * levels) + layout.sets * layout.rows * layout.lanes * 4
 
 
+def q8_words(k: int) -> int:
+    """Length (uint32 words) of a quantized vector of ``k`` values as ``q8="stage"`` writes it
+    (:func:`dp4a_kernel`): each 32-value group's two 16-byte words of int8 (even and odd values of
+    each 8-value word interleaved), then every group's scale (float32 bits), then every group's
+    sum of its int8 values."""
+    return k // 32 * 10
+
+
 #: the switch for ``q4-auto``'s :attr:`Q4GemvLayout.preload` (part of the library cache key)
 PRELOAD_ENV = "LLMCHAT_WGSL_Q4_PRELOAD"
 #: ``q4-auto``'s steps of weights loaded before the staging, unless ``LLMCHAT_WGSL_Q4_PRELOAD``
@@ -320,6 +328,7 @@ def dp4a_kernel(
     out_dtype: str,
     norm_eps: float | None = None,
     silu_pairs: bool = False,
+    q8: str = "",
 ) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
@@ -336,10 +345,18 @@ def dp4a_kernel(
       barriers) and stages ``half(rsqrt(sum / K + eps) * x * nw)``, TVM's arithmetic;
     - ``silu_pairs``: the ``n`` rows are ``gate`` (the first half) and ``up``; each set computes
       ``rows / 2`` gate rows and the matching up rows and writes ``silu(gate) * up`` in float16,
-      TVM's arithmetic, into an output of ``n / 2``."""
+      TVM's arithmetic, into an output of ``n / 2``.
+
+    ``q8`` splits the kernel in two at the staging (the vector quantized once per step instead of
+    once per workgroup, :func:`q8_norm` / :func:`fused_gemv`): ``"stage"`` is the prologue alone
+    (the RMSNorm with ``norm_eps``, the quantization) in one workgroup, writing the quantized
+    vector into the global ``qg`` (:func:`q8_words`); ``"read"`` is the GEMV alone, each lane
+    reading its groups' words, scale and sum from ``qg`` (no staging, no barrier before the dot
+    products). ``dp4a`` only."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
+    stage_only, read_q8 = q8 == "stage", q8 == "read"
     has_norm = norm_eps is not None
     eps = float(norm_eps or 0.0)
     half = layout.rows // 2
@@ -351,10 +368,12 @@ def dp4a_kernel(
     iters = -(-groups // lanes)
     stage_iters = -(-groups // threads)
     padded = stage_iters * threads
+    staged = 1 if read_q8 else padded  # the vector's slots in workgroup memory
     has_bias, has_res = m.bias is not None, m.residual is not None
-    blocks = n // layout.rows_per_workgroup
+    blocks = 1 if stage_only else n // layout.rows_per_workgroup
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
+    words = q8_words(k)
     fine = float(2 * 127)  # the second level's steps per first-level step
     # steps loaded before the staging, and register sets of weights (this step's and those ahead)
     pre = 1 if layout.prefetch else max(1, min(layout.preload, iters))
@@ -369,6 +388,7 @@ def dp4a_kernel(
         b: T.Buffer((n,), "float16"),
         r: T.Buffer((1, 1, n), "float16"),
         out: T.Buffer((1, 1, n_out), out_dtype),
+        qg: T.Buffer((words,), "uint32"),
     ):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         bx = T.launch_thread("blockIdx.x", blocks)
@@ -382,9 +402,9 @@ def dp4a_kernel(
         usum = T.decl_buffer((1,), "float32", scope="local")
         # the quantized activations, per group and level: two vec4 words of int8 (even / odd
         # values of each 8-value word interleaved) and the sum of the quantized values; the scale
-        xq = T.decl_buffer((padded * 2 * levels,), "uint32x4", scope="shared")
-        xd = T.decl_buffer((padded,), "float32", scope="shared")
-        xs = T.decl_buffer((padded * levels,), "int32", scope="shared")
+        xq = T.decl_buffer((staged * 2 * levels,), "uint32x4", scope="shared")
+        xd = T.decl_buffer((staged,), "float32", scope="shared")
+        xs = T.decl_buffer((staged * levels,), "int32", scope="shared")
         part = T.decl_buffer((sets * rows * lanes,), "float32", scope="shared")
         xv = T.decl_buffer((32,), "float32", scope="local")
         qv = T.decl_buffer((32 * levels,), "int32", scope="local")
@@ -403,158 +423,224 @@ def dp4a_kernel(
         g0 = (bx * sets + ty) * half
         tid = ty * lanes + tx
         # the first ``pre`` steps' weights (DRAM) go out before the staging
-        for p0 in T.unroll(pre):
-            for rr in T.unroll(rows):
-                wq[T.ramp((p0 % slots * rows + rr) * 4, 1, 4)] = w.vload(
-                    [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1) * 4],
-                    "uint32x4",
-                )
-                sc[p0 % slots * rows + rr] = s[
-                    _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1)
-                ]
-        if has_norm:
-            ss[0] = T.float32(0)
-            for st in T.unroll(stage_iters):
-                for j in T.unroll(32):
-                    # the thread's values stay in registers for the staging below
-                    xr[st * 32 + j] = T.Cast(
-                        "float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]
-                    )
-                    ss[0] = ss[0] + T.if_then_else(
-                        tid + st * threads < groups, xr[st * 32 + j] * xr[st * 32 + j], T.float32(0)
-                    )
-            red[tid] = ss[0]
-            T.tvm_storage_sync("shared")
-            if tid < red_lanes:
-                ss[0] = T.float32(0)
-                for i in T.unroll(threads // red_lanes):
-                    ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
-                red2[tid] = ss[0]
-            T.tvm_storage_sync("shared")
-            ss[0] = T.float32(0)
-            for i in T.unroll(red_lanes):
-                ss[0] = ss[0] + red2[i]
-            ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(eps))
-        for st in T.unroll(stage_iters):
-            amax[0] = T.float32(0)
-            for j in T.unroll(32):
-                if has_norm:
-                    xv[j] = T.Cast(
-                        "float32",
-                        T.Cast(
-                            "float16",
-                            ss[0]
-                            * xr[st * 32 + j]
-                            * T.Cast("float32", nw[T.min(tid + st * threads, groups - 1) * 32 + j]),
-                        ),
-                    )
-                else:
-                    xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
-                amax[0] = T.max(amax[0], T.fabs(xv[j]))
-            for lv in T.unroll(levels):
-                qsum[lv] = 0
-            for j in T.unroll(32):
-                xv[j] = xv[j] * T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
-                qv[j] = T.Cast("int32", T.round(xv[j]))
-                qsum[0] = qsum[0] + qv[j]
-                if levels == 2:
-                    qv[32 + j] = T.Cast(
-                        "int32", T.round((xv[j] - T.Cast("float32", qv[j])) * T.float32(fine))
-                    )
-                    qsum[1] = qsum[1] + qv[32 + j]
-            for lv in T.unroll(levels):
-                for q in T.unroll(4):
-                    for o in T.unroll(2):
-                        pk[q * 2 + o] = (
-                            (T.Cast("uint32", qv[lv * 32 + q * 8 + o]) & T.uint32(255))
-                            | ((T.Cast("uint32", qv[lv * 32 + q * 8 + o + 2]) & T.uint32(255)) << T.uint32(8))
-                            | (
-                                (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 4]) & T.uint32(255))
-                                << T.uint32(16)
-                            )
-                            | (
-                                (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 6]) & T.uint32(255))
-                                << T.uint32(24)
-                            )
-                        )
-                xq[((tid + st * threads) * levels + lv) * 2] = pk.vload([0], "uint32x4")
-                xq[((tid + st * threads) * levels + lv) * 2 + 1] = pk.vload([4], "uint32x4")
-                xs[(tid + st * threads) * levels + lv] = qsum[lv]
-            xd[tid + st * threads] = amax[0] / T.float32(127)
-        T.tvm_storage_sync("shared")
-        for rr in T.unroll(rows):
-            acc[rr] = T.float32(0)
-        for it in T.unroll(iters):
-            # this step's weights are in slot ``cur``; the load below fetches step ``ld`` (the
-            # next one with prefetch, ``pre - 1`` ahead with preload, else this one; the first
-            # ``pre`` steps went out before the staging)
-            cur = (it % slots) * rows
-            ld = it + slots - 1
-            if ld >= pre and ld < iters:
+        if not stage_only:
+            for p0 in T.unroll(pre):
                 for rr in T.unroll(rows):
-                    wq[T.ramp((ld % slots * rows + rr) * 4, 1, 4)] = w.vload(
-                        [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1) * 4],
+                    wq[T.ramp((p0 % slots * rows + rr) * 4, 1, 4)] = w.vload(
+                        [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1) * 4],
                         "uint32x4",
                     )
-                    sc[ld % slots * rows + rr] = s[
-                        _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1)
+                    sc[p0 % slots * rows + rr] = s[
+                        _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1)
                     ]
-            for lv in T.unroll(levels):
-                xw[T.ramp(lv * 8, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2]
-                xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1]
-            for rr in T.unroll(rows):
-                for lv in T.unroll(levels):
-                    isum[lv] = 0
-                    for q in T.unroll(4):
-                        isum[lv] = (
-                            isum[lv]
-                            + T.call_pure_extern(
-                                "int32",
-                                "dot4I8Packed",
-                                wq[(cur + rr) * 4 + q] & T.uint32(nib),
-                                xw[lv * 8 + q * 2],
-                            )
-                            + T.call_pure_extern(
-                                "int32",
-                                "dot4I8Packed",
-                                (wq[(cur + rr) * 4 + q] >> T.uint32(4)) & T.uint32(nib),
-                                xw[lv * 8 + q * 2 + 1],
-                            )
+        if not read_q8:
+            if has_norm:
+                ss[0] = T.float32(0)
+                for st in T.unroll(stage_iters):
+                    for j in T.unroll(32):
+                        # the thread's values stay in registers for the staging below
+                        xr[st * 32 + j] = T.Cast(
+                            "float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]
                         )
-                gsum[0] = T.Cast("float32", isum[0] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels])
-                if levels == 2:
-                    gsum[0] = gsum[0] + T.Cast(
-                        "float32", isum[1] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels + 1]
-                    ) * T.float32(1 / fine)
-                acc[rr] = acc[rr] + T.if_then_else(
-                    tx + it * lanes < groups,
-                    gsum[0] * (T.Cast("float32", sc[cur + rr]) * xd[T.min(tx + it * lanes, groups - 1)]),
-                    T.float32(0),
-                )
-        for rr in T.unroll(rows):
-            part[(ty * rows + rr) * lanes + tx] = acc[rr]
-        T.tvm_storage_sync("shared")
-        if silu_pairs:
-            # lane l < half: gate row l of the set and its up row (half + l)
-            gsum[0] = T.float32(0)
-            usum[0] = T.float32(0)
-            for ln in T.unroll(lanes):
-                gsum[0] = gsum[0] + part[(ty * rows + tx % half) * lanes + ln]
-                usum[0] = usum[0] + part[(ty * rows + half + tx % half) * lanes + ln]
-            if tx < half:
-                out[0, 0, g0 + tx] = (
-                    T.Cast("float16", gsum[0])
-                    * T.sigmoid(T.Cast("float16", gsum[0]))
-                    * T.Cast("float16", usum[0])
-                )
-        else:
-            gsum[0] = T.float32(0)
-            for ln in T.unroll(lanes):
-                gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
-            if tx < rows:
-                out[0, 0, row0 + tx] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
+                        ss[0] = ss[0] + T.if_then_else(
+                            tid + st * threads < groups, xr[st * 32 + j] * xr[st * 32 + j], T.float32(0)
+                        )
+                red[tid] = ss[0]
+                T.tvm_storage_sync("shared")
+                if tid < red_lanes:
+                    ss[0] = T.float32(0)
+                    for i in T.unroll(threads // red_lanes):
+                        ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
+                    red2[tid] = ss[0]
+                T.tvm_storage_sync("shared")
+                ss[0] = T.float32(0)
+                for i in T.unroll(red_lanes):
+                    ss[0] = ss[0] + red2[i]
+                ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(eps))
+            for st in T.unroll(stage_iters):
+                amax[0] = T.float32(0)
+                for j in T.unroll(32):
+                    if has_norm:
+                        xv[j] = T.Cast(
+                            "float32",
+                            T.Cast(
+                                "float16",
+                                ss[0]
+                                * xr[st * 32 + j]
+                                * T.Cast("float32", nw[T.min(tid + st * threads, groups - 1) * 32 + j]),
+                            ),
+                        )
+                    else:
+                        xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
+                    amax[0] = T.max(amax[0], T.fabs(xv[j]))
+                for lv in T.unroll(levels):
+                    qsum[lv] = 0
+                for j in T.unroll(32):
+                    xv[j] = xv[j] * T.if_then_else(
+                        amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0)
+                    )
+                    qv[j] = T.Cast("int32", T.round(xv[j]))
+                    qsum[0] = qsum[0] + qv[j]
+                    if levels == 2:
+                        qv[32 + j] = T.Cast(
+                            "int32", T.round((xv[j] - T.Cast("float32", qv[j])) * T.float32(fine))
+                        )
+                        qsum[1] = qsum[1] + qv[32 + j]
+                for lv in T.unroll(levels):
+                    for q in T.unroll(4):
+                        for o in T.unroll(2):
+                            pk[q * 2 + o] = (
+                                (T.Cast("uint32", qv[lv * 32 + q * 8 + o]) & T.uint32(255))
+                                | (
+                                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 2]) & T.uint32(255))
+                                    << T.uint32(8)
+                                )
+                                | (
+                                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 4]) & T.uint32(255))
+                                    << T.uint32(16)
+                                )
+                                | (
+                                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 6]) & T.uint32(255))
+                                    << T.uint32(24)
+                                )
+                            )
+                    if stage_only:
+                        if tid + st * threads < groups:
+                            qg[T.ramp((tid + st * threads) * 8, 1, 4)] = pk.vload([0], "uint32x4")
+                            qg[T.ramp((tid + st * threads) * 8 + 4, 1, 4)] = pk.vload([4], "uint32x4")
+                            qg[groups * 9 + tid + st * threads] = T.reinterpret("uint32", qsum[lv])
+                    else:
+                        xq[((tid + st * threads) * levels + lv) * 2] = pk.vload([0], "uint32x4")
+                        xq[((tid + st * threads) * levels + lv) * 2 + 1] = pk.vload([4], "uint32x4")
+                        xs[(tid + st * threads) * levels + lv] = qsum[lv]
+                if stage_only:
+                    if tid + st * threads < groups:
+                        qg[groups * 8 + tid + st * threads] = T.reinterpret(
+                            "uint32", amax[0] / T.float32(127)
+                        )
+                else:
+                    xd[tid + st * threads] = amax[0] / T.float32(127)
+            if not stage_only:
+                T.tvm_storage_sync("shared")
+        if not stage_only:
+            for rr in T.unroll(rows):
+                acc[rr] = T.float32(0)
+            for it in T.unroll(iters):
+                # this step's weights are in slot ``cur``; the load below fetches step ``ld`` (the
+                # next one with prefetch, ``pre - 1`` ahead with preload, else this one; the first
+                # ``pre`` steps went out before the staging)
+                cur = (it % slots) * rows
+                ld = it + slots - 1
+                if ld >= pre and ld < iters:
+                    for rr in T.unroll(rows):
+                        wq[T.ramp((ld % slots * rows + rr) * 4, 1, 4)] = w.vload(
+                            [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1) * 4],
+                            "uint32x4",
+                        )
+                        sc[ld % slots * rows + rr] = s[
+                            _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1)
+                        ]
+                for lv in T.unroll(levels):
+                    if read_q8:
+                        xw[T.ramp(0, 1, 4)] = qg.vload([T.min(tx + it * lanes, groups - 1) * 8], "uint32x4")
+                        xw[T.ramp(4, 1, 4)] = qg.vload(
+                            [T.min(tx + it * lanes, groups - 1) * 8 + 4], "uint32x4"
+                        )
+                    else:
+                        xw[T.ramp(lv * 8, 1, 4)] = xq[(T.min(tx + it * lanes, groups - 1) * levels + lv) * 2]
+                        xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[
+                            (T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1
+                        ]
+                for rr in T.unroll(rows):
+                    for lv in T.unroll(levels):
+                        isum[lv] = 0
+                        for q in T.unroll(4):
+                            isum[lv] = (
+                                isum[lv]
+                                + T.call_pure_extern(
+                                    "int32",
+                                    "dot4I8Packed",
+                                    wq[(cur + rr) * 4 + q] & T.uint32(nib),
+                                    xw[lv * 8 + q * 2],
+                                )
+                                + T.call_pure_extern(
+                                    "int32",
+                                    "dot4I8Packed",
+                                    (wq[(cur + rr) * 4 + q] >> T.uint32(4)) & T.uint32(nib),
+                                    xw[lv * 8 + q * 2 + 1],
+                                )
+                            )
+                    gsum[0] = T.Cast(
+                        "float32",
+                        isum[0]
+                        - 7
+                        * _staged(
+                            T,
+                            read_q8,
+                            qg,
+                            groups * 9,
+                            xs,
+                            T.min(tx + it * lanes, groups - 1),
+                            levels,
+                            "int32",
+                        ),
+                    )
+                    if levels == 2:
+                        gsum[0] = gsum[0] + T.Cast(
+                            "float32", isum[1] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels + 1]
+                        ) * T.float32(1 / fine)
+                    acc[rr] = acc[rr] + T.if_then_else(
+                        tx + it * lanes < groups,
+                        gsum[0]
+                        * (
+                            T.Cast("float32", sc[cur + rr])
+                            * _staged(
+                                T,
+                                read_q8,
+                                qg,
+                                groups * 8,
+                                xd,
+                                T.min(tx + it * lanes, groups - 1),
+                                1,
+                                "float32",
+                            )
+                        ),
+                        T.float32(0),
+                    )
+            for rr in T.unroll(rows):
+                part[(ty * rows + rr) * lanes + tx] = acc[rr]
+            T.tvm_storage_sync("shared")
+            if silu_pairs:
+                # lane l < half: gate row l of the set and its up row (half + l)
+                gsum[0] = T.float32(0)
+                usum[0] = T.float32(0)
+                for ln in T.unroll(lanes):
+                    gsum[0] = gsum[0] + part[(ty * rows + tx % half) * lanes + ln]
+                    usum[0] = usum[0] + part[(ty * rows + half + tx % half) * lanes + ln]
+                if tx < half:
+                    out[0, 0, g0 + tx] = (
+                        T.Cast("float16", gsum[0])
+                        * T.sigmoid(T.Cast("float16", gsum[0]))
+                        * T.Cast("float16", usum[0])
+                    )
+            else:
+                gsum[0] = T.float32(0)
+                for ln in T.unroll(lanes):
+                    gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
+                if tx < rows:
+                    out[0, 0, row0 + tx] = _epilogue(
+                        T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res
+                    )
 
     return kernel
+
+
+def _staged(T: Any, read_q8: bool, qg: Any, offset: int, shared: Any, g: Any, stride: int, dtype: str) -> Any:
+    """Group ``g``'s sum (``int32``) or scale (``float32``) of the quantized vector: from the global
+    words ``qg`` at ``offset`` (``q8="read"``), else from workgroup memory."""
+    if read_q8:
+        return T.reinterpret(dtype, qg[offset + g])
+    return shared[g * stride] if stride != 1 else shared[g]
 
 
 def _row(silu_pairs: bool, row0: Any, g0: Any, rr: Any, half: int, n: int) -> Any:
@@ -575,7 +661,7 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
             return None
     if layout.decode.startswith("dp4a"):
         new = dp4a_kernel(m, layout, str(m.out.dtype))
-        roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out"), new.params, strict=True))
+        roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out", "q"), new.params, strict=True))
     else:
         new = gemv_kernel(m, layout, str(m.out.dtype))
         roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params, strict=True))
@@ -593,14 +679,19 @@ def norm_shared_bytes(layout: Q4GemvLayout) -> int:
     return 4 * (layout.threads + 16)
 
 
-def fused_gemv(gemv: Any, norm_eps: float | None, silu_out: Any | None, max_shared: int) -> Any | None:
+def fused_gemv(
+    gemv: Any, norm_eps: float | None, silu_out: Any | None, max_shared: int, q8: bool = False
+) -> Any | None:
     """The GEMV ``gemv`` as one int8 kernel (:func:`dp4a_kernel` in :func:`choose`'s layout) that
     also computes its input's RMSNorm (``norm_eps``) and/or the SiLU gate of its output
     (``silu_out``: the ``[1, 1, n / 2]`` float16 buffer the gate kernel wrote). Parameters:
     ``gemv``'s in its order, its vector replaced by (``x``, the norm's weight) with the norm, its
     output by ``silu_out`` with the gate. None where the kernel does not take the GEMV (not a
     batch-1 q4f16_1 GEMV, K over :data:`MAX_K`, rows it does not tile, a gate after a bias or a
-    residual, over ``max_shared``): the kernels stay apart."""
+    residual, over ``max_shared``): the kernels stay apart.
+
+    ``q8``: the GEMV reads its vector already quantized (``q8="read"`` of :func:`dp4a_kernel`, the
+    words :func:`q8_norm` writes) in place of ``x``; no norm then."""
     from tvm import tirx
 
     m = match_q4f16_gemv(gemv)
@@ -618,18 +709,24 @@ def fused_gemv(gemv: Any, norm_eps: float | None, silu_out: Any | None, max_shar
         or (static_shape(silu_out) or [0])[-1] * 2 != m.out_features
     ):
         return None
+    if q8 and norm_eps is not None:
+        return None
     probe = Q4GemvLayout(4, 32, 256, "dp4a")
     extra = norm_shared_bytes(probe) if norm_eps is not None else 0
     layout = choose(m.in_features, m.out_features, max_shared - extra, pairs=pairs)
     if layout is None:
         return None
-    new = dp4a_kernel(m, layout, str(m.out.dtype), norm_eps=norm_eps, silu_pairs=pairs)
-    roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out"), new.params, strict=True))
+    new = dp4a_kernel(
+        m, layout, str(m.out.dtype), norm_eps=norm_eps, silu_pairs=pairs, q8="read" if q8 else ""
+    )
+    roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out", "q"), new.params, strict=True))
     old_roles = {"w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual}
     params = []
     for p in gemv.params:
         if p.same_as(m.x):
-            params += [roles["x"], roles["nw"]] if norm_eps is not None else [roles["x"]]
+            params += (
+                [roles["q"]] if q8 else [roles["x"], roles["nw"]] if norm_eps is not None else [roles["x"]]
+            )
         elif p.same_as(m.out):
             continue
         else:
@@ -638,6 +735,24 @@ def fused_gemv(gemv: Any, norm_eps: float | None, silu_out: Any | None, max_shar
             )
     params.append(roles["out"])
     return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
+
+
+def q8_norm(k: int, norm_eps: float) -> Any:
+    """TVM's RMSNorm of a float16 ``[1, 1, k]`` row with its weight, quantized to int8 as the int8
+    kernel stages it, in one 256-thread workgroup: parameters (x, the norm's weight, the
+    :func:`q8_words` output). The GEMVs after it read it with :func:`fused_gemv`'s ``q8``, so the
+    vector is normalized and quantized once per step rather than in each of their workgroups."""
+    from tvm import tirx
+
+    from app.inference.pipelines.cuda_gemv import Q4MatmulMatch
+
+    x = tirx.decl_buffer((1, 1, k), "float16", name="x")
+    match = Q4MatmulMatch(
+        x=x, weight=x, scale=x, bias=None, residual=None, out=x, in_features=k, out_features=32
+    )
+    new = dp4a_kernel(match, Q4GemvLayout(1, 32, 256, "dp4a"), "float16", norm_eps=norm_eps, q8="stage")
+    x_, nw, *_, q = new.params
+    return tirx.PrimFunc([x_, nw, q], new.body, new.ret_type, new.attrs)
 
 
 class WgslQ4Gemv(WebGPUKernelRule):

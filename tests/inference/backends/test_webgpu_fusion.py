@@ -304,6 +304,62 @@ def test_the_default_int8_fusion_cuts_the_same_launches(monkeypatch):
     assert not wgsl_fusion.use_int8_fusion(_target())
 
 
+def test_the_quantized_vector_keeps_the_norms_launch_and_feeds_the_gemvs(monkeypatch):
+    """``int8-q8``: a norm of a row longer than :data:`~wgsl_fusion.INT8_NORM_MAX_K` (here every
+    norm: the limit set to 0) writes the vector quantized (``q8_norm``) and the GEMVs after it read
+    that; the SiLU gate stays inside gate_up. The launches are the default's plus the norms';
+    rows up to the limit keep the norm inside the GEMV."""
+    off = _tiny_counts(monkeypatch, "off")
+    default = _tiny_counts(monkeypatch, "")
+    assert _tiny_counts(monkeypatch, "int8-q8") == default  # the tiny rows are under the limit
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
+    q8 = _tiny_counts(monkeypatch, "int8-q8")
+    layers = 2
+    norms = [name for name in q8 if name.endswith("_q8") and "rms_norm" in name]
+    assert sum(q8[name] for name in norms) == 2 * layers + 1 and "rms_norm" not in q8
+    readers = [name for name in q8 if name.endswith("_q8") and name not in norms]
+    assert sum(q8[name] for name in readers) == 2 * layers + 1  # q/k/v, gate_up, the logits
+    assert sum(off.values()) - sum(q8.values()) == layers  # only the gates' launches
+
+
+def test_the_quantized_vector_gives_the_logits_of_the_norm_inside_every_gemv(tiny_model_dir, monkeypatch):
+    """On Vulkan (lavapipe in CI) a tiny llama with every norm quantizing once (``int8-q8``, the
+    limit at 0) decodes the same logits, bit for bit, as with the norm recomputed inside every
+    GEMV workgroup (``int8``): the same sums in the same order; and the dispatches of a step are
+    the ones counted (no device argmax: the logits are read back)."""
+    need_vulkan()
+    from app.inference.backends import webgpu
+    from app.inference.compile.targets import make_target
+    from app.inference.engine.tvm_engine import load_engine
+    from app.inference.hardware.device_spec import DeviceSpec
+
+    model_dir = tiny_model_dir("llama", "q4f16_1")
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
+    logits = {}
+    for fusion in ("int8", "int8-q8"):
+        monkeypatch.setenv(wgsl_fusion.FUSION_ENV, fusion)
+        engine = load_engine(model_dir, device="vulkan")
+        try:
+            rt = engine.runtime
+            token = int(np.argmax(rt.prefill([5, 6, 7])))
+            steps = []
+            before = webgpu.stats(rt.device.index)
+            for _ in range(4):
+                steps.append(rt.decode(token))
+                token = int(np.argmax(steps[-1]))
+            after = webgpu.stats(rt.device.index)
+            counted = decode_step_kernels(
+                scheduled_module(engine.config, make_target(DeviceSpec("vulkan", 0)))
+            )
+        finally:
+            engine.close()
+        logits[fusion] = np.stack(steps)
+        step = sum(v for name, v in counted.items() if not name.startswith("argmax"))  # logits read
+        assert (after["dispatches"] - before["dispatches"]) / 4 == step, (fusion, counted)
+    assert np.isfinite(logits["int8"]).all() and np.abs(logits["int8"]).max() > 0
+    np.testing.assert_array_equal(logits["int8-q8"], logits["int8"])
+
+
 def test_rope_and_append_move_into_the_decode_attention(monkeypatch):
     """By default a decoded token's split-rotary and KV append launch nothing (the v2 attention
     does both, :mod:`~app.inference.pipelines.wgsl_rope_append`): two launches a layer fewer than

@@ -256,3 +256,74 @@ def test_the_preload_switch_sets_q4_autos_layout(monkeypatch):
     monkeypatch.setenv(wgsl_q4_gemv.PRELOAD_ENV, "0")
     with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_Q4_PRELOAD"):
         wgsl_q4_gemv.choose(4096, 4096)
+
+
+Q8_CASES = [
+    # k, n, epilogue, SiLU gate after: the vector quantized once (q8_norm), then the GEMV reading it
+    (4096, 512, "res", False),  # a 7B row: 128 groups, half the staging threads idle
+    (4096, 1024, "f16", True),  # Llama's gate_up
+    (2048, 512, "f32", False),  # the logits: float32 out
+    (896, 1152, "bias", False),  # 28 groups: lanes past the last group
+    (11008, 256, "f16", False),  # 344 groups: two staging steps, a partial second one
+]
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "epilogue", "gate"),
+    Q8_CASES,
+    ids=[f"{c[0]}x{c[1]}-{c[2]}{'-silu' if c[3] else ''}" for c in Q8_CASES],
+)
+def test_the_vector_quantized_once_gives_what_the_norm_inside_the_gemv_gives(k, n, epilogue, gate, tmp_path):
+    """``q8_norm`` (the RMSNorm and the int8 quantization, one workgroup) then the GEMV reading its
+    words (``fused_gemv(q8=True)``): bit for bit what the int8 kernel computing the norm in every
+    workgroup writes (the same sums in the same order), and within the float64 reference's
+    tolerance; a wrong word in the quantized vector changes the result."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8_norm, q8_words
+
+    need_vulkan()
+    eps = 1e-5
+    func = q4_matmul_func(k, n, epilogue)
+    silu_out = tvm.tirx.decl_buffer((1, 1, n // 2), "float16", name="gated") if gate else None
+    read = fused_gemv(func, None, silu_out, 32768, q8=True)
+    inside = fused_gemv(func, eps, silu_out, 32768)
+    assert read is not None and inside is not None, "the int8 kernel did not take the GEMV"
+    run = _matmul_run(k, n, epilogue, 1, seed=k + 5 * n)
+    x, w, s = run.args[:3]
+    x = (x.astype(np.float32) * 3).astype(np.float16)
+    nw = (1 + 0.25 * np.random.default_rng(k).standard_normal(k)).astype(np.float16)
+    extras = run.args[3:-1]
+    shape = (1, 1, n // 2) if gate else run.args[-1].shape
+    target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile="wgsl-f16-wg32768-t256"))
+    funcs = {"norm": q8_norm(k, eps), "gemv": read, "inside": inside}
+    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    tvm.compile(mod, target=target).export_library(str(tmp_path / "q8.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "q8.so"))
+    dev = webgpu.device(0)
+    t = [tvm.runtime.tensor(a, dev) for a in (x, nw, w, s, *extras)]
+    q = tvm.runtime.tensor(np.zeros(q8_words(k), np.uint32), dev)
+    out_q8 = tvm.runtime.tensor(np.zeros(shape, run.args[-1].dtype), dev)
+    out_inside = tvm.runtime.tensor(np.zeros(shape, run.args[-1].dtype), dev)
+    lib["norm"](t[0], t[1], q)
+    lib["gemv"](q, *t[2:], out_q8)
+    lib["inside"](*t, out_inside)
+    got, want = out_q8.numpy(), out_inside.numpy()
+    np.testing.assert_array_equal(got, want)
+    v = _rms64(x, nw, eps).reshape(x.shape)
+    expected = q4_matmul64(_int8_rounded(v)[0], w, s)[None]
+    if epilogue == "bias":
+        expected = (expected + extras[0].astype(np.float64)).astype(np.float16).astype(np.float64)
+    elif epilogue == "res":
+        expected = expected.astype(np.float16).astype(np.float64) + extras[0].astype(np.float64)
+    if gate:
+        g, u = expected[..., : n // 2].astype(np.float16), expected[..., n // 2 :].astype(np.float16)
+        g64 = g.astype(np.float64)
+        expected = (g64 / (1 + np.exp(-g64))).astype(np.float16).astype(np.float64) * u.astype(np.float64)
+    _close(got, expected, MATMUL_TOL, f"q8 k={k} n={n} {epilogue} gate={gate}")
+    # the GEMV reads the words: one group's scale doubled moves the rows that group feeds
+    words = q.numpy()
+    words[k // 32 * 8] = (words[k // 32 * 8 : k // 32 * 8 + 1].view(np.float32) * 2).view(np.uint32)[0]
+    lib["gemv"](tvm.runtime.tensor(words, dev), *t[2:], out_q8)
+    assert not np.array_equal(out_q8.numpy(), want)
