@@ -24,11 +24,11 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   each chosen by GPU generation;
 - on WebGPU/Vulkan, TVM's decode attention (one workgroup per KV head, every key in turn) split
   along the keys and the query heads over many workgroups with a merge kernel
-  (``wgsl_attention``), which for head_dim up to 64 also applies a decoded token's RoPE and
-  appends it to the KV cache (``wgsl_rope_append``: two launches a layer fewer;
-  ``LLMCHAT_WGSL_ROPE_APPEND=on|off`` for every head_dim or none);
+  (``wgsl_attention``), which also applies a decoded token's RoPE and appends it to the KV cache
+  (``wgsl_rope_append``: two launches a layer fewer; ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps them);
 - on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
-  kernel beside them (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
+  kernel beside them, and the longer rows' RMSNorm writing the vector quantized once for the GEMVs
+  after it (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
 
 Nothing here assumes tensor cores, and every reduction works with 32-wide waves (RDNA, NVIDIA).
 On WGSL, cross-thread reductions use subgroup shuffles only for an adapter profile with one fixed

@@ -37,10 +37,13 @@ lifts that limit).
   321.1 / 228.7 with the norm inside every GEMV (hence the limit), 804.4 / 362.9 / 250.6 with the
   default (a later call of the same session).
   ``int8`` takes both everywhere, ``int8-norm`` / ``int8-silu`` one of them, ``off`` neither.
-  ``int8-q8``: where the norm stays apart (rows over :data:`INT8_NORM_MAX_K`), its kernel
-  (:func:`.wgsl_q4_gemv.q8_norm`, one workgroup) writes the vector already quantized to int8 and
-  the GEMV after it reads those words instead of staging the vector in every workgroup: the same
-  launches, the same arithmetic bit for bit, less work in each GEMV workgroup.
+  **The vector quantized once** (default; ``int8-noq8`` without it): where the norm stays apart
+  (rows over :data:`INT8_NORM_MAX_K`), its kernel (:func:`.wgsl_q4_gemv.q8_norm`, one workgroup)
+  writes the vector already quantized to int8 and the GEMV after it reads those words instead of
+  staging the vector in every workgroup: the same launches, the same arithmetic bit for bit, less
+  work in each GEMV workgroup. H200, bench protocol, one device call
+  (benchmarks/results/h200-2026-12-03-s15/call2): Llama-2-7B 295.6 tok/s against 263.1 / 262.4
+  (the default before, first and last), Qwen2.5-3B 387.7 against 380.9 / 374.0.
 - **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
   front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
   library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
@@ -536,16 +539,18 @@ INT8_NORM_MAX_K = 1024
 
 
 def int8_fusion_parts() -> tuple[str, ...]:
-    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default the SiLU gate
-    (``silu``) and the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``); ``int8``
-    both everywhere, ``int8-norm`` / ``int8-silu`` one of them (for A/B runs); ``int8-q8`` the
-    default plus, for the longer rows, the norm's own kernel writing the vector quantized once
-    (``q8``: :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
-    workgroups quantizing it; none for any other value (``off``)."""
+    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8``)
+    the SiLU gate (``silu``), the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``)
+    and, for the longer rows, the norm's own kernel writing the vector quantized once (``q8``:
+    :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
+    workgroups quantizing it; for A/B runs ``int8-noq8`` the default without ``q8``, ``int8``
+    the norm and the gate everywhere, ``int8-norm`` / ``int8-silu`` one of them; none for any other
+    value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
-        "": ("norm-short", "silu"),
+        "": ("norm-short", "silu", "q8"),
         "int8-q8": ("norm-short", "silu", "q8"),
+        "int8-noq8": ("norm-short", "silu"),
         "int8": ("norm", "silu"),
         "int8-norm": ("norm",),
         "int8-silu": ("silu",),

@@ -21,17 +21,17 @@ Only where every attention call of the module takes q/k/v from a PrimFunc's outp
 reshapes), split-rotary and append are TVM's own for default RoPE, the KV cache applies RoPE
 (``RopeMode.NORMAL``) and the v2 kernel takes the shapes; otherwise nothing changes.
 
-**By default only for head_dim up to 64** (:data:`AUTO_MAX_HEAD_DIM`), from the H200 (NVIDIA's
-Vulkan driver, bench protocol, decode tok/s, fused against ``off`` in one call,
-benchmarks/results/h200-2026-12-03-s14/ab5.tgz): Qwen2.5-0.5B (head_dim 64) 806.8 against 762.2;
-Qwen2.5-3B (128) 356.1 against 374.8; Llama-2-7B (128) 215.7 against 258.7. Those fused kernels
-chose between the page and the new key with a select around each page load, which TVM's WGSL
-writes as a branch: 32 loads a thread each behind its own branch on the 7B shape, 16 on the 3B, 8
-on the 0.5B, in the order of the losses. The kernel now loads the pages unconditionally and puts
-the new key in where it stages the tile; **that version has not run on a GPU yet** (the session's
-device time was spent), so the head_dim rule stands until an A/B (``raon`` against ``raoff`` in
-``benchmarks/wgsl_gemv_ab.sh``) says otherwise. ``LLMCHAT_WGSL_ROPE_APPEND=on`` fuses every
-head_dim, ``off`` none (part of the library cache key).
+**On by default, every head_dim.** The first fused kernels chose between the page and the new
+key with a select around each page load, which TVM's WGSL writes as a branch (32 loads a thread
+behind their own branch on the 7B shape), and were slower at head_dim 128 (session 14,
+benchmarks/results/h200-2026-12-03-s14/ab5.tgz: Qwen2.5-3B 356.1 fused against 374.8, Llama-2-7B
+215.7 against 258.7). The kernel now loads the pages unconditionally and puts the new key in where
+it stages the tile. H200, NVIDIA's Vulkan driver, bench protocol, decode tok/s, one device call
+(benchmarks/results/h200-2026-12-03-s15/call2): Qwen2.5-3B 401.1 fused against 380.9 / 374.0
+(``cur`` before and after), Llama-2-7B 264.4 against 263.1 / 262.4; with the vector quantized once
+(``int8-q8`` of :mod:`.wgsl_fusion`) 410.9 against 387.7 and 294.0 against 295.6. The 0.5B (head
+dim 64) measured 806.8 fused against 762.2 in session 14. ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps
+TVM's two launches (part of the library cache key).
 """
 
 from __future__ import annotations
@@ -47,22 +47,18 @@ from app.inference.pipelines.cuda_rope_append import (
     rope_append_funcs,
 )
 
-#: the switch: ``on`` fuses every head_dim, ``off`` keeps TVM's split-rotary and append launches
-#: for one token, unset (``auto``) fuses head_dims up to :data:`AUTO_MAX_HEAD_DIM`
+#: the switch: ``off`` keeps TVM's split-rotary and append launches for one token; unset or ``on``
+#: fuses them (module docstring)
 SWITCH = "LLMCHAT_WGSL_ROPE_APPEND"
-#: the widest head ``auto`` fuses (module docstring: measured faster at 64, slower at 128)
-AUTO_MAX_HEAD_DIM = 64
 #: the add-on's packed function the q/k/v projection's host code calls with its output
 RECORD_QKV = "llmchat.webgpu.record_qkv"
 
 
 def mode() -> str:
-    """``auto`` (unset), ``on`` or ``off`` (``LLMCHAT_WGSL_ROPE_APPEND``; ``0``/``no``/``false``
-    mean off, ``1``/``yes``/``true`` on)."""
+    """``on`` (unset, ``on``, ``1``, ...) or ``off`` (``LLMCHAT_WGSL_ROPE_APPEND=off``;
+    ``0``/``no``/``false`` too)."""
     raw = os.environ.get(SWITCH, "").strip().lower()
-    if raw in ("off", "0", "no", "false"):
-        return "off"
-    return "on" if raw in ("on", "1", "yes", "true") else "auto"
+    return "off" if raw in ("off", "0", "no", "false") else "on"
 
 
 def enabled() -> bool:
@@ -94,10 +90,6 @@ def mark(mod: Any, plan: Plan, max_threads: int, shared_bytes: int, variant: str
     if funcs is None:
         return mod
     attention = mod[funcs[2]]
-    q = attention.params[0]
-    head_dim = int(q.shape[-1]) if hasattr(q, "shape") and len(q.shape) == 3 else 0
-    if mode() == "auto" and not 0 < head_dim <= AUTO_MAX_HEAD_DIM:
-        return mod
     fused_attention = attention.with_attr(FUSED_ATTR, True)
     if split_decode_attention(fused_attention, max_threads, shared_bytes, variant) is None:
         return mod

@@ -262,6 +262,12 @@ def test_only_tvms_own_prologues_are_recognised():
     assert wgsl_fusion.prologue_kind("fused_split_silu_multiply", scale) is None
 
 
+def layers_of_tiny() -> int:
+    from app.inference.engine.random_model import preset_config
+
+    return preset_config("tiny-llama", "q4f16_1").num_hidden_layers
+
+
 def _tiny_counts(monkeypatch, fusion: str):
     from app.inference.compile.targets import make_target
     from app.inference.engine.random_model import preset_config
@@ -305,15 +311,18 @@ def test_the_default_int8_fusion_cuts_the_same_launches(monkeypatch):
 
 
 def test_the_quantized_vector_keeps_the_norms_launch_and_feeds_the_gemvs(monkeypatch):
-    """``int8-q8``: a norm of a row longer than :data:`~wgsl_fusion.INT8_NORM_MAX_K` (here every
-    norm: the limit set to 0) writes the vector quantized (``q8_norm``) and the GEMVs after it read
-    that; the SiLU gate stays inside gate_up. The launches are the default's plus the norms';
-    rows up to the limit keep the norm inside the GEMV."""
+    """By default (``int8-q8``) a norm of a row longer than :data:`~wgsl_fusion.INT8_NORM_MAX_K`
+    (here every norm: the limit set to 0) writes the vector quantized (``q8_norm``) and the GEMVs
+    after it read that; the SiLU gate stays inside gate_up. The launches are ``int8-noq8``'s plus
+    the norms'; rows up to the limit keep the norm inside the GEMV."""
     off = _tiny_counts(monkeypatch, "off")
     default = _tiny_counts(monkeypatch, "")
-    assert _tiny_counts(monkeypatch, "int8-q8") == default  # the tiny rows are under the limit
+    assert _tiny_counts(monkeypatch, "int8-noq8") == default  # the tiny rows are under the limit
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
-    q8 = _tiny_counts(monkeypatch, "int8-q8")
+    q8 = _tiny_counts(monkeypatch, "")
+    assert q8 == _tiny_counts(monkeypatch, "int8-q8")
+    noq8 = _tiny_counts(monkeypatch, "int8-noq8")
+    assert noq8["rms_norm"] == 2 * layers_of_tiny() + 1 and not any(name.endswith("_q8") for name in noq8)
     layers = 2
     norms = [name for name in q8 if name.endswith("_q8") and "rms_norm" in name]
     assert sum(q8[name] for name in norms) == 2 * layers + 1 and "rms_norm" not in q8
@@ -377,29 +386,30 @@ def test_rope_and_append_move_into_the_decode_attention(monkeypatch):
     assert _kernel_switches()[SWITCH] == "off"
 
 
-def test_rope_and_append_stay_apart_for_wide_heads_unless_asked(monkeypatch):
-    """head_dim 128 (Qwen2.5-3B, Llama-2-7B) measured slower fused on the H200: by default its
-    split-rotary and append keep their launches; ``LLMCHAT_WGSL_ROPE_APPEND=on`` fuses them too."""
+def test_rope_and_append_move_into_the_attention_for_wide_heads_too(monkeypatch):
+    """head_dim 128 (Qwen2.5-3B, Llama-2-7B): fused by default like the narrow heads (the kernel
+    without a branch around its page loads measured faster on the H200); ``off`` keeps the
+    split-rotary and append launches."""
     from app.inference.compile.targets import make_target
     from app.inference.engine import random_model
     from app.inference.engine.random_model import preset_config
     from app.inference.hardware.device_spec import DeviceSpec
-    from app.inference.pipelines.wgsl_rope_append import AUTO_MAX_HEAD_DIM, SWITCH
+    from app.inference.pipelines.wgsl_rope_append import SWITCH
 
     wide = dict(
         random_model.PRESETS["tiny-llama"], hidden_size=256, num_attention_heads=2, num_key_value_heads=1
     )
     monkeypatch.setitem(random_model.PRESETS, "tiny-llama-d128", wide)
     config = preset_config("tiny-llama-d128", "q4f16_1")
-    assert config.hidden_size // config.num_attention_heads == 128 > AUTO_MAX_HEAD_DIM
+    assert config.hidden_size // config.num_attention_heads == 128
     target = make_target(DeviceSpec("vulkan", 0), "wgsl-f16-wg49152-t256")
     monkeypatch.delenv(SWITCH, raising=False)
     default = decode_step_kernels(scheduled_module(config, target))
-    monkeypatch.setenv(SWITCH, "on")
-    on = decode_step_kernels(scheduled_module(config, target))
+    monkeypatch.setenv(SWITCH, "off")
+    off = decode_step_kernels(scheduled_module(config, target))
     layers = config.num_hidden_layers
-    assert default["fused_rope"] == layers and default["tir_kv_cache_transpose_append"] == layers
-    assert "fused_rope" not in on and sum(default.values()) - sum(on.values()) == 2 * layers
+    assert off["fused_rope"] == layers and off["tir_kv_cache_transpose_append"] == layers
+    assert "fused_rope" not in default and sum(off.values()) - sum(default.values()) == 2 * layers
 
 
 def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_model_dir, monkeypatch):
