@@ -200,6 +200,22 @@ def _rms64(x: np.ndarray, nw: np.ndarray, eps: float) -> np.ndarray:
     return v.astype(np.float16)
 
 
+def _int8_expected(v, w, s, extras, epilogue: str, gate: bool) -> np.ndarray:
+    """float64 reference of the int8 kernel on the vector ``v``: its int8 rounding, the GEMV, the
+    epilogue (bias before the float16 cast, residual after it) and the SiLU gate of the two halves."""
+    expected = q4_matmul64(_int8_rounded(v)[0], w, s)[None]
+    if epilogue == "bias":
+        expected = (expected + extras[0].astype(np.float64)).astype(np.float16).astype(np.float64)
+    elif epilogue == "res":
+        expected = expected.astype(np.float16).astype(np.float64) + extras[0].astype(np.float64)
+    if gate:
+        half = expected.shape[-1] // 2
+        g, u = expected[..., :half].astype(np.float16), expected[..., half:].astype(np.float16)
+        g64 = g.astype(np.float64)
+        expected = (g64 / (1 + np.exp(-g64))).astype(np.float16).astype(np.float64) * u.astype(np.float64)
+    return expected
+
+
 @pytest.mark.parametrize(
     ("k", "n", "epilogue", "norm", "gate"),
     FUSED_CASES,
@@ -225,16 +241,8 @@ def test_int8_kernel_with_the_norm_and_the_gate_matches_float64_on_vulkan(
     x = (x.astype(np.float32) * 3).astype(np.float16)  # a norm far from 1
     nw = (1 + 0.25 * np.random.default_rng(k).standard_normal(k)).astype(np.float16)
     v = _rms64(x, nw, eps).reshape(x.shape) if norm else x
-    expected = q4_matmul64(_int8_rounded(v)[0], w, s)[None]
     extras = run.args[3:-1]
-    if epilogue == "bias":
-        expected = (expected + extras[0].astype(np.float64)).astype(np.float16).astype(np.float64)
-    elif epilogue == "res":
-        expected = expected.astype(np.float16).astype(np.float64) + extras[0].astype(np.float64)
-    if gate:
-        g, u = expected[..., : n // 2].astype(np.float16), expected[..., n // 2 :].astype(np.float16)
-        g64 = g.astype(np.float64)
-        expected = (g64 / (1 + np.exp(-g64))).astype(np.float16).astype(np.float64) * u.astype(np.float64)
+    expected = _int8_expected(v, w, s, extras, epilogue, gate)
     out = np.zeros(expected.shape, run.args[-1].dtype)
     args = [x, *([nw] if norm else []), w, s, *extras, out]
     got = _run_on_vulkan(new, args, tmp_path, name="fused")
@@ -311,16 +319,7 @@ def test_the_vector_quantized_once_gives_what_the_norm_inside_the_gemv_gives(k, 
     lib["inside"](*t, out_inside)
     got, want = out_q8.numpy(), out_inside.numpy()
     np.testing.assert_array_equal(got, want)
-    v = _rms64(x, nw, eps).reshape(x.shape)
-    expected = q4_matmul64(_int8_rounded(v)[0], w, s)[None]
-    if epilogue == "bias":
-        expected = (expected + extras[0].astype(np.float64)).astype(np.float16).astype(np.float64)
-    elif epilogue == "res":
-        expected = expected.astype(np.float16).astype(np.float64) + extras[0].astype(np.float64)
-    if gate:
-        g, u = expected[..., : n // 2].astype(np.float16), expected[..., n // 2 :].astype(np.float16)
-        g64 = g.astype(np.float64)
-        expected = (g64 / (1 + np.exp(-g64))).astype(np.float16).astype(np.float64) * u.astype(np.float64)
+    expected = _int8_expected(_rms64(x, nw, eps).reshape(x.shape), w, s, extras, epilogue, gate)
     _close(got, expected, MATMUL_TOL, f"q8 k={k} n={n} {epilogue} gate={gate}")
     # the GEMV reads the words: one group's scale doubled moves the rows that group feeds
     words = q.numpy()
