@@ -493,12 +493,12 @@ def _fuse_int8_block(
                 q8=q8 is not None,
             )
             fused[key] = prim and builder.add_func(prim, "_".join(name for name in key if name))
-        qkey = (q8[0][0].name_hint, "q8") if q8 else None
-        if q8 and qkey not in fused:
-            fused[qkey] = builder.add_func(q8_norm(m.in_features, q8[1]), "_".join(qkey))
         if fused[key] is None:
             out.append(binding)
             continue
+        qkey = (q8[0][0].name_hint, "q8") if q8 else None
+        if q8 and qkey not in fused:  # only once a GEMV reads it
+            fused[qkey] = builder.add_func(q8_norm(m.in_features, q8[1]), "_".join(qkey))
         new_args = []
         for i, arg in enumerate(args):
             new_args += list(norm[0][1]) if (norm and i == xi) else [arg]

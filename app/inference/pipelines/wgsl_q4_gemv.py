@@ -379,6 +379,19 @@ def dp4a_kernel(
     pre = 1 if layout.prefetch else max(1, min(layout.preload, iters))
     slots = 2 if layout.prefetch else pre
 
+    @T.macro
+    def load_step(wq, sc, w, s, row0, g0, tx, step):
+        # step ``step``'s weight words and scales of the set's rows (DRAM) into register slot
+        # ``step % slots``
+        for rr in T.unroll(rows):
+            wq[T.ramp((step % slots * rows + rr) * 4, 1, 4)] = w.vload(
+                [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + step * lanes, groups - 1) * 4],
+                "uint32x4",
+            )
+            sc[step % slots * rows + rr] = s[
+                _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + step * lanes, groups - 1)
+            ]
+
     @T.prim_func(private=True)
     def kernel(
         x: T.Buffer((1, 1, k), "float16"),
@@ -425,14 +438,7 @@ def dp4a_kernel(
         # the first ``pre`` steps' weights (DRAM) go out before the staging
         if not stage_only:
             for p0 in T.unroll(pre):
-                for rr in T.unroll(rows):
-                    wq[T.ramp((p0 % slots * rows + rr) * 4, 1, 4)] = w.vload(
-                        [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1) * 4],
-                        "uint32x4",
-                    )
-                    sc[p0 % slots * rows + rr] = s[
-                        _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + p0 * lanes, groups - 1)
-                    ]
+                load_step(wq, sc, w, s, row0, g0, tx, p0)
         if not read_q8:
             if has_norm:
                 ss[0] = T.float32(0)
@@ -532,14 +538,7 @@ def dp4a_kernel(
                 cur = (it % slots) * rows
                 ld = it + slots - 1
                 if ld >= pre and ld < iters:
-                    for rr in T.unroll(rows):
-                        wq[T.ramp((ld % slots * rows + rr) * 4, 1, 4)] = w.vload(
-                            [_row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1) * 4],
-                            "uint32x4",
-                        )
-                        sc[ld % slots * rows + rr] = s[
-                            _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + ld * lanes, groups - 1)
-                        ]
+                    load_step(wq, sc, w, s, row0, g0, tx, ld)
                 for lv in T.unroll(levels):
                     if read_q8:
                         xw[T.ramp(0, 1, 4)] = qg.vload([T.min(tx + it * lanes, groups - 1) * 8], "uint32x4")
