@@ -437,6 +437,29 @@ def _fuse_int8_block(
     by_var = {b.var: b for b in block.bindings if isinstance(b, relax.VarBinding)}
     out: list[Any] = []
     dropped, moved = set(), set()
+    gated_q8: dict[Any, Any] = {}  # a gated output written quantized -> its words' variable
+
+    def gemv_reading(var: Any) -> tuple[Any, Any] | None:
+        """(binding, match) of the one batch-1 q4f16_1 GEMV that reads ``var`` as its vector, if
+        ``var`` has no other reader."""
+        readers = users.get(var, [])
+        if len(readers) != 1 or readers[0] not in by_var:
+            return None
+        rcall = tir_call(by_var[readers[0]].value)
+        rm = match_q4f16_gemv(mod[rcall[0]]) if rcall is not None else None
+        if rm is None:
+            return None
+        ri = next(i for i, p in enumerate(mod[rcall[0]].params) if p.same_as(rm.x))
+        return (by_var[readers[0]], rm) if ri < len(rcall[1]) and rcall[1][ri].same_as(var) else None
+
+    def fused_fn(key: tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
+        """The module's function for ``key``: ``fused_gemv(*args, **kwargs)`` added on first use
+        (None where the int8 kernel does not take it)."""
+        if key not in fused:
+            prim = fused_gemv(*args, max_shared=max_shared, **kwargs)
+            fused[key] = prim and builder.add_func(prim, "_".join(name for name in key if name))
+        return fused[key]
+
     for binding in block.bindings:
         if binding.var in moved:
             continue  # a SiLU gate now computed by the GEMV before it
@@ -449,6 +472,16 @@ def _fuse_int8_block(
         gemv = mod[gv]
         xi = next(i for i, p in enumerate(gemv.params) if p.same_as(m.x))
         vec = args[xi] if xi < len(args) else None
+        if vec is not None and vec in gated_q8:  # the down projection of a gate written quantized
+            reader = fused[("", gv.name_hint, "", "q8", "")]
+            new_args = [gated_q8[vec] if i == xi else arg for i, arg in enumerate(args)]
+            out.append(
+                relax.VarBinding(
+                    binding.var,
+                    builder.normalize(relax.call_tir(reader, relax.Tuple(new_args), binding.var.ty)),
+                )
+            )
+            continue
         norm = None
         inner = tir_call(by_var[vec].value) if isinstance(vec, relax.DataflowVar) and vec in by_var else None
         takes_norm = "norm" in parts or ("norm-short" in parts and m.in_features <= INT8_NORM_MAX_K)
@@ -478,21 +511,25 @@ def _fuse_int8_block(
         if norm is None and gate is None and q8 is None:
             out.append(binding)
             continue
+        # the gate's output quantized by gate_up itself, for the down projection after it
+        down = gemv_reading(gate[0].var) if gate and "q8-silu" in parts else None
+        if down is not None:
+            dgv = tir_call(down[0].value)[0]
+            if fused_fn(("", dgv.name_hint, "", "q8", ""), mod[dgv], None, None, q8=True) is None:
+                down = None
         key = (
             norm[0][0].name_hint if norm else "",
             gv.name_hint,
             gate[1][0].name_hint if gate else "",
             "q8" if q8 else "",
+            "q8out" if down else "",
         )
-        if key not in fused:
-            prim = fused_gemv(
-                gemv,
-                norm[1] if norm else None,
-                mod[gate[1][0]].params[-1] if gate else None,
-                max_shared,
-                q8=q8 is not None,
-            )
-            fused[key] = prim and builder.add_func(prim, "_".join(name for name in key if name))
+        eps, silu_out = (norm[1] if norm else None), (mod[gate[1][0]].params[-1] if gate else None)
+        fused_fn(key, gemv, eps, silu_out, q8=q8 is not None, q8_out=down is not None)
+        if fused[key] is None and down is not None:  # no layout for it: the float16 output
+            down = None
+            key = (*key[:4], "")
+            fused_fn(key, gemv, eps, silu_out, q8=q8 is not None)
         if fused[key] is None:
             out.append(binding)
             continue
@@ -508,8 +545,14 @@ def _fuse_int8_block(
             out.append(relax.VarBinding(qvar, builder.normalize(staged)))
             new_args[xi] = qvar
         result = gate[0].var if gate else binding.var
-        value = builder.normalize(relax.call_tir(fused[key], relax.Tuple(new_args), result.ty))
-        out.append(relax.VarBinding(result, value))
+        if down is not None:
+            words = q8_words(int(gate[0].var.ty.shape[-1]))
+            qout = relax.DataflowVar(f"{result.name}_q8", relax.TensorType((words,), "uint32"))
+            gated_q8[result] = qout
+        value = builder.normalize(
+            relax.call_tir(fused[key], relax.Tuple(new_args), (qout if down is not None else result).ty)
+        )
+        out.append(relax.VarBinding(qout if down is not None else result, value))
         if norm or q8:
             dropped.add(vec)
         if gate:
@@ -543,13 +586,16 @@ def int8_fusion_parts() -> tuple[str, ...]:
     the SiLU gate (``silu``), the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``)
     and, for the longer rows, the norm's own kernel writing the vector quantized once (``q8``:
     :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
-    workgroups quantizing it; for A/B runs ``int8-noq8`` the default without ``q8``, ``int8``
+    workgroups quantizing it; for A/B runs ``int8-q8s`` the default with gate_up writing its gated
+    output quantized for the down projection (``q8-silu``), ``int8-noq8`` the default without
+    ``q8``, ``int8``
     the norm and the gate everywhere, ``int8-norm`` / ``int8-silu`` one of them; none for any other
     value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
         "": ("norm-short", "silu", "q8"),
         "int8-q8": ("norm-short", "silu", "q8"),
+        "int8-q8s": ("norm-short", "silu", "q8", "q8-silu"),
         "int8-noq8": ("norm-short", "silu"),
         "int8": ("norm", "silu"),
         "int8-norm": ("norm",),

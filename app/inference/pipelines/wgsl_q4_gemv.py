@@ -176,17 +176,20 @@ def preload_steps() -> int:
     return int(raw)
 
 
-def choose(k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False) -> Q4GemvLayout | None:
+def choose(
+    k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False, group_out: bool = False
+) -> Q4GemvLayout | None:
     """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 32 lanes a set, 256
     threads, and the most rows per set (4, 2 or 1; ``pairs``: 4 or 2, gate and up rows) that tile
     ``n`` in :data:`MIN_WORKGROUPS` workgroups or more (else the fewest that tile it); None for
     reductions over :data:`MAX_K`, over ``max_shared`` bytes of workgroup memory, or rows no layout
-    tiles: other rules take those."""
+    tiles: other rules take those. ``group_out`` (pairs whose gated output is written quantized,
+    ``q8_out`` of :func:`dp4a_kernel`): 8 rows a set, a workgroup's 32 outputs one group."""
     if k > MAX_K:
         return None
     fitting = [
         Q4GemvLayout(rows, 32, 256, "dp4a", preload=preload_steps())
-        for rows in ((4, 2) if pairs else (4, 2, 1))
+        for rows in ((8,) if group_out else (4, 2) if pairs else (4, 2, 1))
     ]
     fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
     for layout in fitting:
@@ -329,6 +332,7 @@ def dp4a_kernel(
     norm_eps: float | None = None,
     silu_pairs: bool = False,
     q8: str = "",
+    q8_out: bool = False,
 ) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
@@ -352,7 +356,13 @@ def dp4a_kernel(
     (the RMSNorm with ``norm_eps``, the quantization) in one workgroup, writing the quantized
     vector into the global ``qg`` (:func:`q8_words`); ``"read"`` is the GEMV alone, each lane
     reading its groups' words, scale and sum from ``qg`` (no staging, no barrier before the dot
-    products). ``dp4a`` only."""
+    products). ``dp4a`` only.
+
+    ``q8_out`` (with ``silu_pairs``, a workgroup's outputs one 32-value group: ``rows / 2 x sets``
+    = 32): the gated output is written quantized (:func:`q8_words` of ``n / 2`` values) for the
+    down projection to read with ``q8="read"`` instead of quantizing it in each of its workgroups:
+    the workgroup's 32 float16 values meet in workgroup memory and one thread quantizes them as the
+    staging would (the same :func:`quantize` arithmetic on the same float16 values)."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
@@ -374,6 +384,10 @@ def dp4a_kernel(
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
     words = q8_words(k)
+    if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and not q8 == "stage"):
+        raise ValueError("q8_out needs SiLU pairs, 32 outputs a workgroup and one int8 level")
+    out_groups = n_out // 32
+    out_shape, out_dt = ((q8_words(n_out),), "uint32") if q8_out else ((1, 1, n_out), out_dtype)
     fine = float(2 * 127)  # the second level's steps per first-level step
     # steps loaded before the staging, and register sets of weights (this step's and those ahead)
     pre = 1 if layout.prefetch else max(1, min(layout.preload, iters))
@@ -392,6 +406,33 @@ def dp4a_kernel(
                 _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + step * lanes, groups - 1)
             ]
 
+    @T.macro
+    def quantize(xv, amax, qv, qsum):
+        # 32 values (float32 of float16) with their max |x| to int8 steps of max|x| / 127 (and the
+        # remainder's level with dp4a2), and the sum of each level's int8 values
+        for lv in T.unroll(levels):
+            qsum[lv] = 0
+        for j in T.unroll(32):
+            xv[j] = xv[j] * T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
+            qv[j] = T.Cast("int32", T.round(xv[j]))
+            qsum[0] = qsum[0] + qv[j]
+            if levels == 2:
+                qv[32 + j] = T.Cast("int32", T.round((xv[j] - T.Cast("float32", qv[j])) * T.float32(fine)))
+                qsum[1] = qsum[1] + qv[32 + j]
+
+    @T.macro
+    def pack(qv, pk, lv):
+        # level lv's 32 int8 values as 8 words: per 8-value word q the even values (0, 2, 4, 6)
+        # in word 2q and the odd ones in word 2q + 1 (the nibble order of the weight words)
+        for q in T.unroll(4):
+            for o in T.unroll(2):
+                pk[q * 2 + o] = (
+                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o]) & T.uint32(255))
+                    | ((T.Cast("uint32", qv[lv * 32 + q * 8 + o + 2]) & T.uint32(255)) << T.uint32(8))
+                    | ((T.Cast("uint32", qv[lv * 32 + q * 8 + o + 4]) & T.uint32(255)) << T.uint32(16))
+                    | ((T.Cast("uint32", qv[lv * 32 + q * 8 + o + 6]) & T.uint32(255)) << T.uint32(24))
+                )
+
     @T.prim_func(private=True)
     def kernel(
         x: T.Buffer((1, 1, k), "float16"),
@@ -400,7 +441,7 @@ def dp4a_kernel(
         s: T.Buffer((n, groups), "float16"),
         b: T.Buffer((n,), "float16"),
         r: T.Buffer((1, 1, n), "float16"),
-        out: T.Buffer((1, 1, n_out), out_dtype),
+        out: T.Buffer(out_shape, out_dt),
         qg: T.Buffer((words,), "uint32"),
     ):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
@@ -479,37 +520,9 @@ def dp4a_kernel(
                     else:
                         xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
                     amax[0] = T.max(amax[0], T.fabs(xv[j]))
+                quantize(xv, amax, qv, qsum)
                 for lv in T.unroll(levels):
-                    qsum[lv] = 0
-                for j in T.unroll(32):
-                    xv[j] = xv[j] * T.if_then_else(
-                        amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0)
-                    )
-                    qv[j] = T.Cast("int32", T.round(xv[j]))
-                    qsum[0] = qsum[0] + qv[j]
-                    if levels == 2:
-                        qv[32 + j] = T.Cast(
-                            "int32", T.round((xv[j] - T.Cast("float32", qv[j])) * T.float32(fine))
-                        )
-                        qsum[1] = qsum[1] + qv[32 + j]
-                for lv in T.unroll(levels):
-                    for q in T.unroll(4):
-                        for o in T.unroll(2):
-                            pk[q * 2 + o] = (
-                                (T.Cast("uint32", qv[lv * 32 + q * 8 + o]) & T.uint32(255))
-                                | (
-                                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 2]) & T.uint32(255))
-                                    << T.uint32(8)
-                                )
-                                | (
-                                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 4]) & T.uint32(255))
-                                    << T.uint32(16)
-                                )
-                                | (
-                                    (T.Cast("uint32", qv[lv * 32 + q * 8 + o + 6]) & T.uint32(255))
-                                    << T.uint32(24)
-                                )
-                            )
+                    pack(qv, pk, lv)
                     if stage_only:
                         if tid + st * threads < groups:
                             qg[T.ramp((tid + st * threads) * 8, 1, 4)] = pk.vload([0], "uint32x4")
@@ -616,7 +629,30 @@ def dp4a_kernel(
                 for ln in T.unroll(lanes):
                     gsum[0] = gsum[0] + part[(ty * rows + tx % half) * lanes + ln]
                     usum[0] = usum[0] + part[(ty * rows + half + tx % half) * lanes + ln]
-                if tx < half:
+                if q8_out:
+                    # the workgroup's 32 gated values (float16, as written unquantized) meet in
+                    # workgroup memory (the norm's, free by now); thread 0 quantizes them as the
+                    # staging does
+                    if tx < half:
+                        red[ty * half + tx] = T.Cast(
+                            "float32",
+                            T.Cast("float16", gsum[0])
+                            * T.sigmoid(T.Cast("float16", gsum[0]))
+                            * T.Cast("float16", usum[0]),
+                        )
+                    T.tvm_storage_sync("shared")
+                    if tid == 0:
+                        amax[0] = T.float32(0)
+                        for j in T.unroll(32):
+                            xv[j] = red[j]
+                            amax[0] = T.max(amax[0], T.fabs(xv[j]))
+                        quantize(xv, amax, qv, qsum)
+                        pack(qv, pk, 0)
+                        out[T.ramp(bx * 8, 1, 4)] = pk.vload([0], "uint32x4")
+                        out[T.ramp(bx * 8 + 4, 1, 4)] = pk.vload([4], "uint32x4")
+                        out[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
+                        out[out_groups * 9 + bx] = T.reinterpret("uint32", qsum[0])
+                elif tx < half:
                     out[0, 0, g0 + tx] = (
                         T.Cast("float16", gsum[0])
                         * T.sigmoid(T.Cast("float16", gsum[0]))
@@ -679,7 +715,12 @@ def norm_shared_bytes(layout: Q4GemvLayout) -> int:
 
 
 def fused_gemv(
-    gemv: Any, norm_eps: float | None, silu_out: Any | None, max_shared: int, q8: bool = False
+    gemv: Any,
+    norm_eps: float | None,
+    silu_out: Any | None,
+    max_shared: int,
+    q8: bool = False,
+    q8_out: bool = False,
 ) -> Any | None:
     """The GEMV ``gemv`` as one int8 kernel (:func:`dp4a_kernel` in :func:`choose`'s layout) that
     also computes its input's RMSNorm (``norm_eps``) and/or the SiLU gate of its output
@@ -690,7 +731,9 @@ def fused_gemv(
     residual, over ``max_shared``): the kernels stay apart.
 
     ``q8``: the GEMV reads its vector already quantized (``q8="read"`` of :func:`dp4a_kernel`, the
-    words :func:`q8_norm` writes) in place of ``x``; no norm then."""
+    words :func:`q8_norm` writes) in place of ``x``; no norm then. ``q8_out`` (with the gate): the
+    gated output written quantized, ``q8_words(n / 2)`` uint32 words in place of ``silu_out``, for a
+    down projection built with ``q8`` to read."""
     from tvm import tirx
 
     m = match_q4f16_gemv(gemv)
@@ -708,15 +751,22 @@ def fused_gemv(
         or (static_shape(silu_out) or [0])[-1] * 2 != m.out_features
     ):
         return None
-    if q8 and norm_eps is not None:
+    if (q8 and norm_eps is not None) or (q8_out and not pairs):
         return None
     probe = Q4GemvLayout(4, 32, 256, "dp4a")
-    extra = norm_shared_bytes(probe) if norm_eps is not None else 0
-    layout = choose(m.in_features, m.out_features, max_shared - extra, pairs=pairs)
+    # the norm's partial sums (also where q8_out's values meet)
+    extra = norm_shared_bytes(probe) if norm_eps is not None or q8_out else 0
+    layout = choose(m.in_features, m.out_features, max_shared - extra, pairs=pairs, group_out=q8_out)
     if layout is None:
         return None
     new = dp4a_kernel(
-        m, layout, str(m.out.dtype), norm_eps=norm_eps, silu_pairs=pairs, q8="read" if q8 else ""
+        m,
+        layout,
+        str(m.out.dtype),
+        norm_eps=norm_eps,
+        silu_pairs=pairs,
+        q8="read" if q8 else "",
+        q8_out=q8_out,
     )
     roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out", "q"), new.params, strict=True))
     old_roles = {"w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual}

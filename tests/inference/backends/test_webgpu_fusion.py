@@ -331,11 +331,33 @@ def test_the_quantized_vector_keeps_the_norms_launch_and_feeds_the_gemvs(monkeyp
     assert sum(off.values()) - sum(q8.values()) == layers  # only the gates' launches
 
 
+def test_the_gated_output_quantized_by_gate_up_feeds_the_down_projection(monkeypatch):
+    """With ``int8-q8s`` gate_up (its norm and its SiLU gate inside) writes the gated output
+    quantized and the down projection reads those words: the default's launches, the gate_up and
+    down kernels replaced one for one."""
+    default = _tiny_counts(monkeypatch, "")
+    q8s = _tiny_counts(monkeypatch, "int8-q8s")
+    layers = layers_of_tiny()
+    assert sum(q8s.values()) == sum(default.values())
+    gate_up = [name for name in q8s if name.endswith("_fused_split_silu_multiply_q8out")]
+    assert len(gate_up) == 1 and q8s[gate_up[0]] == layers
+    assert gate_up[0].removesuffix("_q8out") in default
+    downs = [name for name in q8s if name.endswith("_add_q8")]
+    assert len(downs) == 1 and q8s[downs[0]] == layers and downs[0].removesuffix("_q8") in default
+    # with the norm's own kernel writing q/k/v's and gate_up's vector, gate_up reads it and writes
+    # its output quantized: the quantized vector in, the quantized vector out
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
+    both = _tiny_counts(monkeypatch, "int8-q8s")
+    assert sum(both.values()) == sum(_tiny_counts(monkeypatch, "int8-q8").values())
+    assert any(name.endswith("_fused_split_silu_multiply_q8_q8out") for name in both), both
+
+
 def test_the_quantized_vector_gives_the_logits_of_the_norm_inside_every_gemv(tiny_model_dir, monkeypatch):
     """On Vulkan (lavapipe in CI) a tiny llama with every norm quantizing once (``int8-q8``, the
     limit at 0) decodes the same logits, bit for bit, as with the norm recomputed inside every
-    GEMV workgroup (``int8``): the same sums in the same order; and the dispatches of a step are
-    the ones counted (no device argmax: the logits are read back)."""
+    GEMV workgroup (``int8``): the same sums in the same order; so does gate_up writing its gated
+    output quantized for the down projection (``int8-q8s``); and the dispatches of a step are the
+    ones counted (no device argmax: the logits are read back)."""
     need_vulkan()
     from app.inference.backends import webgpu
     from app.inference.compile.targets import make_target
@@ -345,7 +367,7 @@ def test_the_quantized_vector_gives_the_logits_of_the_norm_inside_every_gemv(tin
     model_dir = tiny_model_dir("llama", "q4f16_1")
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
     logits = {}
-    for fusion in ("int8", "int8-q8"):
+    for fusion in ("int8", "int8-q8", "int8-q8s"):
         monkeypatch.setenv(wgsl_fusion.FUSION_ENV, fusion)
         engine = load_engine(model_dir, device="vulkan")
         try:
@@ -367,6 +389,7 @@ def test_the_quantized_vector_gives_the_logits_of_the_norm_inside_every_gemv(tin
         assert (after["dispatches"] - before["dispatches"]) / 4 == step, (fusion, counted)
     assert np.isfinite(logits["int8"]).all() and np.abs(logits["int8"]).max() > 0
     np.testing.assert_array_equal(logits["int8-q8"], logits["int8"])
+    np.testing.assert_array_equal(logits["int8-q8s"], logits["int8"])
 
 
 def test_rope_and_append_move_into_the_decode_attention(monkeypatch):

@@ -326,3 +326,80 @@ def test_the_vector_quantized_once_gives_what_the_norm_inside_the_gemv_gives(k, 
     words[k // 32 * 8] = (words[k // 32 * 8 : k // 32 * 8 + 1].view(np.float32) * 2).view(np.uint32)[0]
     lib["gemv"](tvm.runtime.tensor(words, dev), *t[2:], out_q8)
     assert not np.array_equal(out_q8.numpy(), want)
+
+
+GATED_Q8_CASES = [
+    # k, intermediate, down's rows, the norm inside gate_up: gate_up writes its gated output
+    # quantized, the down projection reads those words
+    (1024, 512, 256, False),  # 16 groups
+    (896, 4864, 896, True),  # the 0.5B's MLP: 152 groups, the norm of short rows inside gate_up
+]
+
+
+@pytest.mark.parametrize(
+    ("k", "inter", "n_down", "norm"),
+    GATED_Q8_CASES,
+    ids=[f"{c[0]}x{c[1]}x{c[2]}{'-norm' if c[3] else ''}" for c in GATED_Q8_CASES],
+)
+def test_the_gated_output_written_quantized_gives_what_the_down_projection_stages(
+    k, inter, n_down, norm, tmp_path
+):
+    """gate_up with the SiLU gate writing its output already quantized (``q8_out``: a workgroup's
+    32 values one group) and the down projection reading those words (``q8``): bit for bit what
+    the gate_up writing float16 and the down projection quantizing that in each workgroup give,
+    within the float64 reference's tolerance; a wrong word changes the result."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8_words
+
+    need_vulkan()
+    eps = 1e-5
+    up_func, down_func = q4_matmul_func(k, 2 * inter, "f16"), q4_matmul_func(inter, n_down, "res")
+    gated = tvm.tirx.decl_buffer((1, 1, inter), "float16", name="gated")
+    funcs = {
+        "up_f16": fused_gemv(up_func, eps if norm else None, gated, 32768),
+        "up_q8": fused_gemv(up_func, eps if norm else None, gated, 32768, q8_out=True),
+        "down_stage": fused_gemv(down_func, None, None, 32768),
+        "down_q8": fused_gemv(down_func, None, None, 32768, q8=True),
+    }
+    assert all(f is not None for f in funcs.values()), "the int8 kernel did not take a GEMV"
+    up, down = (
+        _matmul_run(k, 2 * inter, "f16", 1, seed=k + inter),
+        _matmul_run(inter, n_down, "res", 1, seed=n_down),
+    )
+    x = (up.args[0].astype(np.float32) * 3).astype(np.float16)
+    nw = (1 + 0.25 * np.random.default_rng(k).standard_normal(k)).astype(np.float16)
+    wu, su = up.args[1:3]
+    wd, sd, res = down.args[1:4]
+    target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile="wgsl-f16-wg32768-t256"))
+    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    tvm.compile(mod, target=target).export_library(str(tmp_path / "gated.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "gated.so"))
+    dev = webgpu.device(0)
+    t = {
+        name: tvm.runtime.tensor(a, dev)
+        for name, a in dict(x=x, nw=nw, wu=wu, su=su, wd=wd, sd=sd, res=res).items()
+    }
+    head = [t["x"], t["nw"]] if norm else [t["x"]]
+    g16 = tvm.runtime.tensor(np.zeros((1, 1, inter), np.float16), dev)
+    q = tvm.runtime.tensor(np.zeros(q8_words(inter), np.uint32), dev)
+    out_stage = tvm.runtime.tensor(np.zeros((1, 1, n_down), np.float16), dev)
+    out_q8 = tvm.runtime.tensor(np.zeros((1, 1, n_down), np.float16), dev)
+    lib["up_f16"](*head, t["wu"], t["su"], g16)
+    lib["down_stage"](g16, t["wd"], t["sd"], t["res"], out_stage)
+    lib["up_q8"](*head, t["wu"], t["su"], q)
+    lib["down_q8"](q, t["wd"], t["sd"], t["res"], out_q8)
+    got, want = out_q8.numpy(), out_stage.numpy()
+    assert np.abs(want).max() > 0
+    np.testing.assert_array_equal(got, want)
+    v = _rms64(x, nw, eps).reshape(x.shape) if norm else x
+    gated64 = _int8_expected(v, wu, su, [], "f16", True)
+    expected = _int8_expected(gated64.astype(np.float16), wd, sd, [res], "res", False)
+    _close(got, expected, MATMUL_TOL, f"gated q8 k={k} inter={inter} n={n_down} norm={norm}")
+    # the down projection reads the words: one group's scale doubled moves its rows
+    words = q.numpy()
+    groups = inter // 32
+    words[groups * 8] = (words[groups * 8 : groups * 8 + 1].view(np.float32) * 2).view(np.uint32)[0]
+    lib["down_q8"](tvm.runtime.tensor(words, dev), t["wd"], t["sd"], t["res"], out_q8)
+    assert not np.array_equal(out_q8.numpy(), want)
