@@ -176,6 +176,26 @@ def preload_steps() -> int:
     return int(raw)
 
 
+#: the switch for the gate_up (SiLU pairs) layout, for A/B runs (part of the library cache key):
+#: ``r8`` 8 rows a set of 32 lanes, ``l16`` 4 rows a set of 16 lanes (16 sets: a workgroup's 32
+#: gated outputs one group as with ``r8``); unset: :func:`choose`'s rule
+GATE_LAYOUT_ENV = "LLMCHAT_WGSL_GATE_LAYOUT"
+
+
+def _pair_layouts(group_out: bool) -> tuple[tuple[int, int], ...]:
+    """(rows, lanes) of the layouts tried for SiLU pairs, in order (:data:`GATE_LAYOUT_ENV`)."""
+    from app.errors import LlmchatError
+
+    raw = os.environ.get(GATE_LAYOUT_ENV, "").strip().lower()
+    if raw not in ("", "r8", "l16"):
+        raise LlmchatError(f"{GATE_LAYOUT_ENV}={raw!r} is not r8 or l16", f"unset {GATE_LAYOUT_ENV}")
+    if raw == "l16":
+        return ((4, 16),)
+    if raw == "r8" or group_out:
+        return ((8, 32),)
+    return ((4, 32), (2, 32))
+
+
 def choose(
     k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False, group_out: bool = False
 ) -> Q4GemvLayout | None:
@@ -187,10 +207,8 @@ def choose(
     ``q8_out`` of :func:`dp4a_kernel`): 8 rows a set, a workgroup's 32 outputs one group."""
     if k > MAX_K:
         return None
-    fitting = [
-        Q4GemvLayout(rows, 32, 256, "dp4a", preload=preload_steps())
-        for rows in ((8,) if group_out else (4, 2) if pairs else (4, 2, 1))
-    ]
+    shapes = _pair_layouts(group_out) if pairs else ((4, 32), (2, 32), (1, 32))
+    fitting = [Q4GemvLayout(rows, lanes, 256, "dp4a", preload=preload_steps()) for rows, lanes in shapes]
     fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
     for layout in fitting:
         if n // layout.rows_per_workgroup >= MIN_WORKGROUPS:

@@ -266,6 +266,29 @@ def test_the_preload_switch_sets_q4_autos_layout(monkeypatch):
         wgsl_q4_gemv.choose(4096, 4096)
 
 
+def test_the_gate_layout_switch_sets_the_pairs_layout(monkeypatch):
+    """gate_up's layout (SiLU pairs): 4 or 2 rows a set by the workgroup count, 8 rows where a
+    workgroup's 32 outputs are quantized as one group; ``r8`` / ``l16`` for A/B runs."""
+    from app.errors import LlmchatError
+    from app.inference.pipelines import wgsl_q4_gemv
+
+    choose = wgsl_q4_gemv.choose
+    assert choose(4096, 22016, pairs=True).name == "q4-r4-l32-t256-dp4a"  # 688 workgroups
+    assert choose(896, 9728, pairs=True).name == "q4-r4-l32-t256-dp4a"  # 304 workgroups
+    assert choose(896, 4864, pairs=True).name == "q4-r2-l32-t256-dp4a"  # 304 rather than 152
+    assert choose(896, 9728, pairs=True, group_out=True).name == "q4-r8-l32-t256-dp4a"
+    assert choose(896, 9720, pairs=True, group_out=True) is None  # 4,860 outputs: not in groups of 32
+    monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, "l16")
+    assert choose(4096, 22016, pairs=True).name == "q4-r4-l16-t256-dp4a"
+    assert choose(4096, 22016, pairs=True, group_out=True).name == "q4-r4-l16-t256-dp4a"
+    assert choose(4096, 4096).name == "q4-r2-l32-t256-dp4a"  # not pairs: unchanged
+    monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, "r8")
+    assert choose(4096, 22016, pairs=True).name == "q4-r8-l32-t256-dp4a"
+    monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, "wide")
+    with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_GATE_LAYOUT"):
+        choose(4096, 22016, pairs=True)
+
+
 Q8_CASES = [
     # k, n, epilogue, SiLU gate after: the vector quantized once (q8_norm), then the GEMV reading it
     (4096, 512, "res", False),  # a 7B row: 128 groups, half the staging threads idle
@@ -329,20 +352,23 @@ def test_the_vector_quantized_once_gives_what_the_norm_inside_the_gemv_gives(k, 
 
 
 GATED_Q8_CASES = [
-    # k, intermediate, down's rows, the norm inside gate_up: gate_up writes its gated output
-    # quantized, the down projection reads those words
-    (1024, 512, 256, False),  # 16 groups
-    (896, 4864, 896, True),  # the 0.5B's MLP: 152 groups, the norm of short rows inside gate_up
+    # k, intermediate, down's rows, the norm inside gate_up, LLMCHAT_WGSL_GATE_LAYOUT: gate_up
+    # writes its gated output quantized, the down projection reads those words
+    (1024, 512, 256, False, ""),  # 16 groups
+    (896, 4864, 896, True, ""),  # the 0.5B's MLP: 152 groups, the norm of short rows inside gate_up
+    (1024, 512, 256, False, "l16"),  # 16 sets of 16 lanes
 ]
 
 
 @pytest.mark.parametrize(
-    ("k", "inter", "n_down", "norm"),
+    ("k", "inter", "n_down", "norm", "layout"),
     GATED_Q8_CASES,
-    ids=[f"{c[0]}x{c[1]}x{c[2]}{'-norm' if c[3] else ''}" for c in GATED_Q8_CASES],
+    ids=[
+        f"{c[0]}x{c[1]}x{c[2]}{'-norm' if c[3] else ''}{'-' + c[4] if c[4] else ''}" for c in GATED_Q8_CASES
+    ],
 )
 def test_the_gated_output_written_quantized_gives_what_the_down_projection_stages(
-    k, inter, n_down, norm, tmp_path
+    k, inter, n_down, norm, layout, tmp_path, monkeypatch
 ):
     """gate_up with the SiLU gate writing its output already quantized (``q8_out``: a workgroup's
     32 values one group) and the down projection reading those words (``q8``): bit for bit what
@@ -351,9 +377,11 @@ def test_the_gated_output_written_quantized_gives_what_the_down_projection_stage
     import tvm
 
     from app.inference.backends import webgpu
+    from app.inference.pipelines import wgsl_q4_gemv
     from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8_words
 
     need_vulkan()
+    monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, layout)
     eps = 1e-5
     up_func, down_func = q4_matmul_func(k, 2 * inter, "f16"), q4_matmul_func(inter, n_down, "res")
     gated = tvm.tirx.decl_buffer((1, 1, inter), "float16", name="gated")
