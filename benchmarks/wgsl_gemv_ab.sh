@@ -57,7 +57,7 @@ env_of() {  # other kernel switches of a set
     q8) echo "LLMCHAT_WGSL_FUSION=int8-q8";;                         # long rows' norm writes the int8 vector
     q8ra) echo "LLMCHAT_WGSL_FUSION=int8-q8 LLMCHAT_WGSL_ROPE_APPEND=on";; # ... and RoPE + append fused
     noq8) echo "LLMCHAT_WGSL_FUSION=int8-noq8";;                     # the default without the quantize-once
-    q8s) echo "LLMCHAT_WGSL_FUSION=int8-q8s";;                       # ... and gate_up writes the down projection's int8 vector
+    q8s) echo "LLMCHAT_WGSL_FUSION=int8-q8s";;                       # gate_up writes the down projection's int8 vector (the default since session 16)
     r8) echo "LLMCHAT_WGSL_GATE_LAYOUT=r8";;                          # gate_up: 8 rows a set (float16 out)
     l16) echo "LLMCHAT_WGSL_GATE_LAYOUT=l16";;                        # gate_up: 4 rows a set of 16 lanes
     q8s16) echo "LLMCHAT_WGSL_FUSION=int8-q8s LLMCHAT_WGSL_GATE_LAYOUT=l16";; # q8s with 16-lane sets

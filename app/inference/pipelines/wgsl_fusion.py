@@ -44,6 +44,11 @@ lifts that limit).
   work in each GEMV workgroup. H200, bench protocol, one device call
   (benchmarks/results/h200-2026-12-03-s15/call2): Llama-2-7B 295.6 tok/s against 263.1 / 262.4
   (the default before, first and last), Qwen2.5-3B 387.7 against 380.9 / 374.0.
+  **The down projection's vector quantized by gate_up** (default; ``int8-q8`` without it): the
+  gate_up kernel's workgroups own 32 gated outputs each (4 rows a set of 16 lanes) and write them
+  quantized, one thread per workgroup, as the down projection's staging would; the down
+  projection reads the words. H200 (benchmarks/results/h200-2026-12-03-s16/call2): Qwen2.5-3B
+  440.9 tok/s against 413.9 / 413.6, Llama-2-7B 296.4 against 291.5 / 291.8.
 - **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
   front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
   library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
@@ -582,20 +587,19 @@ INT8_NORM_MAX_K = 1024
 
 
 def int8_fusion_parts() -> tuple[str, ...]:
-    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8``)
-    the SiLU gate (``silu``), the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``)
-    and, for the longer rows, the norm's own kernel writing the vector quantized once (``q8``:
+    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8s``)
+    the SiLU gate (``silu``), the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``),
+    for the longer rows the norm's own kernel writing the vector quantized once (``q8``:
     :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
-    workgroups quantizing it; for A/B runs ``int8-q8s`` the default with gate_up writing its gated
-    output quantized for the down projection (``q8-silu``), ``int8-noq8`` the default without
-    ``q8``, ``int8``
-    the norm and the gate everywhere, ``int8-norm`` / ``int8-silu`` one of them; none for any other
-    value (``off``)."""
+    workgroups quantizing it, and gate_up writing its gated output quantized for the down
+    projection (``q8-silu``); for A/B runs ``int8-q8`` the default without ``q8-silu``,
+    ``int8-noq8`` without either, ``int8`` the norm and the gate everywhere, ``int8-norm`` /
+    ``int8-silu`` one of them; none for any other value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
-        "": ("norm-short", "silu", "q8"),
-        "int8-q8": ("norm-short", "silu", "q8"),
+        "": ("norm-short", "silu", "q8", "q8-silu"),
         "int8-q8s": ("norm-short", "silu", "q8", "q8-silu"),
+        "int8-q8": ("norm-short", "silu", "q8"),
         "int8-noq8": ("norm-short", "silu"),
         "int8": ("norm", "silu"),
         "int8-norm": ("norm",),

@@ -178,7 +178,12 @@ def preload_steps() -> int:
 
 #: the switch for the gate_up (SiLU pairs) layout, for A/B runs (part of the library cache key):
 #: ``r8`` 8 rows a set of 32 lanes, ``l16`` 4 rows a set of 16 lanes (16 sets: a workgroup's 32
-#: gated outputs one group as with ``r8``); unset: :func:`choose`'s rule
+#: gated outputs one group as with ``r8``); unset: :func:`choose`'s rule. H200, NVIDIA's Vulkan
+#: driver, decode tok/s Qwen2.5-3B / Llama-2-7B, one device call
+#: (benchmarks/results/h200-2026-12-03-s16/call2): float16 output 413.9 / 291.5 with 4 rows of
+#: 32 lanes (688 workgroups on the 7B's gate_up), 409.3 / 274.2 with ``r8``, 415.5 / 281.6 with
+#: ``l16``; the gated output quantized (the down projection reading it) 420.2 / 291.7 with ``r8``,
+#: 440.9 / 296.4 with ``l16``: the layout of a quantized output's pairs
 GATE_LAYOUT_ENV = "LLMCHAT_WGSL_GATE_LAYOUT"
 
 
@@ -189,9 +194,9 @@ def _pair_layouts(group_out: bool) -> tuple[tuple[int, int], ...]:
     raw = os.environ.get(GATE_LAYOUT_ENV, "").strip().lower()
     if raw not in ("", "r8", "l16"):
         raise LlmchatError(f"{GATE_LAYOUT_ENV}={raw!r} is not r8 or l16", f"unset {GATE_LAYOUT_ENV}")
-    if raw == "l16":
+    if raw == "l16" or (group_out and raw != "r8"):
         return ((4, 16),)
-    if raw == "r8" or group_out:
+    if raw == "r8":
         return ((8, 32),)
     return ((4, 32), (2, 32))
 
@@ -204,7 +209,8 @@ def choose(
     ``n`` in :data:`MIN_WORKGROUPS` workgroups or more (else the fewest that tile it); None for
     reductions over :data:`MAX_K`, over ``max_shared`` bytes of workgroup memory, or rows no layout
     tiles: other rules take those. ``group_out`` (pairs whose gated output is written quantized,
-    ``q8_out`` of :func:`dp4a_kernel`): 8 rows a set, a workgroup's 32 outputs one group."""
+    ``q8_out`` of :func:`dp4a_kernel`): 4 rows a set of 16 lanes, 16 sets, a workgroup's 32
+    outputs one group."""
     if k > MAX_K:
         return None
     shapes = _pair_layouts(group_out) if pairs else ((4, 32), (2, 32), (1, 32))

@@ -302,7 +302,7 @@ def test_the_default_int8_fusion_cuts_the_same_launches(monkeypatch):
     triple = [
         name
         for name in default
-        if name.startswith("rms_norm_") and name.endswith("_fused_split_silu_multiply")
+        if name.startswith("rms_norm_") and name.endswith("_fused_split_silu_multiply_q8out")
     ]
     assert len(triple) == 1 and default[triple[0]] == layers
     assert sum(v for name, v in default.items() if name.startswith("rms_norm_")) == 2 * layers + 1
@@ -316,11 +316,10 @@ def test_the_quantized_vector_keeps_the_norms_launch_and_feeds_the_gemvs(monkeyp
     after it read that; the SiLU gate stays inside gate_up. The launches are ``int8-noq8``'s plus
     the norms'; rows up to the limit keep the norm inside the GEMV."""
     off = _tiny_counts(monkeypatch, "off")
-    default = _tiny_counts(monkeypatch, "")
+    default = _tiny_counts(monkeypatch, "int8-q8")
     assert _tiny_counts(monkeypatch, "int8-noq8") == default  # the tiny rows are under the limit
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
-    q8 = _tiny_counts(monkeypatch, "")
-    assert q8 == _tiny_counts(monkeypatch, "int8-q8")
+    q8 = _tiny_counts(monkeypatch, "int8-q8")
     noq8 = _tiny_counts(monkeypatch, "int8-noq8")
     assert noq8["rms_norm"] == 2 * layers_of_tiny() + 1 and not any(name.endswith("_q8") for name in noq8)
     layers = 2
@@ -332,11 +331,12 @@ def test_the_quantized_vector_keeps_the_norms_launch_and_feeds_the_gemvs(monkeyp
 
 
 def test_the_gated_output_quantized_by_gate_up_feeds_the_down_projection(monkeypatch):
-    """With ``int8-q8s`` gate_up (its norm and its SiLU gate inside) writes the gated output
-    quantized and the down projection reads those words: the default's launches, the gate_up and
-    down kernels replaced one for one."""
-    default = _tiny_counts(monkeypatch, "")
-    q8s = _tiny_counts(monkeypatch, "int8-q8s")
+    """By default (``int8-q8s``) gate_up (its norm and its SiLU gate inside) writes the gated
+    output quantized and the down projection reads those words: ``int8-q8``'s launches, the
+    gate_up and down kernels replaced one for one."""
+    default = _tiny_counts(monkeypatch, "int8-q8")
+    q8s = _tiny_counts(monkeypatch, "")
+    assert q8s == _tiny_counts(monkeypatch, "int8-q8s")
     layers = layers_of_tiny()
     assert sum(q8s.values()) == sum(default.values())
     gate_up = [name for name in q8s if name.endswith("_fused_split_silu_multiply_q8out")]
@@ -347,7 +347,7 @@ def test_the_gated_output_quantized_by_gate_up_feeds_the_down_projection(monkeyp
     # with the norm's own kernel writing q/k/v's and gate_up's vector, gate_up reads it and writes
     # its output quantized: the quantized vector in, the quantized vector out
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
-    both = _tiny_counts(monkeypatch, "int8-q8s")
+    both = _tiny_counts(monkeypatch, "")
     assert sum(both.values()) == sum(_tiny_counts(monkeypatch, "int8-q8").values())
     assert any(name.endswith("_fused_split_silu_multiply_q8_q8out") for name in both), both
 

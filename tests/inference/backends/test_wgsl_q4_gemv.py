@@ -267,8 +267,9 @@ def test_the_preload_switch_sets_q4_autos_layout(monkeypatch):
 
 
 def test_the_gate_layout_switch_sets_the_pairs_layout(monkeypatch):
-    """gate_up's layout (SiLU pairs): 4 or 2 rows a set by the workgroup count, 8 rows where a
-    workgroup's 32 outputs are quantized as one group; ``r8`` / ``l16`` for A/B runs."""
+    """gate_up's layout (SiLU pairs): 4 or 2 rows a set by the workgroup count; where a
+    workgroup's 32 outputs are quantized as one group, 4 rows a set of 16 lanes; ``r8`` / ``l16``
+    for A/B runs."""
     from app.errors import LlmchatError
     from app.inference.pipelines import wgsl_q4_gemv
 
@@ -276,7 +277,7 @@ def test_the_gate_layout_switch_sets_the_pairs_layout(monkeypatch):
     assert choose(4096, 22016, pairs=True).name == "q4-r4-l32-t256-dp4a"  # 688 workgroups
     assert choose(896, 9728, pairs=True).name == "q4-r4-l32-t256-dp4a"  # 304 workgroups
     assert choose(896, 4864, pairs=True).name == "q4-r2-l32-t256-dp4a"  # 304 rather than 152
-    assert choose(896, 9728, pairs=True, group_out=True).name == "q4-r8-l32-t256-dp4a"
+    assert choose(896, 9728, pairs=True, group_out=True).name == "q4-r4-l16-t256-dp4a"
     assert choose(896, 9720, pairs=True, group_out=True) is None  # 4,860 outputs: not in groups of 32
     monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, "l16")
     assert choose(4096, 22016, pairs=True).name == "q4-r4-l16-t256-dp4a"
@@ -284,6 +285,7 @@ def test_the_gate_layout_switch_sets_the_pairs_layout(monkeypatch):
     assert choose(4096, 4096).name == "q4-r2-l32-t256-dp4a"  # not pairs: unchanged
     monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, "r8")
     assert choose(4096, 22016, pairs=True).name == "q4-r8-l32-t256-dp4a"
+    assert choose(4096, 22016, pairs=True, group_out=True).name == "q4-r8-l32-t256-dp4a"
     monkeypatch.setenv(wgsl_q4_gemv.GATE_LAYOUT_ENV, "wide")
     with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_GATE_LAYOUT"):
         choose(4096, 22016, pairs=True)
@@ -356,7 +358,7 @@ GATED_Q8_CASES = [
     # writes its gated output quantized, the down projection reads those words
     (1024, 512, 256, False, ""),  # 16 groups
     (896, 4864, 896, True, ""),  # the 0.5B's MLP: 152 groups, the norm of short rows inside gate_up
-    (1024, 512, 256, False, "l16"),  # 16 sets of 16 lanes
+    (1024, 512, 256, False, "r8"),  # 8 rows a set of 32 lanes
 ]
 
 
