@@ -529,12 +529,12 @@ def _fuse_int8_block(
             "q8" if q8 else "",
             "q8out" if down else "",
         )
-        eps, silu_out = (norm[1] if norm else None), (mod[gate[1][0]].params[-1] if gate else None)
-        fused_fn(key, gemv, eps, silu_out, q8=q8 is not None, q8_out=down is not None)
+        norm_eps, silu_out = (norm[1] if norm else None), (mod[gate[1][0]].params[-1] if gate else None)
+        fused_fn(key, gemv, norm_eps, silu_out, q8=q8 is not None, q8_out=down is not None)
         if fused[key] is None and down is not None:  # no layout for it: the float16 output
             down = None
             key = (*key[:4], "")
-            fused_fn(key, gemv, eps, silu_out, q8=q8 is not None)
+            fused_fn(key, gemv, norm_eps, silu_out, q8=q8 is not None)
         if fused[key] is None:
             out.append(binding)
             continue
@@ -550,14 +550,13 @@ def _fuse_int8_block(
             out.append(relax.VarBinding(qvar, builder.normalize(staged)))
             new_args[xi] = qvar
         result = gate[0].var if gate else binding.var
+        written = result  # what the kernel writes: the result, or its words for the down projection
         if down is not None:
-            words = q8_words(int(gate[0].var.ty.shape[-1]))
-            qout = relax.DataflowVar(f"{result.name}_q8", relax.TensorType((words,), "uint32"))
-            gated_q8[result] = qout
-        value = builder.normalize(
-            relax.call_tir(fused[key], relax.Tuple(new_args), (qout if down is not None else result).ty)
-        )
-        out.append(relax.VarBinding(qout if down is not None else result, value))
+            words = q8_words(int(result.ty.shape[-1]))
+            written = relax.DataflowVar(f"{result.name}_q8", relax.TensorType((words,), "uint32"))
+            gated_q8[result] = written
+        value = builder.normalize(relax.call_tir(fused[key], relax.Tuple(new_args), written.ty))
+        out.append(relax.VarBinding(written, value))
         if norm or q8:
             dropped.add(vec)
         if gate:
