@@ -444,18 +444,20 @@ def _fuse_int8_block(
     dropped, moved = set(), set()
     gated_q8: dict[Any, Any] = {}  # a gated output written quantized -> its words' variable
 
-    def gemv_reading(var: Any) -> tuple[Any, Any] | None:
-        """(binding, match) of the one batch-1 q4f16_1 GEMV that reads ``var`` as its vector, if
-        ``var`` has no other reader."""
+    def vector_index(gemv: Any, m: Any) -> int:
+        """The position of a matched GEMV's vector among its arguments."""
+        return next(i for i, p in enumerate(gemv.params) if p.same_as(m.x))
+
+    def gemv_reading(var: Any) -> Any | None:
+        """The kernel of the one batch-1 q4f16_1 GEMV that reads ``var`` as its vector, if ``var``
+        has no other reader."""
         readers = users.get(var, [])
-        if len(readers) != 1 or readers[0] not in by_var:
-            return None
-        rcall = tir_call(by_var[readers[0]].value)
+        rcall = tir_call(by_var[readers[0]].value) if len(readers) == 1 and readers[0] in by_var else None
         rm = match_q4f16_gemv(mod[rcall[0]]) if rcall is not None else None
         if rm is None:
             return None
-        ri = next(i for i, p in enumerate(mod[rcall[0]].params) if p.same_as(rm.x))
-        return (by_var[readers[0]], rm) if ri < len(rcall[1]) and rcall[1][ri].same_as(var) else None
+        ri = vector_index(mod[rcall[0]], rm)
+        return rcall[0] if ri < len(rcall[1]) and rcall[1][ri].same_as(var) else None
 
     def fused_fn(key: tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
         """The module's function for ``key``: ``fused_gemv(*args, **kwargs)`` added on first use
@@ -475,7 +477,7 @@ def _fuse_int8_block(
             continue
         gv, args = call
         gemv = mod[gv]
-        xi = next(i for i, p in enumerate(gemv.params) if p.same_as(m.x))
+        xi = vector_index(gemv, m)
         vec = args[xi] if xi < len(args) else None
         if vec is not None and vec in gated_q8:  # the down projection of a gate written quantized
             reader = fused[("", gv.name_hint, "", "q8", "")]
@@ -518,10 +520,11 @@ def _fuse_int8_block(
             continue
         # the gate's output quantized by gate_up itself, for the down projection after it
         down = gemv_reading(gate[0].var) if gate and "q8-silu" in parts else None
-        if down is not None:
-            dgv = tir_call(down[0].value)[0]
-            if fused_fn(("", dgv.name_hint, "", "q8", ""), mod[dgv], None, None, q8=True) is None:
-                down = None
+        if (
+            down is not None
+            and fused_fn(("", down.name_hint, "", "q8", ""), mod[down], None, None, q8=True) is None
+        ):
+            down = None
         key = (
             norm[0][0].name_hint if norm else "",
             gv.name_hint,

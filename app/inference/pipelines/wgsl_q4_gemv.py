@@ -408,7 +408,7 @@ def dp4a_kernel(
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
     words = q8_words(k)
-    if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and not q8 == "stage"):
+    if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and q8 != "stage"):
         raise ValueError("q8_out needs SiLU pairs, 32 outputs a workgroup and one int8 level")
     out_groups = n_out // 32
     out_shape, out_dt = ((q8_words(n_out),), "uint32") if q8_out else ((1, 1, n_out), out_dtype)
@@ -429,6 +429,10 @@ def dp4a_kernel(
             sc[step % slots * rows + rr] = s[
                 _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + step * lanes, groups - 1)
             ]
+
+    def gated(g: Any, u: Any) -> Any:
+        # TVM's SiLU gate of a gate row's sum and its up row's, in float16
+        return T.Cast("float16", g) * T.sigmoid(T.Cast("float16", g)) * T.Cast("float16", u)
 
     @T.macro
     def quantize(xv, amax, qv, qsum):
@@ -658,12 +662,7 @@ def dp4a_kernel(
                     # workgroup memory (the norm's, free by now); thread 0 quantizes them as the
                     # staging does
                     if tx < half:
-                        red[ty * half + tx] = T.Cast(
-                            "float32",
-                            T.Cast("float16", gsum[0])
-                            * T.sigmoid(T.Cast("float16", gsum[0]))
-                            * T.Cast("float16", usum[0]),
-                        )
+                        red[ty * half + tx] = T.Cast("float32", gated(gsum[0], usum[0]))
                     T.tvm_storage_sync("shared")
                     if tid == 0:
                         amax[0] = T.float32(0)
@@ -677,11 +676,7 @@ def dp4a_kernel(
                         out[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
                         out[out_groups * 9 + bx] = T.reinterpret("uint32", qsum[0])
                 elif tx < half:
-                    out[0, 0, g0 + tx] = (
-                        T.Cast("float16", gsum[0])
-                        * T.sigmoid(T.Cast("float16", gsum[0]))
-                        * T.Cast("float16", usum[0])
-                    )
+                    out[0, 0, g0 + tx] = gated(gsum[0], usum[0])
             else:
                 gsum[0] = T.float32(0)
                 for ln in T.unroll(lanes):
