@@ -6,13 +6,19 @@
 // Build (any machine with nvcc):  nvcc -arch=sm_90 -O3 -std=c++17 -o gqa_decode_check gqa_decode_check.cu
 // Run on the GPU machine: ./gqa_decode_check   (see benchmarks/kernels/README.md)
 #include "../../app/inference/pipelines/cuda_kernels.cu"
+#include "before_kernels.cu"  // generated: see README.md (the kernels before session 17)
 #include "decode_setup.cuh"
 
 using Args = void (*)(const half*, const half*, const int*, const int*, const int*, half*, float*, float);
-template <int HQ, int HK, int D, int NC, int W>
+template <int HQ, int HK, int D, int NC, int W, int AHEAD = 2>
 __global__ void __launch_bounds__(W * 32) kmma(const half* q, const half* pages, const int* ip, const int* vals,
                                                const int* ll, half* o, float* lse, float sm) {
-  llmchat::decode_attention_mma<HQ, HK, D, PAGE, NC, W>(q, pages, ip, vals, ll, o, lse, sm, 1, 0);
+  llmchat::decode_attention_mma<HQ, HK, D, PAGE, NC, W, false, AHEAD>(q, pages, ip, vals, ll, o, lse, sm, 1, 0);
+}
+template <int HQ, int HK, int D, int NC, int W>
+__global__ void __launch_bounds__(W * 32) kprev(const half* q, const half* pages, const int* ip, const int* vals,
+                                                const int* ll, half* o, float* lse, float sm) {
+  llmchat_before::decode_attention_mma<HQ, HK, D, PAGE, NC, W>(q, pages, ip, vals, ll, o, lse, sm, 1, 0);
 }
 template <int HQ, int HK, int D, int NC, int GH, int W, bool CL>
 __global__ void __launch_bounds__(W * 32) kold(const half* q, const half* pages, const int* ip, const int* vals,
@@ -54,10 +60,14 @@ void shape(const char* name) {
   for (int len : {1, 17, 266, 1024, 2048, 3072, 4096, 8191, 8192}) {
     Setup<HQ, HK, D> s(len);
     printf("%s, %d keys\n", name, len);
-    run<HQ, HK, D>("mma, 32 chunks, 4 warps", kmma<HQ, HK, D, 32, 4>, s, sm, 32, HK, 4, false);
-    run<HQ, HK, D>("mma, 32 chunks, 8 warps", kmma<HQ, HK, D, 32, 8>, s, sm, 32, HK, 8, false);
-    run<HQ, HK, D>("mma, 16 chunks, 4 warps", kmma<HQ, HK, D, 16, 4>, s, sm, 16, HK, 4, false);
-    run<HQ, HK, D>("mma, 16 chunks, 8 warps", kmma<HQ, HK, D, 16, 8>, s, sm, 16, HK, 8, false);
+    run<HQ, HK, D>("before: mma, 32 chunks, 8 warps", kprev<HQ, HK, D, 32, 8>, s, sm, 32, HK, 8, false);
+    run<HQ, HK, D>("mma, 32 chunks, 8 warps, 1 ahead", kmma<HQ, HK, D, 32, 8, 1>, s, sm, 32, HK, 8, false);
+    run<HQ, HK, D>("mma, 32 chunks, 8 warps, 2 ahead", kmma<HQ, HK, D, 32, 8, 2>, s, sm, 32, HK, 8, false);
+    run<HQ, HK, D>("mma, 32 chunks, 4 warps, 2 ahead", kmma<HQ, HK, D, 32, 4, 2>, s, sm, 32, HK, 4, false);
+    run<HQ, HK, D>("mma, 16 chunks, 8 warps, 2 ahead", kmma<HQ, HK, D, 16, 8, 2>, s, sm, 16, HK, 8, false);
+    run<HQ, HK, D>("mma, 16 chunks, 4 warps, 2 ahead", kmma<HQ, HK, D, 16, 4, 2>, s, sm, 16, HK, 4, false);
+    if constexpr (HQ / HK <= 4)  // shared memory: 16 warps' states of 4 heads
+      run<HQ, HK, D>("mma, 32 chunks, 16 warps, 1 ahead", kmma<HQ, HK, D, 32, 16, 1>, s, sm, 32, HK, 16, false);
     run<HQ, HK, D>("cluster, 8 chunks, 1 head, 8 warps", kold<HQ, HK, D, 8, 1, 8, true>, s, sm, 8, HQ, 8, true);
     if constexpr (HQ / HK == 4)
       run<HQ, HK, D>("groups of 4 heads, 32 chunks, 8 w", kold<HQ, HK, D, 32, 4, 8, false>, s, sm, 32, HQ / 4, 8,

@@ -125,11 +125,12 @@ def paged_prefill_cases() -> list[kernels.Case]:
 #: GQA-4 on sm_90 (cuda_attention.py): blocks of the 4 query heads of a kv head from a threshold of
 #: keys per sequence (pages x 16 >= threshold x sequences), one head per block in clusters below.
 #: With a threshold of 256 keys (16 pages) both kernels take short runs. Clusters: 1, 17 and 240
-#: keys (15 pages), [1, 17, 300] (22 pages < 3 x 16), and for Llama-3-8B's shape 9 sequences of
-#: 300 (9 x 32 heads x 32 chunks: more states than the scratch area holds). 4-head blocks: 241
-#: keys (16 pages), 256, 257, 1,000, 4,096, [1, 17, 300, 2,048] (150 pages), [300, 2,048].
+#: keys (15 pages), [1, 17, 300] (22 pages < 3 x 16), and 17 sequences of 300 (17 x 32 heads x 16
+#: chunks for Llama-3-8B's shape, 17 x 16 heads x 32 chunks for the others: more states than the
+#: scratch area's 8,192 holds). The long-context kernel: 241 keys (16 pages), 256, 257, 1,000,
+#: 4,096, [1, 17, 300, 2,048] (150 pages), [300, 2,048].
 GQA_KEY_BATCHES = [[1], [17], [240], [241], [256], [257], [1000], [4096]]
-GQA_KEY_BATCHES += [[1, 17, 300], [1, 17, 300, 2048], [300, 2048], [300] * 9]
+GQA_KEY_BATCHES += [[1, 17, 300], [1, 17, 300, 2048], [300, 2048], [300] * 17]
 
 
 def gqa_decode_cases(max_cluster: int) -> list[kernels.Case]:

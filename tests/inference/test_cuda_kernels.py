@@ -86,6 +86,7 @@ def test_gemm_rule_takes_prompt_matmuls(epilogue):
     bias = "true" if epilogue == "bias" else "false"
     assert f"llmchat::q4f16_gemm<2048, 2560, 64, {mode}, {bias}, half>" in script  # narrow: 64 rows
     assert 'T.launch_thread("blockIdx.x", 40)' in script  # 2560 / 64 output columns per block
+    assert 'T.launch_thread("threadIdx.x", 128)' in script
     assert "seq_len" in script  # the grid's second dimension follows the prompt length
     # decode-shaped, unquantized or odd-sized matmuls are not its business
     assert cuda_gemm.match_q4f16_gemm(_gemv(2048, 2560, epilogue)) is None
@@ -99,9 +100,14 @@ def test_gemm_takes_128_prompt_rows_per_block_on_wide_layers():
     seq_len = te.var("seq_len", "int64")
     func = _gemv(2048, 4096, "f16", rows=seq_len)
     script = cuda_gemm.CudaQ4Gemm().apply(func, tvm.target.Target(CUDA_TARGET), False).mod["main"].script()
-    assert "llmchat::q4f16_gemm<2048, 4096, 128, 1, false, half>" in script
+    # 4 warps along the outputs: 128 of them and 256 threads a block (RECORD spelled out before WN)
+    assert "llmchat::q4f16_gemm<2048, 4096, 128, 1, false, half, false, 4>" in script
     assert "+ 127) // 128" in script or "+ T.int64(127)) // T.int64(128)" in script  # row tiles of 128
+    assert 'T.launch_thread("blockIdx.x", 32)' in script  # 4096 / 128 output columns per block
+    assert 'T.launch_thread("threadIdx.x", 256)' in script
     assert [cuda_gemm.tile_rows(n) for n in (896, 2560, 3072, 22016)] == [64, 64, 128, 128]
+    # 128-row tiles take 4 warps where 128 columns divide the outputs; 64-row tiles keep 2
+    assert [cuda_gemm.tile_warps(n) for n in (896, 2560, 3072, 3136, 22016)] == [2, 2, 4, 2, 4]
 
 
 def test_gemv_rule_leaves_other_formats_and_prefill_alone():
@@ -202,10 +208,11 @@ def _takes_groups(func, pages: int, batch: int) -> bool:
 
 def test_gqa4_decode_attention_picks_its_kernel_by_the_keys():
     """Llama-3-8B's shape on sm_90: one head per block in clusters for short sequences, the
-    tensor-core kernel for the 4 query heads of a kv head (global-memory merge, 32 chunks, 8
-    warps) from 3,072 keys per sequence on; the choice is a branch of the PrimFunc's host code
-    between the two launches. ``groups`` keeps the blocks of 4 heads on CUDA cores."""
-    mma = "llmchat::decode_attention_mma<32, 8, 128, 16, 32, 8>"
+    tensor-core kernel for the 4 query heads of a kv head (global-memory merge, 16 chunks for 8
+    kv heads: 128 blocks, 8 warps) from 1,024 keys per sequence on; the choice is a branch of the
+    PrimFunc's host code between the two launches. ``groups`` keeps the blocks of 4 heads on CUDA
+    cores."""
+    mma = "llmchat::decode_attention_mma<32, 8, 128, 16, 16, 8>"
     groups = "llmchat::decode_attention<32, 8, 128, 16, 32, 4, 8, false>"
     clusters = "llmchat::decode_attention<32, 8, 128, 16, 8, 1, 8, true>"
     func = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16)
@@ -213,12 +220,15 @@ def test_gqa4_decode_attention_picks_its_kernel_by_the_keys():
     assert mma in script and clusters in script and groups not in script
     assert 'T.launch_thread("blockIdx.y", 8)' in script and 'T.launch_thread("blockIdx.y", 32)' in script
     assert script.index(mma) < script.index("else:") < script.index(clusters)
-    # 3,072 keys = 192 pages of 16 per sequence; the batch counts its pages together
-    assert _takes_groups(func, 192, 1) and not _takes_groups(func, 191, 1)
-    assert _takes_groups(func, 4 * 192, 4) and not _takes_groups(func, 4 * 192 - 1, 4)
-    assert _takes_groups(func, 8 * 500, 8)
-    # 9 sequences: 9 x 32 heads x 32 chunks states overflow the scratch area: clusters
-    assert not _takes_groups(func, 9 * 500, 9)
+    # 1,024 keys = 64 pages of 16 per sequence; the batch counts its pages together
+    assert _takes_groups(func, 64, 1) and not _takes_groups(func, 63, 1)
+    assert _takes_groups(func, 4 * 64, 4) and not _takes_groups(func, 4 * 64 - 1, 4)
+    assert _takes_groups(func, 16 * 500, 16)
+    # 17 sequences: 17 x 32 heads x 16 chunks states overflow the scratch area (8,192): clusters
+    assert not _takes_groups(func, 17 * 500, 17)
+    # the groups kernel keeps its own threshold (3,072 keys) and its 32 chunks
+    grp = cuda_attention.split_decode_attention(_decode_attention(16, 4, 64), 16)
+    assert _takes_groups(grp, 192, 1) and not _takes_groups(grp, 191, 1)
     # another threshold
     low = cuda_attention.split_decode_attention(_decode_attention(32, 8, 128), 16, gqa_min_keys=256)
     assert _takes_groups(low, 16, 1) and not _takes_groups(low, 15, 1)
@@ -240,11 +250,13 @@ def test_gqa4_decode_attention_picks_its_kernel_by_the_keys():
 
 def test_fewer_kv_heads_take_the_tensor_core_kernel_later():
     """Qwen2.5-3B's shape (8 query heads per kv head, 2 kv heads): the tensor-core kernel from
-    6,144 keys (fewer blocks: the cluster kernel stays ahead longer); a set threshold wins."""
+    3,072 keys (fewer blocks: the cluster kernel stays ahead longer), 32 chunks (the most the
+    merge takes); a set threshold wins."""
     func = cuda_attention.split_decode_attention(_decode_attention(16, 2, 128), 16)
     script = func.script()
     assert "llmchat::decode_attention_mma<16, 2, 128, 16, 32, 8>" in script
-    assert _takes_groups(func, 384, 1) and not _takes_groups(func, 383, 1)
+    assert _takes_groups(func, 192, 1) and not _takes_groups(func, 191, 1)
+    assert [cuda_attention.mma_chunks(h) for h in (1, 2, 4, 8, 16, 256)] == [32, 32, 32, 16, 8, 1]
     set_ = cuda_attention.split_decode_attention(_decode_attention(16, 2, 128), 16, gqa_min_keys=1024)
     assert _takes_groups(set_, 64, 1) and not _takes_groups(set_, 63, 1)
     assert cuda_attention.long_context_kernel(28, 4, 128, 16, "auto") == "mma"  # 7 heads: padded to 8

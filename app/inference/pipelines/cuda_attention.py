@@ -28,7 +28,9 @@ wins, and 4,096), else the cluster kernel.
 
 Since session 12 the long-context kernel is ``llmchat::decode_attention_mma`` wherever it applies
 (2 to 8 query heads per kv head, head dim 128, :func:`long_context_kernel`): the query heads of a
-kv head as the rows of tensor-core MMAs, each key read once per kv head, 32 chunks of 8 warps.
+kv head as the rows of tensor-core MMAs, each key read once per kv head, blocks of 8 warps
+(session 17: 128 blocks per sequence, :func:`mma_chunks`; the thresholds :data:`MMA_MIN_KEYS`
+and :data:`MMA_MIN_KEYS_FEW_KV`, measured again after its merge was made one trip to L2).
 Alone (benchmarks/kernels/gqa_decode_check.cu, H200, us per layer in a 32-layer CUDA graph;
 benchmarks/results/h200-2026-12-02-s12/gqa), Llama-3-8B after 4,096 / 8,192 keys: 13.60 / 17.63
 against 16.69 / 24.32 for the 4-head blocks and 18.19 / 32.39 for the cluster kernel (1,024 keys:
@@ -89,16 +91,24 @@ GQA_MIN_KEYS = 3072
 #: LLMCHAT_CUDA_GQA_DECODE: by the keys (``auto``), always one head per block (clusters), always
 #: 4 heads per block (GQA-4), always the tensor-core kernel (groups of 2 to 8 heads, head dim 128)
 GQA_MODES = ("auto", "cluster", "groups", "mma")
-#: llmchat::decode_attention_mma: chunks per (sequence, kv head) and warps per block (H200,
-#: benchmarks/kernels/gqa_decode_check.cu, Llama-3-8B shape, us per layer after 4,096 / 8,192 keys:
-#: 32 chunks of 8 warps 13.60 / 17.63, 16 of 8 12.92 / 18.09, 32 of 4 15.64 / 20.79)
-MMA_CHUNKS = 32
+#: llmchat::decode_attention_mma: blocks per sequence (chunks x kv heads; chunks 1..32) and warps
+#: per block. H200, benchmarks/kernels/gqa_decode_check.cu, us per layer in a 32-layer CUDA graph,
+#: session 17 (merge loads issued together, two steps' loads in flight;
+#: benchmarks/results/h200-2026-12-03-s17): Llama-3-8B (8 kv heads) after 1,024 / 4,096 / 8,192
+#: keys: 16 chunks of 8 warps 7.11 / 10.68 / 15.65, 32 chunks 10.74 / 14.10 / 18.82 (session 12's
+#: kernel, 32 chunks: 10.49 / 13.60 / 17.59); Qwen2.5-7B (4 kv heads) after 4,096 / 8,192: 32
+#: chunks 11.43 / 13.99, 16 chunks 10.93 / 14.53; Qwen2.5-3B (2) 32 chunks 10.86 / 12.71, 16
+#: chunks 10.66 / 13.76
+MMA_BLOCKS = 128
 MMA_WARPS = 8
-#: ``auto``'s threshold (keys per sequence) for the tensor-core kernel with fewer than 8 kv heads,
-#: whose fewer blocks leave the cluster kernel ahead longer (same check: Qwen2.5-7B's 4 kv heads
-#: after 3,072 / 4,096 / 8,192 keys 14.78 / 15.31 / 18.04 us against 12.65 / 15.59 / 27.05;
-#: Qwen2.5-3B's 2 kv heads 4,096 / 8,192: 15.39 / 17.65 against 14.37 / 24.89)
-MMA_MIN_KEYS_FEW_KV = 6144
+#: ``auto``'s threshold (keys per sequence) for the tensor-core kernel with 8 or more kv heads (same
+#: check, Llama-3-8B: the cluster kernel 4.90 / 7.58 / 11.13 us after 266 / 1,024 / 2,048 keys,
+#: the tensor-core kernel 5.92 / 7.11 / 8.26)
+MMA_MIN_KEYS = 1024
+#: and with fewer kv heads, whose fewer blocks leave the cluster kernel ahead longer (Qwen2.5-7B's 4
+#: kv heads after 2,048 / 3,072 keys: cluster 9.75 / 12.67, tensor cores 10.19 / 10.84 with 32
+#: chunks; Qwen2.5-3B's 2: 8.95 / 11.66 against 9.96 / 10.41)
+MMA_MIN_KEYS_FEW_KV = 3072
 #: the kernel's scratch area for chunks merged through global memory (cuda_kernels.cu
 #: ATTN_SCRATCH_ROWS / ATTN_SCRATCH_FLOATS): a batch whose states do not fit runs unsplit
 ATTN_SCRATCH_ROWS = 8192
@@ -111,6 +121,12 @@ def cluster_chunks(heads: int, max_cluster: int) -> int:
     if heads * CLUSTER_CHUNKS >= TARGET_BLOCKS or max_cluster < WIDE_CLUSTER_CHUNKS:
         return CLUSTER_CHUNKS
     return WIDE_CLUSTER_CHUNKS
+
+
+def mma_chunks(h_kv: int) -> int:
+    """Chunks per (sequence, kv head) of llmchat::decode_attention_mma: :data:`MMA_BLOCKS` blocks
+    per sequence, 1 to 32 chunks (the merge gives each chunk one lane of a warp)."""
+    return max(1, min(32, MMA_BLOCKS // h_kv))
 
 
 def heads_per_block(group: int) -> int:
@@ -197,7 +213,7 @@ def split_decode_attention(
     if kind is None:
         return func.with_body(body)
     if kind == "mma":
-        chunks = MMA_CHUNKS
+        chunks = mma_chunks(h_kv)
         long = _decode_launch(func, "decode_attention_mma", chunks, h_kv, MMA_WARPS, None, fused)
     else:
         chunks = num_chunks(h_kv)
@@ -205,7 +221,10 @@ def split_decode_attention(
     if gqa != "auto":
         return func.with_body(long)
     if not gqa_min_keys:
-        gqa_min_keys = GQA_MIN_KEYS if kind == "groups" or h_kv >= 8 else MMA_MIN_KEYS_FEW_KV
+        if kind == "groups":
+            gqa_min_keys = GQA_MIN_KEYS
+        else:
+            gqa_min_keys = MMA_MIN_KEYS if h_kv >= 8 else MMA_MIN_KEYS_FEW_KV
     # page_table_values: the pages of every sequence of the batch (TVM's view of exactly
     # page_table_indptr[-1] entries); keys counted in whole pages
     long_enough = values.shape[0] * page >= batch * gqa_min_keys

@@ -3,10 +3,10 @@
 dlight rule :class:`CudaQ4Gemm` takes the multi-row PrimFunc ``dequant_matmul_te`` builds for a
 prompt (a ``dequantize`` stage annotated ``q4f16_1``, the fp32 reduction over it, and the same
 epilogues as decode: fp32 output, fp16 cast with optional bias, fp16 residual add) and replaces
-its body by a launch over (N / 64) x ceil(M / rows) blocks of 128 threads, M the prompt length
-(a shape variable) and rows 128 (64 for layers with fewer than :data:`WIDE_N` outputs). TVM
-0.27's own tensor-core matmul schedule segfaults on these shapes, which is why prefill ran on
-FP32 cores before.
+its body by a launch over (N / cols) x ceil(M / rows) blocks, M the prompt length (a shape
+variable): rows 128 and cols 128 (256 threads) for layers with at least :data:`WIDE_N` outputs,
+else rows 64 and cols 64 (128 threads). TVM 0.27's own tensor-core matmul schedule segfaults on
+these shapes, which is why prefill ran on FP32 cores before.
 """
 
 from __future__ import annotations
@@ -32,11 +32,24 @@ TILE_N = 64
 #: (H200, 512-token prompt: 4096 outputs 90 us with 128 rows vs 170 us with 64; 896 outputs 68 vs
 #: 56 us)
 WIDE_N = 3072
+#: warps along the outputs of a 128-row tile (the kernel's WN: 32 outputs each, so 128 outputs and
+#: 256 threads a block; 2 warps, 64 outputs, elsewhere). H200, benchmarks/kernels/gemm_check.cu, us
+#: per matmul, 2 warps -> 4 (benchmarks/results/h200-2026-12-03-s17): Llama-3-8B 2,048-token chunk
+#: qkv 584.7 -> 539.4, o 392.7 -> 361.6, gate_up 2,557.7 -> 2,466.3, down 1,072.8 -> 986.7;
+#: Llama-2-7B at 512 tokens 295.4 -> 271.8, 86.9 -> 77.9, 557.8 -> 532.6, 216.5 -> 197.3; with
+#: 64-row tiles slower (Qwen2.5-3B qkv 42.6 -> 49.3), so those keep 2. Outputs bit-identical.
+WIDE_WARPS = 4
 
 
 def tile_rows(out_features: int) -> int:
     """Prompt rows per thread block for a layer with ``out_features`` outputs."""
     return 128 if out_features >= WIDE_N else 64
+
+
+def tile_warps(out_features: int) -> int:
+    """Warps along the outputs (the kernel's WN, 32 outputs each) for ``out_features`` outputs."""
+    wide = tile_rows(out_features) == 128 and out_features % (32 * WIDE_WARPS) == 0
+    return WIDE_WARPS if wide else 2
 
 
 def match_q4f16_gemm(func: Any) -> Q4MatmulMatch | None:
@@ -80,16 +93,21 @@ def build_gemm_func(func: Any, m: Q4MatmulMatch) -> Any:
     from tvm import tirx
 
     mode = epilogue_mode(m.out, m.residual)
-    tile_m = tile_rows(m.out_features)
+    tile_m, warps_n = tile_rows(m.out_features), tile_warps(m.out_features)
+    record = records_qkv(func)
+    # RECORD is spelled out when WN follows it
+    tail = record_flag(record) if warps_n == 2 else f", {'true' if record else 'false'}, {warps_n}"
     name = (
         f"{KERNEL}<{m.in_features}, {m.out_features}, {tile_m}, {mode}, "
-        f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}"
-        f"{record_flag(records_qkv(func))}>"
+        f"{'true' if m.bias is not None else 'false'}, {'float' if mode == 0 else 'half'}{tail}>"
     )
     rows = tirx.Cast("int32", m.x.shape[1])
     call = matmul_call(name, m.x, m.weight, m.scale, m.bias, m.residual, m.out, rows)
-    grid = {"blockIdx.x": m.out_features // TILE_N, "blockIdx.y": tirx.floordiv(rows + (tile_m - 1), tile_m)}
-    return func.with_body(launch(call, grid, {"threadIdx.x": 128}))
+    grid = {
+        "blockIdx.x": m.out_features // (32 * warps_n),
+        "blockIdx.y": tirx.floordiv(rows + (tile_m - 1), tile_m),
+    }
+    return func.with_body(launch(call, grid, {"threadIdx.x": 64 * warps_n}))
 
 
 class CudaQ4Gemm(KernelRule):

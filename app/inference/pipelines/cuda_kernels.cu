@@ -278,41 +278,61 @@ __device__ __forceinline__ void merge_chunks(int b, int head0, int counter, half
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // The merge's loads are issued together (a trip to L2 per batch of outputs, not one per head and
+  // per 8 chunks): the first batch of each thread's partial outputs while warp g reads head g's
+  // (m, d) pairs; a batch holds at most 64 values in registers.
+  constexpr int PER = (GH * D + WARPS * 32 - 1) / (WARPS * 32);  // outputs per thread
+  constexpr int RB = PER * NC <= 64 ? PER : (64 / NC > 0 ? 64 / NC : 1), NB = (PER + RB - 1) / RB;
+  float part[RB][NC];
+  auto fetch = [&](int batch) {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      const int idx = tid + (batch * RB + r) * WARPS * 32;
+      const size_t row0 = ((size_t)b * H_QO + head0 + idx / D) * NC;
+#pragma unroll
+      for (int i = 0; i < NC; ++i) part[r][i] = idx < GH * D ? __ldcg(&attn_partial_o[(row0 + i) * D + idx % D]) : 0.f;
+    }
+  };
+  fetch(0);
   // per head: the chunks' weights exp2(m_i - M) and the total denominator, then the outputs
   __shared__ float weight[GH][NC];
   __shared__ float total[GH];
   __shared__ float top[GH];
-  if (warp == 0) {
-    for (int g = 0; g < GH; ++g) {
-      const size_t row0 = ((size_t)b * H_QO + head0 + g) * NC;
-      float mi = -5e4f, di = 0.f;
-      if (lane < NC) {
-        const float2 md = __ldcg(&attn_partial_md[row0 + lane]);
-        mi = md.x;
-        di = md.y;
-      }
-      float mm = mi;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
-      const float a = lane < NC ? exp2f(mi - mm) : 0.f;
-      float dd = di * a;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) dd += __shfl_xor_sync(0xffffffffu, dd, off);
-      if (lane < NC) weight[g][lane] = a;
-      if (lane == 0) { total[g] = dd; top[g] = mm; }
+  for (int g = warp; g < GH; g += WARPS) {
+    const size_t row0 = ((size_t)b * H_QO + head0 + g) * NC;
+    float mi = -5e4f, di = 0.f;
+    if (lane < NC) {
+      const float2 md = __ldcg(&attn_partial_md[row0 + lane]);
+      mi = md.x;
+      di = md.y;
     }
+    float mm = mi;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
+    const float a = lane < NC ? exp2f(mi - mm) : 0.f;
+    float dd = di * a;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dd += __shfl_xor_sync(0xffffffffu, dd, off);
+    if (lane < NC) weight[g][lane] = a;
+    if (lane == 0) { total[g] = dd; top[g] = mm; }
   }
   __syncthreads();
-  for (int idx = tid; idx < GH * D; idx += WARPS * 32) {
-    const int g = idx / D, dim = idx % D;
-    const int head = head0 + g;
-    const size_t row0 = ((size_t)b * H_QO + head) * NC;
-    float oo = 0.f;
-#pragma unroll 8
-    for (int i = 0; i < NC; ++i) oo = fmaf(__ldcg(&attn_partial_o[(row0 + i) * D + dim]), weight[g][i], oo);
-    const float dd = total[g];
-    out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
-    if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? top[g] + log2f(dd) : -5e4f;
+#pragma unroll
+  for (int batch = 0; batch < NB; ++batch) {
+    if (batch > 0) fetch(batch);
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      const int idx = tid + (batch * RB + r) * WARPS * 32;
+      if (idx >= GH * D) continue;
+      const int g = idx / D, dim = idx % D;
+      const int head = head0 + g;
+      float oo = 0.f;
+#pragma unroll
+      for (int i = 0; i < NC; ++i) oo = fmaf(part[r][i], weight[g][i], oo);
+      const float dd = total[g];
+      out[((size_t)b * H_QO + head) * D + dim] = __float2half_rn(dd > 0.f ? oo / dd : 0.f);
+      if (dim == 0) lse[(size_t)b * H_QO + head] = dd > 0.f ? top[g] + log2f(dd) : -5e4f;
+    }
   }
   if (tid == 0) attn_chunks_done[counter] = 0u;
 }
@@ -611,8 +631,10 @@ __device__ __forceinline__ void argmax_f32(const float* __restrict__ x, int* __r
 namespace llmchat {
 
 // RECORD: store `out` in fused_qkv_src (a prompt chunk's fused q/k/v projection: a one-token chunk
-// takes the decode attention).
-template <int K, int N, int BM, int MODE, bool BIAS, typename OutT, bool RECORD = false>
+// takes the decode attention). WN: warps along the outputs, 2 (64 outputs, 128 threads a block) or 4
+// (128 outputs, 256 threads: each activation tile staged in shared memory serves twice the outputs;
+// cuda_gemm.py takes it with 128-row tiles). The accumulation order is the same for both.
+template <int K, int N, int BM, int MODE, bool BIAS, typename OutT, bool RECORD = false, int WN = 2>
 __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uint32_t* __restrict__ w,
                                            const half* __restrict__ scale,
                                            const half* __restrict__ bias,
@@ -622,22 +644,26 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
   if constexpr (RECORD) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) fused_qkv_src = out;
   }
-  static_assert(K % 32 == 0 && N % 64 == 0, "tiles: K by 32, N by 64");
+  static_assert(WN == 2 || WN == 4, "2 or 4 warps along the outputs");
+  constexpr int THREADS = 64 * WN, BN = 32 * WN;
+  static_assert(K % 32 == 0 && N % BN == 0, "tiles: K by 32, N by 32 x WN");
   static_assert(BM == 64 || BM == 128, "block rows: 64 or 128");
   constexpr int SG = (K % 64 == 0) ? 2 : 1;  // q4 groups per step
   constexpr int FM = BM / 32;                // 16-row fragments per warp
-  constexpr int BN = 64, BK = 32 * SG, LD = BK + 8;
+  constexpr int BK = 32 * SG, LD = BK + 8;
   constexpr int WORDS = K / 8, GROUPS = K / 32, STEPS = K / BK;
-  constexpr int XC = BM * BK / 8 / 128;  // 16-byte activation chunks per thread and step
-  constexpr int WW = 2 * SG;             // weight words per thread and step (half a row's)
-  constexpr int TILE_BYTES = (BM + BN) * LD * 2, C_BYTES = BM * (BN + 4) * 4;
+  constexpr int XC = BM * BK / 8 / THREADS;  // 16-byte activation chunks per thread and step
+  static_assert(XC >= 1, "every thread loads activations");
+  constexpr int WW = 2 * SG;                 // weight words per thread and step (half a row's)
+  constexpr int PASSES = WN == 2 ? 1 : 2;    // the epilogue's passes over the block's rows (shared memory)
+  constexpr int TILE_BYTES = (BM + BN) * LD * 2, C_BYTES = BM / PASSES * (BN + 4) * 4;
   __shared__ __align__(128) unsigned char smem[TILE_BYTES > C_BYTES ? TILE_BYTES : C_BYTES];
   half(*xs)[LD] = reinterpret_cast<half(*)[LD]>(smem);
   half(*ws)[LD] = reinterpret_cast<half(*)[LD]>(smem + BM * LD * 2);
   float(*cs)[BN + 4] = reinterpret_cast<float(*)[BN + 4]>(smem);  // reused after the k loop
-  const int tid = threadIdx.x;  // 128 threads
+  const int tid = threadIdx.x;  // THREADS threads
   const int warp = tid / 32;
-  const int wm = warp / 2, wn = warp % 2;  // 2 x 2 warps, BM/2 x 32 each
+  const int wm = warp / WN, wn = warp % WN;  // 2 x WN warps, BM/2 x 32 each
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
   const int wr = tid / 2, whalf = tid % 2;  // weight row of this thread, and which half of it
 
@@ -647,7 +673,7 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
   auto load = [&](int step) {
 #pragma unroll
     for (int c = 0; c < XC; ++c) {
-      const int chunk = tid + c * 128;
+      const int chunk = tid + c * THREADS;
       const int r = chunk / (BK / 8), part = chunk % (BK / 8);
       xr[c] = make_uint4(0u, 0u, 0u, 0u);
       if (m0 + r < M) xr[c] = *reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * K + step * BK + part * 8);
@@ -665,7 +691,7 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
   auto stage = [&]() {
 #pragma unroll
     for (int c = 0; c < XC; ++c) {
-      const int chunk = tid + c * 128;
+      const int chunk = tid + c * THREADS;
       const int r = chunk / (BK / 8), part = chunk % (BK / 8);
       *reinterpret_cast<uint4*>(&xs[r][part * 8]) = xr[c];
     }
@@ -690,7 +716,6 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
   for (int i = 0; i < FM; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-
   load(0);
   for (int step = 0; step < STEPS; ++step) {
     stage();
@@ -712,23 +737,30 @@ __device__ __forceinline__ void q4f16_gemm(const half* __restrict__ x, const uin
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < FM; ++i)
+  for (int pass = 0; pass < PASSES; ++pass) {
+    if (pass > 0) __syncthreads();  // the pass before has read cs
+    if (PASSES == 1 || wm == pass) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&cs[wm * (BM / 2) + i * 16][wn * 32 + j * 16], acc[i][j], BN + 4, wmma::mem_row_major);
-  __syncthreads();
-  for (int idx = tid; idx < BM * BN; idx += 128) {
-    const int r = idx / BN, c = idx % BN;
-    if (m0 + r >= M) continue;
-    const size_t o = (size_t)(m0 + r) * N + n0 + c;
-    float v = cs[r][c];
-    if constexpr (MODE == 0) {
-      out[o] = v;
-    } else {
-      if constexpr (BIAS) v += __half2float(bias[n0 + c]);
-      half h = __float2half_rn(v);
-      if constexpr (MODE == 2) h = __hadd(residual[o], h);
-      out[o] = h;
+      for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          wmma::store_matrix_sync(&cs[wm * (BM / 2) - pass * (BM / PASSES) + i * 16][wn * 32 + j * 16], acc[i][j],
+                                  BN + 4, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < BM / PASSES * BN; idx += THREADS) {
+      const int r = pass * (BM / PASSES) + idx / BN, c = idx % BN;
+      if (m0 + r >= M) continue;
+      const size_t o = (size_t)(m0 + r) * N + n0 + c;
+      float v = cs[r - pass * (BM / PASSES)][c];
+      if constexpr (MODE == 0) {
+        out[o] = v;
+      } else {
+        if constexpr (BIAS) v += __half2float(bias[n0 + c]);
+        half h = __float2half_rn(v);
+        if constexpr (MODE == 2) h = __hadd(residual[o], h);
+        out[o] = h;
+      }
     }
   }
 }
@@ -1071,7 +1103,7 @@ __device__ __forceinline__ void prefill_paged_attention(const half* __restrict__
 // ------------------------------------------------------------------------------------------------
 namespace llmchat {
 
-template <int H_QO, int H_KV, int D, int PAGE, int NC, int WARPS, bool FUSED = false>
+template <int H_QO, int H_KV, int D, int PAGE, int NC, int WARPS, bool FUSED = false, int AHEAD = 2>
 __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q, const half* __restrict__ pages,
                                                      const int* __restrict__ indptr,
                                                      const int* __restrict__ values,
@@ -1137,11 +1169,11 @@ __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q,
   for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;  // head g's (l: this lane's part)
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int st = s_begin + warp; st < s_end; st += WARPS) {
+  // one step: the 16 keys from st * 16, loaded, then multiplied
+  auto load_step = [&](int st, uint4(&kf)[2][D / 32], uint4(&vf)[4][2]) {
     const int k0 = st * 16;
     const half* base = pages + (((size_t)values[pb + k0 / PAGE] * 2 * H_KV + kvh) * PAGE + k0 % PAGE) * D;
     const half* vbase = base + (size_t)H_KV * PAGE * D;
-    uint4 kf[2][D / 32], vf[4][2];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int key = n * 8 + g;  // this lane's key of n-tile n
@@ -1174,6 +1206,9 @@ __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q,
               vf[kk][piece] = *reinterpret_cast<const uint4*>(v_new + piece * 64 + 8 * g);
       }
     }
+  };
+  auto math_step = [&](int st, const uint4(&kf)[2][D / 32], const uint4(&vf)[4][2]) {
+    const int k0 = st * 16;
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -1226,6 +1261,16 @@ __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q,
                              __byte_perm(at(2, 0), at(3, 0), sel), __byte_perm(at(2, 1), at(3, 1), sel)};
       mma_16816(o[mt], a, pb0, pb1);
     }
+  };
+  // AHEAD steps' loads are in flight before the first one's math, so that their latencies overlap
+  for (int st = s_begin + warp; st < s_end; st += AHEAD * WARPS) {
+    uint4 kf[AHEAD][2][D / 32], vf[AHEAD][4][2];
+#pragma unroll
+    for (int a = 0; a < AHEAD; ++a)
+      if (st + a * WARPS < s_end) load_step(st + a * WARPS, kf[a], vf[a]);
+#pragma unroll
+    for (int a = 0; a < AHEAD; ++a)
+      if (st + a * WARPS < s_end) math_step(st + a * WARPS, kf[a], vf[a]);
   }
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
