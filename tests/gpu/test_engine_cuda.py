@@ -44,8 +44,9 @@ MODELS = {
 #: a prompt over several chunks of the real models' size (2,048): the chunks after the first attend
 #: to the cached pages (llmchat::prefill_paged_attention), the last one to 6,144 keys; head dim 128,
 #: four query heads per kv head (Llama-3-8B's group): its decode steps over 6,500 keys take the
-#: tensor-core kernel with the fused RoPE/append (cuda_attention.py: from 6,144 keys for fewer than
-#: 8 kv heads on sm_90), qwen2-d64's (at most 1,024 keys) the cluster kernel
+#: tensor-core kernel with the fused RoPE/append (cuda_attention.py: from 3,072 keys for fewer than
+#: 8 kv heads on sm_90, 32 chunks for its one kv head), qwen2-d64's (at most 1,024 keys) the
+#: cluster kernel
 LONG_MODELS = {
     "llama-long": (
         "llama",

@@ -230,19 +230,22 @@ __device__ __forceinline__ void merge_state(float& m, float& d, float* o, float 
 
 // FUSED decode (below): rows 0 .. G - 1 of `dst` get query heads head0 .. head0 + G - 1 of the fused
 // q/k/v projection, row G the key of kv head kvh, each rotated as TVM's split-rotary kernel does
-// (float32, rounded to half); the block's `threads` threads share the work.
+// (float32, rounded to half); the block's `threads` threads share the work, a dimension's angle
+// computed once for its G + 1 rows.
 template <int H_QO, int D, int G>
 __device__ __forceinline__ void rope_rows(half (*dst)[D], const half* qkv, int head0, int kvh, float pos,
                                           float rope_theta, int threads) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int i = tid; i < (G + 1) * D; i += threads) {
-    const int row = i / D, dim = i % D;
-    const half* x = qkv + (size_t)(row < G ? head0 + row : H_QO + kvh) * D;
+  for (int dim = tid; dim < D; dim += threads) {
     const float freq = pos / powf(rope_theta, (float)((dim * 2) % D) / (float)D);
     float sn, cs;
     sincosf(freq, &sn, &cs);
-    const float rot = dim < D / 2 ? -__half2float(x[dim + D / 2]) : __half2float(x[dim - D / 2]);
-    dst[row][dim] = __float2half_rn(cs * __half2float(x[dim]) + sn * rot);
+#pragma unroll
+    for (int row = 0; row <= G; ++row) {
+      const half* x = qkv + (size_t)(row < G ? head0 + row : H_QO + kvh) * D;
+      const float rot = dim < D / 2 ? -__half2float(x[dim + D / 2]) : __half2float(x[dim - D / 2]);
+      dst[row][dim] = __float2half_rn(cs * __half2float(x[dim]) + sn * rot);
+    }
   }
 }
 
@@ -1135,6 +1138,36 @@ __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q,
   const bool fused = FUSED && batch == 1;
   __shared__ __align__(16) half rope_qk[FUSED ? GROUP + 1 : 1][FUSED ? D : 8];  // rotated q heads, then k
   const half* v_new = nullptr;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  // one step: the 16 keys from st * 16 loaded from the cache (load_step), the new token's key and value
+  // put in from shared memory (FUSED: new_token), then multiplied (math_step)
+  auto load_step = [&](int st, uint4(&kf)[2][D / 32], uint4(&vf)[4][2]) {
+    const int k0 = st * 16;
+    const half* base = pages + (((size_t)values[pb + k0 / PAGE] * 2 * H_KV + kvh) * PAGE + k0 % PAGE) * D;
+    const half* vbase = base + (size_t)H_KV * PAGE * D;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int key = n * 8 + g;  // this lane's key of n-tile n
+      const bool ok = k0 + key < len;
+#pragma unroll
+      for (int p = 0; p < D / 32; ++p)
+        kf[n][p] = ok ? *reinterpret_cast<const uint4*>(base + key * D + 32 * p + 8 * tq) : zero;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int key = (kk >> 1) * 8 + 2 * tq + (kk & 1);  // keys 2tq, 2tq + 1, 8 + 2tq, 9 + 2tq
+      const bool ok = k0 + key < len;
+#pragma unroll
+      for (int piece = 0; piece < 2; ++piece)
+        vf[kk][piece] = ok ? *reinterpret_cast<const uint4*>(vbase + key * D + piece * 64 + 8 * g) : zero;
+    }
+  };
+  // the first AHEAD steps' loads go out before the fused RoPE, whose latency they overlap
+  uint4 kf[AHEAD][2][D / 32], vf[AHEAD][4][2];
+  int st = s_begin + warp;
+#pragma unroll
+  for (int a = 0; a < AHEAD; ++a)
+    if (st + a * WARPS < s_end) load_step(st + a * WARPS, kf[a], vf[a]);
   if constexpr (FUSED) {
     if (fused) {
       const half* qkv = fused_qkv_src;
@@ -1168,28 +1201,8 @@ __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q,
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;  // head g's (l: this lane's part)
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  // one step: the 16 keys from st * 16, loaded, then multiplied
-  auto load_step = [&](int st, uint4(&kf)[2][D / 32], uint4(&vf)[4][2]) {
+  auto new_token = [&](int st, uint4(&kf)[2][D / 32], uint4(&vf)[4][2]) {
     const int k0 = st * 16;
-    const half* base = pages + (((size_t)values[pb + k0 / PAGE] * 2 * H_KV + kvh) * PAGE + k0 % PAGE) * D;
-    const half* vbase = base + (size_t)H_KV * PAGE * D;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const int key = n * 8 + g;  // this lane's key of n-tile n
-      const bool ok = k0 + key < len;
-#pragma unroll
-      for (int p = 0; p < D / 32; ++p)
-        kf[n][p] = ok ? *reinterpret_cast<const uint4*>(base + key * D + 32 * p + 8 * tq) : zero;
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int key = (kk >> 1) * 8 + 2 * tq + (kk & 1);  // keys 2tq, 2tq + 1, 8 + 2tq, 9 + 2tq
-      const bool ok = k0 + key < len;
-#pragma unroll
-      for (int piece = 0; piece < 2; ++piece)
-        vf[kk][piece] = ok ? *reinterpret_cast<const uint4*>(vbase + key * D + piece * 64 + 8 * g) : zero;
-    }
     if constexpr (FUSED) {
       if (fused && k0 <= len - 1 && len - 1 < k0 + 16) {  // the new token: k and v from shared memory
         const int key = len - 1 - k0;
@@ -1263,14 +1276,17 @@ __device__ __forceinline__ void decode_attention_mma(const half* __restrict__ q,
     }
   };
   // AHEAD steps' loads are in flight before the first one's math, so that their latencies overlap
-  for (int st = s_begin + warp; st < s_end; st += AHEAD * WARPS) {
-    uint4 kf[AHEAD][2][D / 32], vf[AHEAD][4][2];
+  while (st < s_end) {
+#pragma unroll
+    for (int a = 0; a < AHEAD; ++a) {
+      if (st + a * WARPS >= s_end) continue;
+      if constexpr (FUSED) new_token(st + a * WARPS, kf[a], vf[a]);
+      math_step(st + a * WARPS, kf[a], vf[a]);
+    }
+    st += AHEAD * WARPS;
 #pragma unroll
     for (int a = 0; a < AHEAD; ++a)
       if (st + a * WARPS < s_end) load_step(st + a * WARPS, kf[a], vf[a]);
-#pragma unroll
-    for (int a = 0; a < AHEAD; ++a)
-      if (st + a * WARPS < s_end) math_step(st + a * WARPS, kf[a], vf[a]);
   }
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
