@@ -1,6 +1,6 @@
 // throwaway (session 17): q4f16 GEMM with 64x64 warp tiles (4 warps, 128x128 block) against
 // llmchat::q4f16_gemm WN=2 and WN=4; bit-identity and time
-#include "/work/main/app/inference/pipelines/cuda_kernels.cu"
+#include "../../../../app/inference/pipelines/cuda_kernels.cu"  // from benchmarks/results/h200-2026-12-03-s17/call6
 #include <cstdio>
 #include <vector>
 #include <random>
