@@ -124,9 +124,9 @@ def cluster_chunks(heads: int, max_cluster: int) -> int:
 
 
 def mma_chunks(h_kv: int) -> int:
-    """Chunks per (sequence, kv head) of llmchat::decode_attention_mma: :data:`MMA_BLOCKS` blocks
-    per sequence, 1 to 32 chunks (the merge gives each chunk one lane of a warp)."""
-    return max(1, min(32, MMA_BLOCKS // h_kv))
+    """Chunks per (sequence, kv head) of llmchat::decode_attention_mma: :func:`num_chunks` aiming
+    at :data:`MMA_BLOCKS` blocks per sequence."""
+    return num_chunks(h_kv, MMA_BLOCKS)
 
 
 def heads_per_block(group: int) -> int:
@@ -135,10 +135,11 @@ def heads_per_block(group: int) -> int:
     return 2 if group % 2 == 0 else 1
 
 
-def num_chunks(head_blocks: int) -> int:
-    """Chunks per sequence and head block: a power of two near TARGET_BLOCKS / head_blocks, 1..32."""
+def num_chunks(head_blocks: int, target: int = TARGET_BLOCKS) -> int:
+    """Chunks per sequence and head block: a power of two near ``target`` / head_blocks, 1..32 (the
+    global-memory merge gives each chunk one lane of a warp)."""
     chunks = 1
-    while chunks < 32 and chunks * head_blocks < TARGET_BLOCKS:
+    while chunks < 32 and chunks * head_blocks < target:
         chunks *= 2
     return chunks
 
