@@ -10,6 +10,7 @@
 #include <vector>
 #include <random>
 #define CK(x) do{cudaError_t e=(x); if(e!=cudaSuccess){printf("ERR %s line %d: %s\n",#x,__LINE__,cudaGetErrorString(e)); exit(1);}}while(0)
+template<int K,int N,int ST> __global__ void __launch_bounds__(128) kmma(const half* x,const uint32_t* w,const half* s,const half* r,half* o,int M){ llmchat::q4f16_gemm_mma<K,N,2,false,half,false,ST>(x,w,s,nullptr,r,o,M); }
 template<int K,int N,int BM,int WN> __global__ void __launch_bounds__(64*WN) knew(const half* x,const uint32_t* w,const half* s,const half* r,half* o,int M){ llmchat::q4f16_gemm<K,N,BM,2,false,half,false,WN>(x,w,s,nullptr,r,o,M); }
 template<int K,int N,int BM> __global__ void __launch_bounds__(128) kbefore(const half* x,const uint32_t* w,const half* s,const half* r,half* o,int M){ llmchat_before::q4f16_gemm<K,N,BM,2,false,half>(x,w,s,nullptr,r,o,M); }
 struct Data { uint32_t* dw; half *ds,*dx,*dr; std::vector<uint32_t> hw; std::vector<half> hs,hx,hr; };
@@ -46,6 +47,19 @@ template<int K,int N,int BM> void run(int M, const char* name){
     printf("%-10s %38s WN=%d %8.1f us %4.0f TF  %5.2fx  %s\n",name,"",wn,t,fl/(t*1e-6)/1e12,tb/t,diff?"DIFFERENT":"bit-identical");
   };
   variant(knew<K,N,BM,2>,2); variant(knew<K,N,BM,4>,4);
+  auto mma=[&](auto kern, const char* what){
+    if(N%128 || K%128) return;
+    dim3 g(N/128,(M+127)/128);
+    auto f=[&]{ kern<<<g,128>>>(d.dx,d.dw,d.ds,d.dr,o,M); };
+    CK(cudaMemset(o,0,d.hr.size()*2)); f(); CK(cudaDeviceSynchronize()); CK(cudaGetLastError());
+    std::vector<half> ho(d.hr.size()); cudaMemcpy(ho.data(),o,ho.size()*2,cudaMemcpyDeviceToHost);
+    size_t diff=0; double md=0; for(size_t i=0;i<ho.size();i++){ if(*(uint16_t*)&ho[i]!=*(uint16_t*)&hb[i]){ diff++; md=fmax(md,fabs(__half2float(ho[i])-__half2float(hb[i]))); } }
+    const float t=timeit(f);
+    printf("%-10s %38s %-4s %8.1f us %4.0f TF  %5.2fx  %s", name, "", what, t, fl/(t*1e-6)/1e12, tb/t, diff?"DIFFERENT":"bit-identical");
+    if(diff) printf(" (%zu of %zu, max diff %.3g)", diff, ho.size(), md);
+    printf("\n");
+  };
+  mma(kmma<K,N,4>,"mma4"); mma(kmma<K,N,3>,"mma3");
   cudaFree(d.dw);cudaFree(d.ds);cudaFree(d.dx);cudaFree(d.dr);cudaFree(ref);cudaFree(o);
 }
 int main(){

@@ -27,6 +27,7 @@ from app.inference.pipelines.cuda_argmax import CudaArgmax
 from app.inference.pipelines.cuda_gemm import CudaQ4Gemm
 from app.inference.pipelines.cuda_gemv import CudaQ4Gemv
 from app.inference.pipelines.cuda_rms_norm import CudaRmsNorm, reference_rms_norm
+from app.inference.pipelines.gpu_choices import use_cuda_gemm_mma
 from app.inference.quantization import get_format
 from app.inference.quantization.base import dequant_matmul_te
 from tests.inference.reference import dequant_q4
@@ -159,11 +160,15 @@ def gemv_case(k: int, n: int, epilogue: str, seed: int = 0) -> Case:
 
 
 def gemm_case(k: int, n: int, epilogue: str, rows: tuple[int, ...], seed: int = 0) -> Case:
-    """``llmchat::q4f16_gemm`` (a prompt of any length: one build, a run per length)."""
+    """``llmchat::q4f16_gemm`` and, for wide layers and prompts long enough on sm_80 and later,
+    ``llmchat::q4f16_gemm_mma`` (a prompt of any length: one build, a run per length)."""
 
     def build(target: Any) -> Any:
         func = q4_matmul_func(k, n, epilogue, rows=tvm.te.var("seq_len", "int64"))
-        return _replaced(CudaQ4Gemm(), func, target) if is_cuda(target) else func
+        if not is_cuda(target):
+            return func
+        # the engine's choice: the mma.sync kernel for wide layers and long prompts from sm_80
+        return _replaced(CudaQ4Gemm(mma=use_cuda_gemm_mma(target)), func, target)
 
     return Case(
         f"gemm_{k}x{n}_{epilogue}", build, [partial(_matmul_run, k, n, epilogue, m, seed + m) for m in rows]

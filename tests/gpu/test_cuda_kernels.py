@@ -41,9 +41,12 @@ def matmul_cases() -> list[kernels.Case]:
         kernels.silu_gate_case(4096, 11008),  # Llama-2-7B
         kernels.gemm_case(96, 64, "f16", rows=(1, 63, 64, 65, 200)),  # one q4 group per step
         kernels.gemm_case(2048, 2560, "bias", rows=(1, 64, 130)),  # narrow: 64-row tiles
-        kernels.gemm_case(4096, 4096, "res", rows=(1, 127, 128, 129, 512)),  # wide: 128-row tiles
-        kernels.gemm_case(896, 151936, "f32", rows=(3,)),  # float32 out, 2,374 column tiles
-        kernels.gemm_case(11008, 4096, "res", rows=(7, 300)),  # Llama-2-7B down
+        # wide: 128-row tiles; from 897 rows (256 blocks) the mma.sync kernel, a partial last tile
+        kernels.gemm_case(4096, 4096, "res", rows=(1, 127, 128, 129, 512, 896, 897, 1000)),
+        kernels.gemm_case(896, 151936, "f32", rows=(3, 130)),  # float32 out, mma.sync at every length
+        kernels.gemm_case(11008, 4096, "res", rows=(7, 300, 1100)),  # Llama-2-7B down
+        kernels.gemm_case(3584, 4608, "bias", rows=(5, 1000)),  # Qwen2.5-7B q/k/v: bias, mma.sync
+        kernels.gemm_case(1024, 8192, "f16", rows=(384, 385, 700)),  # mma.sync from 385 rows
     ]
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tvm
 
+from app.inference.pipelines import cuda_gemm
 from tests.gpu import kernels
 
 #: targets (made in the tests: collecting this file under a runtime-only TVM, which cannot make
@@ -39,6 +40,7 @@ def small_cases() -> list[kernels.Case]:
         kernels.silu_gate_case(64, 64),
         kernels.gemm_case(96, 64, "f16", rows=(1, 65)),
         kernels.gemm_case(128, 128, "res", rows=(3,)),
+        kernels.gemm_case(256, 3072, "bias", rows=(3, 1281)),  # sm_90: the mma.sync kernel from 1,281 rows
         kernels.gemm_case(64, 64, "f32", rows=(2,)),
         kernels.argmax_case(1),
         kernels.argmax_case(1000),
@@ -128,6 +130,9 @@ def test_every_cuda_case_is_built_from_llmchats_rules(with_cluster):
             mma = "_128_" in case.name and "_groups_" not in case.name
             long = "decode_attention_mma<" if mma else ", 32, 4, 8, false>"
             assert long in script, case.name
+        if case.name.startswith("gemm_"):  # wide layers: the mma.sync kernel too (sm_90)
+            k, n = (int(v) for v in case.name.split("_")[1].split("x"))
+            assert ("llmchat::q4f16_gemm_mma<" in script) == cuda_gemm.takes_mma(k, n), case.name
     assert len({c.name for c in cases}) == len(cases)
 
 

@@ -110,6 +110,63 @@ def test_gemm_takes_128_prompt_rows_per_block_on_wide_layers():
     assert [cuda_gemm.tile_warps(n) for n in (896, 2560, 3072, 3136, 22016)] == [2, 2, 4, 2, 4]
 
 
+def test_wide_layers_take_the_mma_kernel_from_enough_prompt_rows():
+    from tvm import te
+
+    seq_len = te.var("seq_len", "int64")
+    target = tvm.target.Target(CUDA_TARGET)
+    script = cuda_gemm.CudaQ4Gemm(mma=True).apply(_gemv(2048, 4096, "res", rows=seq_len), target, False)
+    script = script.mod["main"].script()
+    # both kernels, the host picking by the prompt's length: 32 column tiles need 8 row tiles
+    assert "llmchat::q4f16_gemm_mma<2048, 4096, 2, false, half>" in script
+    assert "llmchat::q4f16_gemm<2048, 4096, 128, 2, false, half, false, 4>" in script
+    assert cuda_gemm.mma_min_rows(4096) == 897
+    assert ">= 897" in script or "897 <=" in script
+    assert script.count('T.launch_thread("threadIdx.x", 128)') == 1  # the mma kernel's 4 warps
+    assert script.count('T.launch_thread("threadIdx.x", 256)') == 1  # the WMMA kernel's 8
+    # 151,936 outputs give 1,187 column tiles: the mma kernel at every length, no branch
+    lm_head = cuda_gemm.CudaQ4Gemm(mma=True).apply(_gemv(896, 151936, "f32", rows=seq_len), target, False)
+    lm_head = lm_head.mod["main"].script()
+    assert "llmchat::q4f16_gemm_mma<896, 151936, 0, false, float>" in lm_head
+    assert "llmchat::q4f16_gemm<" not in lm_head and 'T.launch_thread("blockIdx.x", 1187)' in lm_head
+    # narrow layers, and outputs or inputs not by 128, keep the WMMA kernel alone
+    shapes = [(2048, 2560), (2048, 3136), (2112, 4096), (896, 9728)]
+    assert [cuda_gemm.takes_mma(k, n) for k, n in shapes] == [False, False, False, True]
+    narrow = cuda_gemm.CudaQ4Gemm(mma=True).apply(_gemv(2048, 2560, "f16", rows=seq_len), target, False)
+    assert "q4f16_gemm_mma" not in narrow.mod["main"].script()
+    assert [cuda_gemm.mma_min_rows(n) for n in (3072, 4608, 8192, 28672, 32768)] == [1281, 897, 385, 129, 1]
+
+
+def test_the_mma_gemm_needs_ampere_and_can_be_switched_off(monkeypatch):
+    monkeypatch.delenv("LLMCHAT_CUDA_GEMM", raising=False)
+    took = {a: gpu_choices.use_cuda_gemm_mma(_cuda(a)) for a in ("sm_75", "sm_80", "sm_90")}
+    assert took == {"sm_75": False, "sm_80": True, "sm_90": True}
+    rule = next(r for r in gpu.schedule_rules(_cuda("sm_90")) if isinstance(r, cuda_gemm.CudaQ4Gemm))
+    assert rule.mma
+    rule = next(r for r in gpu.schedule_rules(_cuda("sm_75")) if isinstance(r, cuda_gemm.CudaQ4Gemm))
+    assert not rule.mma
+    monkeypatch.setenv("LLMCHAT_CUDA_GEMM", "wmma")
+    assert gpu_choices.use_cuda_gemm(_cuda("sm_90")) and not gpu_choices.use_cuda_gemm_mma(_cuda("sm_90"))
+
+
+@pytest.mark.skipif(cuda_support.find_nvcc() is None, reason="nvcc not installed")
+def test_both_prompt_gemm_kernels_compile_in_one_library():
+    """nvcc accepts a wide layer's function with both kernels (bias, recorded q/k/v output)."""
+    from tvm import te
+
+    seq_len = te.var("seq_len", "int64")
+    target = _cuda("sm_90")
+    func = _gemv(1024, 3072, "bias", rows=seq_len).with_attr(cuda_kernels.RECORD_QKV_ATTR, True)
+    new = cuda_gemm.CudaQ4Gemm(mma=True).apply(func, target, False).mod["main"]
+    mod = tvm.IRModule({"main": new.with_attr("global_symbol", "main")})
+    with cuda_support.cuda_build_hooks(target, require=True) as info:
+        tvm.compile(mod, target)
+    assert info["compiled"] == 1
+    source = info["sources"][0]
+    assert "llmchat::q4f16_gemm_mma<1024, 3072, 1, true, half, true>(" in source
+    assert "llmchat::q4f16_gemm<1024, 3072, 128, 1, true, half, true, 4>(" in source
+
+
 def test_gemv_rule_leaves_other_formats_and_prefill_alone():
     target = tvm.target.Target(CUDA_TARGET)
     rule = cuda_gemv.CudaQ4Gemv()

@@ -1369,3 +1369,161 @@ __device__ __forceinline__ void rms_norm_row(const half* __restrict__ x, const h
 }
 
 }  // namespace llmchat
+
+// ------------------------------------------------------------------------------------------------
+// 7. Prefill: q4f16_1 dequantizing GEMM, second form (issue #18: prompts at depth), for layers of
+//    at least 128 outputs by multiples of 128 and K by multiples of 128. Block tile 128 tokens x
+//    128 outputs, 4 warps of 64 x 64, steps of BK = 32 values of k (one q4 group) in a STAGES-deep
+//    cp.async ring: activations (16-byte chunks, XOR-swizzled so that ldmatrix reads are free of
+//    bank conflicts), each output row's 4 weight words and 4 group scales (those of the step's
+//    group and the next three: one 8-byte copy). A warp decodes its own B fragments from the words
+//    in registers (nibbles 2tq, 2tq + 1 of a word: values k and k + 1), so weights take no shared
+//    memory tile and no barrier of their own; mma.sync m16n8k16 (fp16 in, fp32 accumulators) in
+//    the same k order as section 4's WMMA kernel: the outputs are the same bits.
+// ------------------------------------------------------------------------------------------------
+namespace llmchat {
+
+// 16 bytes global -> shared, zero-filled past src_bytes (0 or 16)
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))));
+#endif
+}
+
+// values k, k + 1 of a word (nibbles at bits 4k, 4k + 4; `t` the word shifted right by 4k) as the
+// half2 ((n - 7) * s) of each, rounded as section 4's decode rounds them
+__device__ __forceinline__ uint32_t decode_pair(uint32_t t, half2 s2) {
+  const uint32_t v = (t & 0xFu) | ((t << 12) & 0xF0000u) | 0x64006400u;
+  const half2 h = __hmul2(__hsub2(as_half2(v), as_half2(0x64076407u)), s2);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <int K, int N, int MODE, bool BIAS, typename OutT, bool RECORD = false, int STAGES = 4>
+__device__ __forceinline__ void q4f16_gemm_mma(const half* __restrict__ x, const uint32_t* __restrict__ w,
+                                               const half* __restrict__ scale, const half* __restrict__ bias,
+                                               const half* __restrict__ residual, OutT* __restrict__ out,
+                                               int M) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (RECORD) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) fused_qkv_src = out;
+  }
+  constexpr int BM = 128, BN = 128, BK = 32, THREADS = 128;
+  static_assert(K % 128 == 0 && N % BN == 0, "K by 128 (groups by 4), N by 128");
+  constexpr int WORDS = K / 8, GROUPS = K / 32, STEPS = K / BK;
+  __shared__ __align__(128) uint4 xs[STAGES][BM * BK / 8];  // [row][chunk ^ ((row >> 1) & 3)]
+  __shared__ __align__(16) uint4 wsm[STAGES][BN];           // row n's 4 words of the step
+  __shared__ __align__(16) uint2 ssm[STAGES][BN];           // row n's scales of groups step & ~3 .. + 3
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1;
+  const int g = lane >> 2, tq = lane & 3;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+
+  auto issue = [&](int step, int slot) {
+#pragma unroll
+    for (int c = 0; c < BM * BK / 8 / THREADS; ++c) {
+      const int f = tid + c * THREADS, r = f >> 2, ch = f & 3;
+      const int row = m0 + r;
+      const half* src = x + (size_t)(row < M ? row : 0) * K + step * BK + ch * 8;
+      cp_async16_zfill(&xs[slot][r * 4 + (ch ^ ((r >> 1) & 3))], src, row < M ? 16 : 0);
+    }
+    cp_async16(&wsm[slot][tid], w + (size_t)(n0 + tid) * WORDS + step * (BK / 8));
+    cp_async8(&ssm[slot][tid], scale + (size_t)(n0 + tid) * GROUPS + (step & ~3));
+  };
+
+  float acc[4][8][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < STEPS) issue(s, s);
+    cp_async_commit();
+  }
+  for (int step = 0; step < STEPS; ++step) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // the step's tiles are in; every warp is done with the slot refilled below
+    {
+      const int next = step + STAGES - 1;
+      if (next < STEPS) issue(next, next % STAGES);
+      cp_async_commit();
+    }
+    const int slot = step % STAGES;
+    const uint4* xt = xs[slot];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        const int r = wm * 64 + mt * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+        ldmatrix_x4(a[mt], &xt[r * 4 + (ch ^ ((r >> 1) & 3))]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int n = wn * 64 + nt * 8 + g;
+        const uint2 wd = reinterpret_cast<const uint2*>(&wsm[slot][n])[kk];
+        const uint2 sc = ssm[slot][n];
+        const uint32_t sw = (step & 2) ? sc.y : sc.x;
+        const half sh = as_half2(sw).x;
+        const half s = (step & 1) ? __high2half(as_half2(sw)) : sh;
+        const half2 s2 = __half2half2(s);
+        const uint32_t b0 = decode_pair(wd.x >> (8 * tq), s2), b1 = decode_pair(wd.y >> (8 * tq), s2);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_16816(acc[mt][nt], a[mt], b0, b1);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  // acc[mt][nt]: rows wm * 64 + mt * 16 + g (+ 8 for e >= 2), columns wn * 64 + nt * 8 + 2tq (+ 1 for odd e)
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int half_rows = 0; half_rows < 2; ++half_rows) {
+      const int row = m0 + wm * 64 + mt * 16 + g + half_rows * 8;
+      if (row >= M) continue;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = n0 + wn * 64 + nt * 8 + 2 * tq;
+        const size_t o = (size_t)row * N + col;
+        float v0 = acc[mt][nt][2 * half_rows], v1 = acc[mt][nt][2 * half_rows + 1];
+        if constexpr (MODE == 0) {
+          *reinterpret_cast<float2*>(out + o) = make_float2(v0, v1);
+        } else {
+          if constexpr (BIAS) {
+            v0 += __half2float(bias[col]);
+            v1 += __half2float(bias[col + 1]);
+          }
+          half h0 = __float2half_rn(v0), h1 = __float2half_rn(v1);
+          if constexpr (MODE == 2) {
+            h0 = __hadd(residual[o], h0);
+            h1 = __hadd(residual[o + 1], h1);
+          }
+          *reinterpret_cast<half2*>(out + o) = __halves2half2(h0, h1);
+        }
+      }
+    }
+#else
+  __trap();  // cp.async, ldmatrix and mma.sync m16n8k16 need sm_80
+#endif
+}
+
+}  // namespace llmchat

@@ -61,6 +61,7 @@ from app.inference.pipelines.gpu_choices import (
     max_cluster_size,
     use_cuda_attention,
     use_cuda_gemm,
+    use_cuda_gemm_mma,
     use_cuda_kernel_gemv,
     use_cuda_prompt_attention,
     use_llmchat_gemv,
@@ -125,7 +126,7 @@ def schedule_rules(target: Any) -> list[Any]:
     if use_cuda_kernel_gemv(target):
         first = [CudaQ4Gemv(), *first]
     if use_cuda_gemm(target):
-        first = [CudaQ4Gemm(), *first]
+        first = [CudaQ4Gemm(mma=use_cuda_gemm_mma(target)), *first]
     if target.kind.name == "cuda":
         first = [CudaArgmax(), CudaRmsNorm(), *first]
     elif target.kind.name == "webgpu":

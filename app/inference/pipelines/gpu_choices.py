@@ -31,6 +31,8 @@ def use_llmchat_gemv(target: Any) -> bool:
 MIN_ARCH_GEMV_GEMM = 70
 #: the prompt attention's ``mma.sync.m16n8k16`` with fp16 inputs needs Ampere (sm_80)
 MIN_ARCH_PROMPT_ATTENTION = 80
+#: the prompt GEMM's second kernel (``cp.async``, ``mma.sync.m16n8k16``) needs Ampere (sm_80)
+MIN_ARCH_GEMM_MMA = 80
 #: thread-block clusters (the decode attention's merge) need Hopper (sm_90)
 MIN_ARCH_CLUSTERS = 90
 #: GPUs where 16-block (non-portable) clusters were run: the H200 (sm_90); others get 8
@@ -64,6 +66,14 @@ def use_cuda_gemm(target: Any) -> bool:
     on CUDA from sm_70 on, unless ``LLMCHAT_CUDA_GEMM=tvm``."""
     choice = os.environ.get("LLMCHAT_CUDA_GEMM", "").strip().lower()
     return _arch_at_least(target, MIN_ARCH_GEMV_GEMM) and choice != "tvm"
+
+
+def use_cuda_gemm_mma(target: Any) -> bool:
+    """Whether the prompt GEMM's wide layers may take the ``mma.sync`` kernel (``cuda_gemm``'s
+    :func:`~.cuda_gemm.takes_mma`): its ``cp.async`` and ``mma.sync.m16n8k16`` need Ampere (sm_80);
+    ``LLMCHAT_CUDA_GEMM=wmma`` keeps the WMMA kernel for every layer."""
+    choice = os.environ.get("LLMCHAT_CUDA_GEMM", "").strip().lower()
+    return use_cuda_gemm(target) and _arch_at_least(target, MIN_ARCH_GEMM_MMA) and choice != "wmma"
 
 
 def use_cuda_attention(target: Any) -> bool:
