@@ -10,10 +10,10 @@
 #include "decode_setup.cuh"
 
 using Args = void (*)(const half*, const half*, const int*, const int*, const int*, half*, float*, float);
-template <int HQ, int HK, int D, int NC, int W, int AHEAD = 2, bool ROT = false>
+template <int HQ, int HK, int D, int NC, int W, int AHEAD = 2>
 __global__ void __launch_bounds__(W * 32) kmma(const half* q, const half* pages, const int* ip, const int* vals,
                                                const int* ll, half* o, float* lse, float sm) {
-  llmchat::decode_attention_mma<HQ, HK, D, PAGE, NC, W, false, AHEAD, ROT>(q, pages, ip, vals, ll, o, lse, sm, 1, 0);
+  llmchat::decode_attention_mma<HQ, HK, D, PAGE, NC, W, false, AHEAD>(q, pages, ip, vals, ll, o, lse, sm, 1, 0);
 }
 template <int HQ, int HK, int D, int NC, int W>
 __global__ void __launch_bounds__(W * 32) kprev(const half* q, const half* pages, const int* ip, const int* vals,
@@ -65,9 +65,6 @@ void shape(const char* name) {
     run<HQ, HK, D>("mma, 32 chunks, 8 warps, 2 ahead", kmma<HQ, HK, D, 32, 8, 2>, s, sm, 32, HK, 8, false);
     run<HQ, HK, D>("mma, 32 chunks, 4 warps, 2 ahead", kmma<HQ, HK, D, 32, 4, 2>, s, sm, 32, HK, 4, false);
     run<HQ, HK, D>("mma, 16 chunks, 8 warps, 2 ahead", kmma<HQ, HK, D, 16, 8, 2>, s, sm, 16, HK, 8, false);
-    run<HQ, HK, D>("mma, 16 chunks, 8 warps, 2 ahead, rot", kmma<HQ, HK, D, 16, 8, 2, true>, s, sm, 16, HK, 8, false);
-    run<HQ, HK, D>("mma, 16 chunks, 4 warps, 2 ahead, rot", kmma<HQ, HK, D, 16, 4, 2, true>, s, sm, 16, HK, 4, false);
-    run<HQ, HK, D>("mma, 8 chunks, 8 warps, 2 ahead, rot", kmma<HQ, HK, D, 8, 8, 2, true>, s, sm, 8, HK, 8, false);
     run<HQ, HK, D>("mma, 16 chunks, 4 warps, 2 ahead", kmma<HQ, HK, D, 16, 4, 2>, s, sm, 16, HK, 4, false);
     if constexpr (HQ / HK <= 4)  // shared memory: 16 warps' states of 4 heads
       run<HQ, HK, D>("mma, 32 chunks, 16 warps, 1 ahead", kmma<HQ, HK, D, 32, 16, 1>, s, sm, 32, HK, 16, false);

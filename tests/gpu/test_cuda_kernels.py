@@ -41,12 +41,12 @@ def matmul_cases() -> list[kernels.Case]:
         kernels.silu_gate_case(4096, 11008),  # Llama-2-7B
         kernels.gemm_case(96, 64, "f16", rows=(1, 63, 64, 65, 200)),  # one q4 group per step
         kernels.gemm_case(2048, 2560, "bias", rows=(1, 64, 130)),  # narrow: 64-row tiles
-        # wide: 128-row tiles; from 897 rows (256 blocks) the mma.sync kernel, a partial last tile
-        kernels.gemm_case(4096, 4096, "res", rows=(1, 127, 128, 129, 512, 896, 897, 1000)),
+        # wide: 128-row tiles; from 1,921 rows (512 blocks) the mma.sync kernel, a partial last tile
+        kernels.gemm_case(4096, 4096, "res", rows=(1, 127, 128, 129, 512, 1920, 1921)),
         kernels.gemm_case(896, 151936, "f32", rows=(3, 130)),  # float32 out, mma.sync at every length
-        kernels.gemm_case(11008, 4096, "res", rows=(7, 300, 1100)),  # Llama-2-7B down
-        kernels.gemm_case(3584, 4608, "bias", rows=(5, 1000)),  # Qwen2.5-7B q/k/v: bias, mma.sync
-        kernels.gemm_case(1024, 8192, "f16", rows=(384, 385, 700)),  # mma.sync from 385 rows
+        kernels.gemm_case(11008, 4096, "res", rows=(7, 300, 2000)),  # Llama-2-7B down
+        kernels.gemm_case(3584, 4608, "bias", rows=(5, 1800)),  # Qwen2.5-7B q/k/v: bias, mma.sync
+        kernels.gemm_case(1024, 8192, "f16", rows=(896, 897, 1000)),  # mma.sync from 897 rows
     ]
 
 

@@ -117,11 +117,11 @@ def test_wide_layers_take_the_mma_kernel_from_enough_prompt_rows():
     target = tvm.target.Target(CUDA_TARGET)
     script = cuda_gemm.CudaQ4Gemm(mma=True).apply(_gemv(2048, 4096, "res", rows=seq_len), target, False)
     script = script.mod["main"].script()
-    # both kernels, the host picking by the prompt's length: 32 column tiles need 8 row tiles
+    # both kernels, the host picking by the prompt's length: 32 column tiles need 16 row tiles
     assert "llmchat::q4f16_gemm_mma<2048, 4096, 2, false, half>" in script
     assert "llmchat::q4f16_gemm<2048, 4096, 128, 2, false, half, false, 4>" in script
-    assert cuda_gemm.mma_min_rows(4096) == 897
-    assert ">= 897" in script or "897 <=" in script
+    assert cuda_gemm.mma_min_rows(4096) == 1921
+    assert ">= 1921" in script or "1921 <=" in script
     assert script.count('T.launch_thread("threadIdx.x", 128)') == 1  # the mma kernel's 4 warps
     assert script.count('T.launch_thread("threadIdx.x", 256)') == 1  # the WMMA kernel's 8
     # 151,936 outputs give 1,187 column tiles: the mma kernel at every length, no branch
@@ -134,7 +134,7 @@ def test_wide_layers_take_the_mma_kernel_from_enough_prompt_rows():
     assert [cuda_gemm.takes_mma(k, n) for k, n in shapes] == [False, False, False, True]
     narrow = cuda_gemm.CudaQ4Gemm(mma=True).apply(_gemv(2048, 2560, "f16", rows=seq_len), target, False)
     assert "q4f16_gemm_mma" not in narrow.mod["main"].script()
-    assert [cuda_gemm.mma_min_rows(n) for n in (3072, 4608, 8192, 28672, 32768)] == [1281, 897, 385, 129, 1]
+    assert [cuda_gemm.mma_min_rows(n) for n in (3072, 4608, 8192, 28672, 65536)] == [2689, 1793, 897, 257, 1]
 
 
 def test_the_mma_gemm_needs_ampere_and_can_be_switched_off(monkeypatch):

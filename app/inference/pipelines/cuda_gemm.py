@@ -49,13 +49,14 @@ WIDE_WARPS = 4
 #: the mma.sync kernel's tile (rows and outputs) and threads
 MMA_TILE = 128
 MMA_THREADS = 128
-#: the fewest blocks a prompt must give the mma.sync kernel (2 per multiprocessor of an H200, 132
-#: of them, rounded down). H200, benchmarks/kernels/gemm_check.cu, us per matmul, WMMA (4 warps
-#: along the outputs, session 17) -> mma.sync (benchmarks/results/h200-2026-12-03-s18): Llama-3-8B
-#: 2,048-token chunk (16 row tiles) qkv 550.0 -> 442.5, o 365.4 -> 293.8, gate_up 2,499.8 ->
-#: 1,988.5, down 995.8 -> 929.0; at 512 tokens (4 row tiles) Llama-2-7B gate_up 539.6 -> 437.9
-#: (688 blocks) but o 79.0 -> 100.7 and down 199.5 -> 235.9 (128 blocks)
-MMA_MIN_BLOCKS = 256
+#: the fewest blocks a prompt must give the mma.sync kernel: two full waves of an H200 (132
+#: multiprocessors, 2 blocks each), rounded down. H200, benchmarks/kernels/gemm_check.cu, us per
+#: matmul, WMMA (4 warps along the outputs, session 17) -> mma.sync, the same call
+#: (benchmarks/results/h200-2026-12-03-s18/call3): Llama-3-8B 2,048-token chunk qkv (768 blocks)
+#: 548.7 -> 442.5, o (512) 366.0 -> 293.8, gate_up 2,485.5 -> 1,988.5, down (512) 988.1 -> 929.0;
+#: at 512 tokens Llama-2-7B gate_up (688) 537.5 -> 437.9, but qkv (384) 275.8 -> 292.5, o and
+#: down (128) 78.4 -> 100.7 and 197.4 -> 235.9
+MMA_MIN_BLOCKS = 512
 
 
 def tile_rows(out_features: int) -> int:
