@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -61,12 +61,14 @@ env_of() {  # other kernel switches of a set
     r8) echo "LLMCHAT_WGSL_GATE_LAYOUT=r8";;                          # gate_up: 8 rows a set (float16 out)
     l16) echo "LLMCHAT_WGSL_GATE_LAYOUT=l16";;                        # gate_up: 4 rows a set of 16 lanes
     q8s16) echo "LLMCHAT_WGSL_FUSION=int8-q8s LLMCHAT_WGSL_GATE_LAYOUT=l16";; # q8s with 16-lane sets
+    q8n) echo "LLMCHAT_WGSL_FUSION=int8-q8n";;                       # o / down write the next norm's int8 vector: no norm launch
+    q8nr4|q8nr1) echo "LLMCHAT_WGSL_FUSION=int8-q8n LLMCHAT_WGSL_NORM_OUT_LAYOUT=${1#q8n}";; # ... their layout
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
 use() {
   local r e; r=$(rules "$1") || exit 2
-  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD LLMCHAT_WGSL_ROPE_APPEND
+  unset LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD LLMCHAT_WGSL_ROPE_APPEND LLMCHAT_WGSL_NORM_OUT_LAYOUT LLMCHAT_WGSL_GATE_LAYOUT
   if [ -n "$r" ]; then export LLMCHAT_WGSL_GEMV=$r; fi
   for e in $(env_of "$1"); do export "${e?}"; done
 }

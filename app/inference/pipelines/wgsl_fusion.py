@@ -436,13 +436,18 @@ def _fuse_int8_block(
     from tvm import relax
 
     from app.inference.pipelines.cuda_gemv import match_q4f16_gemv
-    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8_norm, q8_words
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8_norm, q8_words, q8n_words
 
     users = relax.analysis.udchain(block)
     by_var = {b.var: b for b in block.bindings if isinstance(b, relax.VarBinding)}
     out: list[Any] = []
     dropped, moved = set(), set()
     gated_q8: dict[Any, Any] = {}  # a gated output written quantized -> its words' variable
+    # a GEMV's float16 output -> (its binding's place in ``out``, the GEMV, its arguments, whether
+    # it reads quantized words): a GEMV that can also write its output quantized for the norm after
+    # it ("q8n")
+    producers: dict[Any, tuple[int, Any, list[Any], bool]] = {}
+    normed: dict[Any, Any] = {}  # a producer's output -> the variable of its words for the norm
 
     def vector_index(gemv: Any, m: Any) -> int:
         """The position of a matched GEMV's vector among its arguments."""
@@ -482,6 +487,7 @@ def _fuse_int8_block(
         if vec is not None and vec in gated_q8:  # the down projection of a gate written quantized
             reader = fused[("", gv.name_hint, "", "q8", "")]
             new_args = [gated_q8[vec] if i == xi else arg for i, arg in enumerate(args)]
+            producers[binding.var] = (len(out), gv, new_args, True)
             out.append(
                 relax.VarBinding(
                     binding.var,
@@ -516,8 +522,15 @@ def _fuse_int8_block(
             ):
                 gate = (reader, gcall)
         if norm is None and gate is None and q8 is None:
+            producers[binding.var] = (len(out), gv, list(args), False)
             out.append(binding)
             continue
+        # the norm's vector written by the GEMV before it ("q8n"): no kernel for the norm
+        source = None
+        if q8 and "q8n" in parts and q8[0][1][0] in producers:
+            x_var, nw = q8[0][1][0], q8[0][1][1]
+            if x_var not in normed or normed[x_var][1].same_as(nw):
+                source = _norm_producer(producers[x_var], mod, fused_fn)
         # the gate's output quantized by gate_up itself, for the down projection after it
         down = gemv_reading(gate[0].var) if gate and "q8-silu" in parts else None
         if (
@@ -529,25 +542,47 @@ def _fuse_int8_block(
             norm[0][0].name_hint if norm else "",
             gv.name_hint,
             gate[1][0].name_hint if gate else "",
-            "q8" if q8 else "",
+            "q8n" if source else "q8" if q8 else "",
             "q8out" if down else "",
         )
         norm_eps, silu_out = (norm[1] if norm else None), (mod[gate[1][0]].params[-1] if gate else None)
-        fused_fn(key, gemv, norm_eps, silu_out, q8=q8 is not None, q8_out=down is not None)
+        read_norm = q8[1] if source else None
+        fused_fn(
+            key, gemv, norm_eps, silu_out, q8=q8 is not None, q8_out=down is not None, read_norm=read_norm
+        )
+        if fused[key] is None and source:  # the GEMV does not take the norm's scale: its kernel
+            source, read_norm = None, None
+            key = (*key[:3], "q8", key[4])
+            fused_fn(key, gemv, norm_eps, silu_out, q8=True, q8_out=down is not None)
         if fused[key] is None and down is not None:  # no layout for it: the float16 output
             down = None
             key = (*key[:4], "")
-            fused_fn(key, gemv, norm_eps, silu_out, q8=q8 is not None)
+            fused_fn(key, gemv, norm_eps, silu_out, q8=q8 is not None, read_norm=read_norm)
         if fused[key] is None:
             out.append(binding)
             continue
         qkey = (q8[0][0].name_hint, "q8") if q8 else None
-        if q8 and qkey not in fused:  # only once a GEMV reads it
+        if q8 and not source and qkey not in fused:  # only once a GEMV reads it
             fused[qkey] = builder.add_func(q8_norm(m.in_features, q8[1]), "_".join(qkey))
         new_args = []
         for i, arg in enumerate(args):
             new_args += list(norm[0][1]) if (norm and i == xi) else [arg]
-        if q8:
+        if source:
+            x_var, nw = q8[0][1][0], q8[0][1][1]
+            if x_var not in normed:  # the producer's binding: its float16 output and the words
+                at, pfunc, pargs = source
+                words_ty = relax.TensorType((q8n_words(int(x_var.ty.shape[-1])),), "uint32")
+                both = relax.DataflowVar(f"{x_var.name}_and_q8n", relax.TupleType([x_var.ty, words_ty]))
+                call = relax.call_tir(pfunc, relax.Tuple([*pargs, nw]), [x_var.ty, words_ty])
+                qvar = relax.DataflowVar(f"{x_var.name}_q8n", words_ty)
+                out[at] = [
+                    relax.VarBinding(both, builder.normalize(call)),
+                    relax.VarBinding(x_var, builder.normalize(relax.TupleGetItem(both, 0))),
+                    relax.VarBinding(qvar, builder.normalize(relax.TupleGetItem(both, 1))),
+                ]
+                normed[x_var] = (qvar, nw)
+            new_args[xi] = normed[x_var][0]
+        elif q8:
             qvar = relax.DataflowVar(f"{vec.name}_q8", relax.TensorType((q8_words(m.in_features),), "uint32"))
             staged = relax.call_tir(fused[qkey], relax.Tuple(list(q8[0][1])), qvar.ty)
             out.append(relax.VarBinding(qvar, builder.normalize(staged)))
@@ -566,7 +601,20 @@ def _fuse_int8_block(
             moved.add(result)
     if not dropped and not moved:
         return None
-    return relax.DataflowBlock([b for b in out if b.var not in dropped])
+    flat = [b for item in out for b in (item if isinstance(item, list) else [item])]
+    return relax.DataflowBlock([b for b in flat if b.var not in dropped])
+
+
+def _norm_producer(
+    producer: tuple[int, Any, list[Any], bool], mod: Any, fused_fn: Any
+) -> tuple[int, Any, list[Any]] | None:
+    """(its place in the block, the function, its arguments) of ``producer``, the GEMV that writes
+    the input of an RMSNorm, as the int8 kernel that writes that output and also its words for the
+    norm (``norm_out`` of :func:`.wgsl_q4_gemv.fused_gemv`), or None where it does not take it."""
+    at, gv, args, reads_q8 = producer
+    key = ("", gv.name_hint, "", "q8" if reads_q8 else "", "q8n_out")
+    func = fused_fn(key, mod[gv], None, None, q8=reads_q8, norm_out=True)
+    return None if func is None else (at, func, args)
 
 
 def fuse_int8(mod: Any, max_shared: int, parts: tuple[str, ...] = ("norm", "silu")) -> Any:
@@ -601,6 +649,7 @@ def int8_fusion_parts() -> tuple[str, ...]:
     return {
         "": ("norm-short", "silu", "q8", "q8-silu"),
         "int8-q8s": ("norm-short", "silu", "q8", "q8-silu"),
+        "int8-q8n": ("norm-short", "silu", "q8", "q8-silu", "q8n"),
         "int8-q8": ("norm-short", "silu", "q8"),
         "int8-noq8": ("norm-short", "silu"),
         "int8": ("norm", "silu"),

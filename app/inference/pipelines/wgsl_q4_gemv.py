@@ -155,6 +155,15 @@ def q8_words(k: int) -> int:
     return k // 32 * 10
 
 
+def q8n_words(k: int) -> int:
+    """Length (uint32 words) of a vector of ``k`` values written quantized by the GEMV that
+    produces it for the RMSNorm after it (``norm_out`` of :func:`dp4a_kernel`): the
+    :func:`q8_words` of ``x * w`` (the norm's weight, not yet its scale), then every group's sum of
+    ``x^2`` (float32 bits), from which the GEMVs reading it (``read_norm``) compute the norm's
+    ``rsqrt(sum / k + eps)``."""
+    return k // 32 * 11
+
+
 #: the switch for ``q4-auto``'s :attr:`Q4GemvLayout.preload` (part of the library cache key)
 PRELOAD_ENV = "LLMCHAT_WGSL_Q4_PRELOAD"
 #: ``q4-auto``'s steps of weights loaded before the staging, unless ``LLMCHAT_WGSL_Q4_PRELOAD``
@@ -201,6 +210,28 @@ def _pair_layouts(group_out: bool) -> tuple[tuple[int, int], ...]:
     return ((4, 32), (2, 32))
 
 
+#: the switch for the layout of a GEMV that writes its output quantized for the RMSNorm after it
+#: (``norm_out``: a workgroup's 32 rows one group), for A/B runs (part of the library cache key):
+#: ``r4`` 4 rows a set of 32 lanes (8 sets), ``r2`` 2 rows a set of 16 lanes (16 sets), ``r1`` 1
+#: row a set of 8 lanes (32 sets); unset: :data:`NORM_OUT_LAYOUT`
+NORM_OUT_LAYOUT_ENV = "LLMCHAT_WGSL_NORM_OUT_LAYOUT"
+NORM_OUT_LAYOUTS = {"r4": (4, 32), "r2": (2, 16), "r1": (1, 8)}
+NORM_OUT_LAYOUT = "r2"
+
+
+def _norm_out_layout() -> tuple[int, int]:
+    """(rows, lanes) of a GEMV writing its output quantized for the norm after it."""
+    from app.errors import LlmchatError
+
+    raw = os.environ.get(NORM_OUT_LAYOUT_ENV, "").strip().lower() or NORM_OUT_LAYOUT
+    if raw not in NORM_OUT_LAYOUTS:
+        raise LlmchatError(
+            f"{NORM_OUT_LAYOUT_ENV}={raw!r} is not one of {', '.join(NORM_OUT_LAYOUTS)}",
+            f"unset {NORM_OUT_LAYOUT_ENV}",
+        )
+    return NORM_OUT_LAYOUTS[raw]
+
+
 def choose(
     k: int, n: int, max_shared: int = 1 << 30, pairs: bool = False, group_out: bool = False
 ) -> Q4GemvLayout | None:
@@ -210,10 +241,14 @@ def choose(
     reductions over :data:`MAX_K`, over ``max_shared`` bytes of workgroup memory, or rows no layout
     tiles: other rules take those. ``group_out`` (pairs whose gated output is written quantized,
     ``q8_out`` of :func:`dp4a_kernel`): 4 rows a set of 16 lanes, 16 sets, a workgroup's 32
-    outputs one group."""
+    outputs one group; ``group_out`` without pairs (a GEMV writing its output quantized for the
+    norm after it): 32 rows a workgroup, :func:`_norm_out_layout`."""
     if k > MAX_K:
         return None
-    shapes = _pair_layouts(group_out) if pairs else ((4, 32), (2, 32), (1, 32))
+    if pairs:
+        shapes = _pair_layouts(group_out)
+    else:
+        shapes = (_norm_out_layout(),) if group_out else ((4, 32), (2, 32), (1, 32))
     fitting = [Q4GemvLayout(rows, lanes, 256, "dp4a", preload=preload_steps()) for rows, lanes in shapes]
     fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
     for layout in fitting:
@@ -357,6 +392,8 @@ def dp4a_kernel(
     silu_pairs: bool = False,
     q8: str = "",
     q8_out: bool = False,
+    norm_out: bool = False,
+    read_norm: float | None = None,
 ) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
@@ -386,7 +423,17 @@ def dp4a_kernel(
     = 32): the gated output is written quantized (:func:`q8_words` of ``n / 2`` values) for the
     down projection to read with ``q8="read"`` instead of quantizing it in each of its workgroups:
     the workgroup's 32 float16 values meet in workgroup memory and one thread quantizes them as the
-    staging would (the same :func:`quantize` arithmetic on the same float16 values)."""
+    staging would (the same :func:`quantize` arithmetic on the same float16 values).
+
+    The RMSNorm after a GEMV, without a kernel of its own (``norm_out`` and ``read_norm``): a
+    norm's ``rsqrt(mean(x^2) + eps)`` is one number for the whole row, and the int8 rounding of 32
+    values does not change when they are all multiplied by one number. So the GEMV producing ``x``
+    (a workgroup's 32 rows one group, float16 output) also writes ``x * w`` (``nw2``, the norm's
+    weight) quantized and each group's sum of ``x^2`` (``qo``, :func:`q8n_words`), and each GEMV
+    after the norm (``q8="read"`` with ``read_norm`` = the norm's eps) reads those words, sums the
+    groups' squares (one per thread, two levels, at its end) and multiplies its dot products by
+    the norm's scale before its epilogue. The same int8 words as the norm's kernel up to the
+    float16 rounding of the normalized value that it no longer makes."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
@@ -407,11 +454,18 @@ def dp4a_kernel(
     blocks = 1 if stage_only else n // layout.rows_per_workgroup
     out_f32 = out_dtype == "float32"
     nib = 0x0F0F0F0F
-    words = q8_words(k)
+    words = q8n_words(k) if read_norm is not None else q8_words(k)
     if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and q8 != "stage"):
         raise ValueError("q8_out needs SiLU pairs, 32 outputs a workgroup and one int8 level")
+    if norm_out and (
+        silu_pairs or out_dtype != "float16" or rows * sets != 32 or levels != 1 or q8 == "stage"
+    ):
+        raise ValueError("norm_out needs a float16 output, 32 rows a workgroup and one int8 level")
+    if read_norm is not None and (q8 != "read" or groups > threads or threads % 16):
+        raise ValueError("read_norm reads the words (q8='read') of at most one group a thread")
     out_groups = n_out // 32
     out_shape, out_dt = ((q8_words(n_out),), "uint32") if q8_out else ((1, 1, n_out), out_dtype)
+    rn_eps = float(read_norm or 0.0)
     fine = float(2 * 127)  # the second level's steps per first-level step
     # steps loaded before the staging, and register sets of weights (this step's and those ahead)
     pre = 1 if layout.prefetch else max(1, min(layout.preload, iters))
@@ -471,6 +525,8 @@ def dp4a_kernel(
         r: T.Buffer((1, 1, n), "float16"),
         out: T.Buffer(out_shape, out_dt),
         qg: T.Buffer((words,), "uint32"),
+        nw2: T.Buffer((n,), "float16"),
+        qo: T.Buffer((q8n_words(n),), "uint32"),
     ):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         bx = T.launch_thread("blockIdx.x", blocks)
@@ -499,6 +555,8 @@ def dp4a_kernel(
         xw = T.decl_buffer((8 * levels,), "uint32", scope="local")
         isum = T.decl_buffer((levels,), "int32", scope="local")
         gsum = T.decl_buffer((1,), "float32", scope="local")
+        ov = T.decl_buffer((1,), "float16", scope="local")
+        pp = T.decl_buffer((1,), "float32", scope="local")
         row0 = (bx * sets + ty) * rows
         # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
         # matching up rows n / 2 + g0 + rr - half
@@ -508,6 +566,11 @@ def dp4a_kernel(
         if not stage_only:
             for p0 in T.unroll(pre):
                 load_step(wq, sc, w, s, row0, g0, tx, p0)
+        if read_norm is not None:
+            # this thread's group's sum of squares, for the norm's scale at the end
+            pp[0] = T.if_then_else(
+                tid < groups, T.reinterpret("float32", qg[groups * 10 + T.min(tid, groups - 1)]), T.float32(0)
+            )
         if not read_q8:
             if has_norm:
                 ss[0] = T.float32(0)
@@ -649,7 +712,21 @@ def dp4a_kernel(
                     )
             for rr in T.unroll(rows):
                 part[(ty * rows + rr) * lanes + tx] = acc[rr]
+            if read_norm is not None:
+                red[tid] = pp[0]
             T.tvm_storage_sync("shared")
+            if read_norm is not None:
+                # the norm's scale: the groups' sums of squares, 16 threads then everyone
+                if tid < red_lanes:
+                    ss[0] = T.float32(0)
+                    for i in T.unroll(threads // red_lanes):
+                        ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
+                    red2[tid] = ss[0]
+                T.tvm_storage_sync("shared")
+                ss[0] = T.float32(0)
+                for i in T.unroll(red_lanes):
+                    ss[0] = ss[0] + red2[i]
+                ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(rn_eps))
             if silu_pairs:
                 # lane l < half: gate row l of the set and its up row (half + l)
                 gsum[0] = T.float32(0)
@@ -657,6 +734,9 @@ def dp4a_kernel(
                 for ln in T.unroll(lanes):
                     gsum[0] = gsum[0] + part[(ty * rows + tx % half) * lanes + ln]
                     usum[0] = usum[0] + part[(ty * rows + half + tx % half) * lanes + ln]
+                if read_norm is not None:
+                    gsum[0] = gsum[0] * ss[0]
+                    usum[0] = usum[0] * ss[0]
                 if q8_out:
                     # the workgroup's 32 gated values (float16, as written unquantized) meet in
                     # workgroup memory (the norm's, free by now); thread 0 quantizes them as the
@@ -681,12 +761,43 @@ def dp4a_kernel(
                 gsum[0] = T.float32(0)
                 for ln in T.unroll(lanes):
                     gsum[0] = gsum[0] + part[(ty * rows + tx % rows) * lanes + ln]
+                if read_norm is not None:
+                    gsum[0] = gsum[0] * ss[0]
                 if tx < rows:
-                    out[0, 0, row0 + tx] = _epilogue(
-                        T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res
-                    )
+                    if norm_out:
+                        ov[0] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
+                        out[0, 0, row0 + tx] = ov[0]
+                        # x * w and x^2 of the workgroup's 32 rows (one group) meet in workgroup
+                        # memory (the norm's, free by now)
+                        red[ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", nw2[row0 + tx])
+                        red[32 + ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", ov[0])
+                    else:
+                        out[0, 0, row0 + tx] = _epilogue(
+                            T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res
+                        )
+                if norm_out:
+                    T.tvm_storage_sync("shared")
+                    if tid == 0:
+                        amax[0] = T.float32(0)
+                        for j in T.unroll(32):
+                            xv[j] = red[j]
+                            amax[0] = T.max(amax[0], T.fabs(xv[j]))
+                        quantize(xv, amax, qv, qsum)
+                        pack(qv, pk, 0)
+                        qo[T.ramp(bx * 8, 1, 4)] = pk.vload([0], "uint32x4")
+                        qo[T.ramp(bx * 8 + 4, 1, 4)] = pk.vload([4], "uint32x4")
+                        qo[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
+                        qo[out_groups * 9 + bx] = T.reinterpret("uint32", qsum[0])
+                        gsum[0] = T.float32(0)
+                        for j in T.unroll(32):
+                            gsum[0] = gsum[0] + red[32 + j]
+                        qo[out_groups * 10 + bx] = T.reinterpret("uint32", gsum[0])
 
     return kernel
+
+
+#: the parameters of :func:`dp4a_kernel`, in order
+_DP4A_ROLES = ("x", "nw", "w", "s", "b", "r", "out", "q", "nw2", "qo")
 
 
 def _staged(T: Any, read_q8: bool, qg: Any, offset: int, shared: Any, g: Any, stride: int, dtype: str) -> Any:
@@ -715,7 +826,7 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
             return None
     if layout.decode.startswith("dp4a"):
         new = dp4a_kernel(m, layout, str(m.out.dtype))
-        roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out", "q"), new.params, strict=True))
+        roles = dict(zip(_DP4A_ROLES, new.params, strict=True))
     else:
         new = gemv_kernel(m, layout, str(m.out.dtype))
         roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params, strict=True))
@@ -740,6 +851,8 @@ def fused_gemv(
     max_shared: int,
     q8: bool = False,
     q8_out: bool = False,
+    norm_out: bool = False,
+    read_norm: float | None = None,
 ) -> Any | None:
     """The GEMV ``gemv`` as one int8 kernel (:func:`dp4a_kernel` in :func:`choose`'s layout) that
     also computes its input's RMSNorm (``norm_eps``) and/or the SiLU gate of its output
@@ -752,7 +865,12 @@ def fused_gemv(
     ``q8``: the GEMV reads its vector already quantized (``q8="read"`` of :func:`dp4a_kernel`, the
     words :func:`q8_norm` writes) in place of ``x``; no norm then. ``q8_out`` (with the gate): the
     gated output written quantized, ``q8_words(n / 2)`` uint32 words in place of ``silu_out``, for a
-    down projection built with ``q8`` to read."""
+    down projection built with ``q8`` to read.
+
+    ``norm_out`` (a float16 output, no gate): the GEMV also writes its output quantized for the
+    RMSNorm after it (:func:`q8n_words` of ``n``; parameters the norm's weight, then the output,
+    then those words), in :func:`choose`'s 32-row layout. ``read_norm`` (with ``q8``): the vector
+    read is such words and the norm's eps; the GEMV applies the norm's scale itself."""
     from tvm import tirx
 
     m = match_q4f16_gemv(gemv)
@@ -772,10 +890,18 @@ def fused_gemv(
         return None
     if (q8 and norm_eps is not None) or (q8_out and not pairs):
         return None
+    if norm_out and (pairs or str(m.out.dtype) != "float16" or m.out_features % 32):
+        return None
+    if read_norm is not None and (not q8 or m.in_features // 32 > 256):
+        return None
     probe = Q4GemvLayout(4, 32, 256, "dp4a")
     # the norm's partial sums (also where q8_out's values meet)
     extra = norm_shared_bytes(probe) if norm_eps is not None or q8_out else 0
-    layout = choose(m.in_features, m.out_features, max_shared - extra, pairs=pairs, group_out=q8_out)
+    if read_norm is not None or norm_out:  # the groups' squares or the output's 32 values
+        extra = norm_shared_bytes(probe)
+    layout = choose(
+        m.in_features, m.out_features, max_shared - extra, pairs=pairs, group_out=q8_out or norm_out
+    )
     if layout is None:
         return None
     new = dp4a_kernel(
@@ -786,8 +912,10 @@ def fused_gemv(
         silu_pairs=pairs,
         q8="read" if q8 else "",
         q8_out=q8_out,
+        norm_out=norm_out,
+        read_norm=read_norm,
     )
-    roles = dict(zip(("x", "nw", "w", "s", "b", "r", "out", "q"), new.params, strict=True))
+    roles = dict(zip(_DP4A_ROLES, new.params, strict=True))
     old_roles = {"w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual}
     params = []
     for p in gemv.params:
@@ -801,7 +929,7 @@ def fused_gemv(
             params.append(
                 roles[next(name for name, b in old_roles.items() if b is not None and b.same_as(p))]
             )
-    params.append(roles["out"])
+    params += [roles["nw2"], roles["out"], roles["qo"]] if norm_out else [roles["out"]]
     return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
 
 
@@ -819,7 +947,7 @@ def q8_norm(k: int, norm_eps: float) -> Any:
         x=x, weight=x, scale=x, bias=None, residual=None, out=x, in_features=k, out_features=32
     )
     new = dp4a_kernel(match, Q4GemvLayout(1, 32, 256, "dp4a"), "float16", norm_eps=norm_eps, q8="stage")
-    x_, nw, *_, q = new.params
+    x_, nw, *_, q, _nw2, _qo = new.params
     return tirx.PrimFunc([x_, nw, q], new.body, new.ret_type, new.attrs)
 
 

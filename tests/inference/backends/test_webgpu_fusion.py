@@ -539,3 +539,61 @@ def test_the_norms_scale_is_one_workgroup_value_written_once():
     assert re.search(rf"var<workgroup> {store.group(1)} : array<f32, 1>;", src)
     after = src[store.end() :]
     assert after.index("workgroupBarrier()") < after.index(f"{store.group(1)}[0i]")
+
+
+def test_the_gemv_before_a_norm_writes_its_vector_and_the_norms_launch_goes(monkeypatch):
+    """``int8-q8n``: where a norm's input is a GEMV's output (every norm but the first layer's,
+    which follows the embedding), that GEMV (the o and the down projections) also writes the
+    vector quantized for the norm and the GEMVs after the norm apply its scale: the norm's launch
+    goes, two a layer fewer than the default."""
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
+    default = _tiny_counts(monkeypatch, "int8-q8s")
+    q8n = _tiny_counts(monkeypatch, "int8-q8n")
+    layers = layers_of_tiny()
+    assert sum(default.values()) - sum(q8n.values()) == 2 * layers
+    assert sum(v for name, v in q8n.items() if "rms_norm" in name) == 1  # after the embedding
+    producers = [name for name in q8n if name.endswith("_q8n_out")]
+    assert sum(q8n[name] for name in producers) == 2 * layers  # o and down of every layer
+    assert any(name.endswith("_add_q8_q8n_out") for name in producers)  # down reads gate_up's words
+    readers = [name for name in q8n if name.endswith(("_q8n", "_q8n_q8out"))]
+    # q/k/v after the first layer, every gate_up, the logits
+    assert sum(q8n[name] for name in readers) == 2 * layers
+    # rows up to the limit keep the norm inside the GEMV, and nothing changes
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 1024)
+    assert sum(_tiny_counts(monkeypatch, "int8-q8n").values()) == sum(
+        _tiny_counts(monkeypatch, "int8-q8s").values()
+    )
+
+
+@pytest.mark.parametrize(("family", "tol"), [("llama", 2e-2), ("qwen2", 1e-2)])
+def test_the_norm_written_by_the_gemv_before_it_matches_float64_on_vulkan(
+    tiny_model_dir, monkeypatch, family, tol
+):
+    """On Vulkan (lavapipe in CI) the tiny models with every norm but the first folded into the
+    GEMVs around it (``int8-q8n``, the limit at 0) against the float64 reference (prefill over
+    two chunks, then decode steps: the engine tests' tolerances), and each greedy step dispatches
+    the launches counted."""
+    need_vulkan()
+    from app.inference.backends import webgpu
+    from app.inference.compile.targets import make_target
+    from app.inference.engine.tvm_engine import load_engine
+    from app.inference.hardware.device_spec import DeviceSpec
+    from tests.inference.backends.test_webgpu_engine import DECODE_STEPS, PROMPT_LEN
+    from tests.inference.reference import check_engine_against_reference
+
+    model_dir = tiny_model_dir(family, "q4f16_1")
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
+    monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "int8-q8n")
+    check_engine_against_reference(model_dir, "vulkan", tol, PROMPT_LEN, DECODE_STEPS)
+    engine = load_engine(model_dir, device="vulkan")
+    try:
+        rt = engine.runtime
+        token = int(np.argmax(rt.prefill([5, 6, 7])))
+        before = webgpu.stats(rt.device.index)
+        rt.decode_greedy_ahead(token, 6)
+        after = webgpu.stats(rt.device.index)
+        counted = decode_step_kernels(scheduled_module(engine.config, make_target(DeviceSpec("vulkan", 0))))
+    finally:
+        engine.close()
+    assert any(name.endswith("_q8n_out") for name in counted), counted
+    assert (after["dispatches"] - before["dispatches"]) / 6 == sum(counted.values()), counted

@@ -433,3 +433,87 @@ def test_the_gated_output_written_quantized_gives_what_the_down_projection_stage
     words[groups * 8] = (words[groups * 8 : groups * 8 + 1].view(np.float32) * 2).view(np.uint32)[0]
     lib["down_q8"](tvm.runtime.tensor(words, dev), t["wd"], t["sd"], t["res"], out_q8)
     assert not np.array_equal(out_q8.numpy(), want)
+
+
+NORM_OUT_CASES = [
+    # producer k -> n (residual out), the GEMV after the norm n -> n2 (its epilogue, SiLU gate
+    # after it), LLMCHAT_WGSL_NORM_OUT_LAYOUT: the producer writes x * w quantized and the groups'
+    # sums of x^2, the GEMV after the norm applies the norm's scale
+    (4096, 4096, 512, "res", False, ""),  # the 7B's o projection, then a residual GEMV
+    (4096, 4096, 1024, "f16", True, "r4"),  # ... then Llama's gate_up (8 sets of 4 rows)
+    (11008, 2048, 512, "f32", False, "r1"),  # the 3B's down projection, then the logits (32 sets)
+    (2048, 2048, 256, "bias", False, "r2"),  # Qwen's q/k/v with a bias after the norm
+]
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "n2", "epilogue", "gate", "layout"),
+    NORM_OUT_CASES,
+    ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3]}{'-silu' if c[4] else ''}-{c[5] or 'default'}" for c in NORM_OUT_CASES],
+)
+def test_the_norm_folded_into_the_gemvs_around_it_matches_float64(
+    k, n, n2, epilogue, gate, layout, tmp_path, monkeypatch
+):
+    """The RMSNorm between two GEMVs without a kernel of its own: the GEMV producing ``x`` writes
+    its float16 output (what the int8 kernel writes without this) and ``x * w`` quantized with
+    each group's sum of ``x^2`` (``norm_out``); the GEMV after the norm reads those words and
+    applies the norm's scale (``read_norm``). Against float64 of the norm then the int8 GEMV; a
+    wrong sum of squares or scale in the words changes the result."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines import wgsl_q4_gemv
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8n_words
+
+    need_vulkan()
+    monkeypatch.setenv(wgsl_q4_gemv.NORM_OUT_LAYOUT_ENV, layout)
+    eps = 1e-5
+    prod_func, next_func = q4_matmul_func(k, n, "res"), q4_matmul_func(n, n2, epilogue)
+    silu_out = tvm.tirx.decl_buffer((1, 1, n2 // 2), "float16", name="gated") if gate else None
+    funcs = {
+        "plain": fused_gemv(prod_func, None, None, 32768),
+        "prod": fused_gemv(prod_func, None, None, 32768, norm_out=True),
+        "next": fused_gemv(next_func, None, silu_out, 32768, q8=True, read_norm=eps),
+    }
+    assert all(f is not None for f in funcs.values()), "the int8 kernel did not take a GEMV"
+    prod, nxt = _matmul_run(k, n, "res", 1, seed=k + n), _matmul_run(n, n2, epilogue, 1, seed=n2 + 7)
+    x, wp, sp, res = prod.args[:4]
+    x = (x.astype(np.float32) * 3).astype(np.float16)
+    nw = (1 + 0.25 * np.random.default_rng(n).standard_normal(n)).astype(np.float16)
+    w2, s2 = nxt.args[1:3]
+    extras = nxt.args[3:-1]
+    shape = (1, 1, n2 // 2) if gate else nxt.args[-1].shape
+    target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile="wgsl-f16-wg32768-t256"))
+    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    tvm.compile(mod, target=target).export_library(str(tmp_path / "normout.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "normout.so"))
+    dev = webgpu.device(0)
+    t = {name: tvm.runtime.tensor(a, dev) for name, a in dict(x=x, wp=wp, sp=sp, res=res, nw=nw).items()}
+    plain = tvm.runtime.tensor(np.zeros((1, 1, n), np.float16), dev)
+    xo = tvm.runtime.tensor(np.zeros((1, 1, n), np.float16), dev)
+    words = tvm.runtime.tensor(np.zeros(q8n_words(n), np.uint32), dev)
+    lib["plain"](t["x"], t["wp"], t["sp"], t["res"], plain)
+    lib["prod"](t["x"], t["wp"], t["sp"], t["res"], t["nw"], xo, words)
+    # the float16 output: the int8 GEMV's, within the float64 reference's tolerance
+    got_x = xo.numpy()
+    _close(got_x, _int8_expected(x, wp, sp, [res], "res", False), MATMUL_TOL, f"producer k={k} n={n}")
+    _close(got_x, plain.numpy(), MATMUL_TOL, "producer against the int8 kernel without norm_out")
+    groups = n // 32
+    wq = words.numpy()
+    sums = wq[groups * 10 :].view(np.float32)
+    np.testing.assert_allclose(
+        sums, (got_x.astype(np.float64).reshape(-1, 32) ** 2).sum(axis=1), rtol=1e-5, atol=1e-6
+    )
+    t2 = [tvm.runtime.tensor(a, dev) for a in (w2, s2, *extras)]
+    out = tvm.runtime.tensor(np.zeros(shape, nxt.args[-1].dtype), dev)
+    lib["next"](words, *t2, out)
+    got = out.numpy()
+    assert np.abs(got).max() > 0
+    expected = _int8_expected(_rms64(got_x, nw, eps).reshape(got_x.shape), w2, s2, extras, epilogue, gate)
+    what = f"norm folded k={k} n={n} n2={n2} {epilogue} gate={gate}"
+    _close(got, expected, MATMUL_TOL, what)
+    # the GEMV after the norm reads the sums of squares: one group's sum times 4 moves every row
+    bad = wq.copy()
+    bad[groups * 10] = (bad[groups * 10 : groups * 10 + 1].view(np.float32) * 4 + 1).view(np.uint32)[0]
+    lib["next"](tvm.runtime.tensor(bad, dev), *t2, out)
+    assert not np.array_equal(out.numpy(), got)
