@@ -157,11 +157,12 @@ def q8_words(k: int) -> int:
 
 def q8n_words(k: int) -> int:
     """Length (uint32 words) of a vector of ``k`` values written quantized by the GEMV that
-    produces it for the RMSNorm after it (``norm_out`` of :func:`dp4a_kernel`): the
-    :func:`q8_words` of ``x * w`` (the norm's weight, not yet its scale), then every group's sum of
-    ``x^2`` (float32 bits), from which the GEMVs reading it (``read_norm``) compute the norm's
-    ``rsqrt(sum / k + eps)``."""
-    return k // 32 * 11
+    produces it for the RMSNorm after it (``norm_out`` of :func:`dp4a_kernel`), in half groups of
+    16 values (a producing workgroup's rows): the int8 words of ``x * w`` (the norm's weight, not
+    yet its scale) as :func:`q8_words` lays them out, then every half group's scale (float32
+    bits), its int8 sum, and its sum of ``x^2`` (float32 bits), from which the GEMVs reading it
+    (``read_norm``) compute the norm's ``rsqrt(sum / k + eps)``."""
+    return k // 32 * 14
 
 
 #: the switch for ``q4-auto``'s :attr:`Q4GemvLayout.preload` (part of the library cache key)
@@ -211,11 +212,13 @@ def _pair_layouts(group_out: bool) -> tuple[tuple[int, int], ...]:
 
 
 #: the switch for the layout of a GEMV that writes its output quantized for the RMSNorm after it
-#: (``norm_out``: a workgroup's 32 rows one group), for A/B runs (part of the library cache key):
-#: ``r4`` 4 rows a set of 32 lanes (8 sets), ``r2`` 2 rows a set of 16 lanes (16 sets), ``r1`` 1
-#: row a set of 8 lanes (32 sets); unset: :data:`NORM_OUT_LAYOUT`
+#: (``norm_out``: a workgroup's 16 rows one half group), for A/B runs (part of the library cache
+#: key): ``r2`` 2 rows a set of 32 lanes (8 sets), ``r1`` 1 row a set of 16 lanes (16 sets);
+#: unset: :data:`NORM_OUT_LAYOUT`. (Whole groups of 32 rows a workgroup, measured first, left the
+#: Llama-2-7B's o and down projections with 128 workgroups: 20.5 and 30.2 µs a launch in the H200's
+#: GPU profile against 15.8 and 19.0, benchmarks/results/h200-2026-12-04-s19/callA.)
 NORM_OUT_LAYOUT_ENV = "LLMCHAT_WGSL_NORM_OUT_LAYOUT"
-NORM_OUT_LAYOUTS = {"r4": (4, 32), "r2": (2, 16), "r1": (1, 8)}
+NORM_OUT_LAYOUTS = {"r2": (2, 32), "r1": (1, 16)}
 NORM_OUT_LAYOUT = "r2"
 
 
@@ -242,7 +245,7 @@ def choose(
     tiles: other rules take those. ``group_out`` (pairs whose gated output is written quantized,
     ``q8_out`` of :func:`dp4a_kernel`): 4 rows a set of 16 lanes, 16 sets, a workgroup's 32
     outputs one group; ``group_out`` without pairs (a GEMV writing its output quantized for the
-    norm after it): 32 rows a workgroup, :func:`_norm_out_layout`."""
+    norm after it): 16 rows a workgroup, :func:`_norm_out_layout`."""
     if k > MAX_K:
         return None
     if pairs:
@@ -426,14 +429,14 @@ def dp4a_kernel(
     staging would (the same :func:`quantize` arithmetic on the same float16 values).
 
     The RMSNorm after a GEMV, without a kernel of its own (``norm_out`` and ``read_norm``): a
-    norm's ``rsqrt(mean(x^2) + eps)`` is one number for the whole row, and the int8 rounding of 32
-    values does not change when they are all multiplied by one number. So the GEMV producing ``x``
-    (a workgroup's 32 rows one group, float16 output) also writes ``x * w`` (``nw2``, the norm's
-    weight) quantized and each group's sum of ``x^2`` (``qo``, :func:`q8n_words`), and each GEMV
-    after the norm (``q8="read"`` with ``read_norm`` = the norm's eps) reads those words, sums the
-    groups' squares (one per thread, two levels, at its end) and multiplies its dot products by
-    the norm's scale before its epilogue. The same int8 words as the norm's kernel up to the
-    float16 rounding of the normalized value that it no longer makes."""
+    norm's ``rsqrt(mean(x^2) + eps)`` is one number for the whole row, and the int8 rounding of a
+    group of values does not change when they are all multiplied by one number. So the GEMV
+    producing ``x`` (a workgroup's 16 rows one half group, float16 output) also writes ``x * w``
+    (``nw2``, the norm's weight) quantized with a scale per 16 values and each half group's sum of
+    ``x^2`` (``qo``, :func:`q8n_words`), and each GEMV after the norm (``q8="read"`` with
+    ``read_norm`` = the norm's eps) reads those words (two scales a 32-value group of weights),
+    sums the squares (16 threads at its start, all of them after its last barrier) and multiplies
+    its dot products by the norm's scale before its epilogue."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
@@ -458,11 +461,13 @@ def dp4a_kernel(
     if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and q8 != "stage"):
         raise ValueError("q8_out needs SiLU pairs, 32 outputs a workgroup and one int8 level")
     if norm_out and (
-        silu_pairs or out_dtype != "float16" or rows * sets != 32 or levels != 1 or q8 == "stage"
+        silu_pairs or out_dtype != "float16" or rows * sets != 16 or levels != 1 or q8 == "stage"
     ):
-        raise ValueError("norm_out needs a float16 output, 32 rows a workgroup and one int8 level")
-    if read_norm is not None and (q8 != "read" or groups > threads or threads % 16):
-        raise ValueError("read_norm reads the words (q8='read') of at most one group a thread")
+        raise ValueError("norm_out needs a float16 output, 16 rows a workgroup and one int8 level")
+    if read_norm is not None and (q8 != "read" or levels != 1):
+        raise ValueError("read_norm reads the words of a norm's vector (q8='read', one int8 level)")
+    # read_norm: the half groups' sums of squares, summed by red_lanes threads, per_thread each
+    per_thread = -(-(2 * groups) // red_lanes)
     out_groups = n_out // 32
     out_shape, out_dt = ((q8_words(n_out),), "uint32") if q8_out else ((1, 1, n_out), out_dtype)
     rn_eps = float(read_norm or 0.0)
@@ -557,6 +562,8 @@ def dp4a_kernel(
         gsum = T.decl_buffer((1,), "float32", scope="local")
         ov = T.decl_buffer((1,), "float16", scope="local")
         pp = T.decl_buffer((1,), "float32", scope="local")
+        ih = T.decl_buffer((2,), "int32", scope="local")
+        hs = T.decl_buffer((2,), "float32", scope="local")
         row0 = (bx * sets + ty) * rows
         # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
         # matching up rows n / 2 + g0 + rr - half
@@ -566,11 +573,19 @@ def dp4a_kernel(
         if not stage_only:
             for p0 in T.unroll(pre):
                 load_step(wq, sc, w, s, row0, g0, tx, p0)
-        if read_norm is not None:
-            # this thread's group's sum of squares, for the norm's scale at the end
-            pp[0] = T.if_then_else(
-                tid < groups, T.reinterpret("float32", qg[groups * 10 + T.min(tid, groups - 1)]), T.float32(0)
-            )
+        if read_norm is not None:  # noqa: SIM102 (a Python switch around a TIR condition)
+            # the norm's sum of squares: red_lanes threads each sum per_thread half groups' now
+            # (their loads overlap the dot products), everyone sums those after the last barrier
+            if tid < red_lanes:
+                pp[0] = T.float32(0)
+                for i in T.unroll(per_thread):
+                    pp[0] = pp[0] + T.if_then_else(
+                        tid * per_thread + i < 2 * groups,
+                        T.reinterpret(
+                            "float32", qg[groups * 12 + T.min(tid * per_thread + i, 2 * groups - 1)]
+                        ),
+                        T.float32(0),
+                    )
         if not read_q8:
             if has_norm:
                 ss[0] = T.float32(0)
@@ -654,75 +669,104 @@ def dp4a_kernel(
                         xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[
                             (T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1
                         ]
-                for rr in T.unroll(rows):
-                    for lv in T.unroll(levels):
-                        isum[lv] = 0
-                        for q in T.unroll(4):
-                            isum[lv] = (
-                                isum[lv]
-                                + T.call_pure_extern(
-                                    "int32",
-                                    "dot4I8Packed",
-                                    wq[(cur + rr) * 4 + q] & T.uint32(nib),
-                                    xw[lv * 8 + q * 2],
-                                )
-                                + T.call_pure_extern(
-                                    "int32",
-                                    "dot4I8Packed",
-                                    (wq[(cur + rr) * 4 + q] >> T.uint32(4)) & T.uint32(nib),
-                                    xw[lv * 8 + q * 2 + 1],
-                                )
-                            )
-                    gsum[0] = T.Cast(
-                        "float32",
-                        isum[0]
-                        - 7
-                        * _staged(
-                            T,
-                            read_q8,
-                            qg,
-                            groups * 9,
-                            xs,
-                            T.min(tx + it * lanes, groups - 1),
-                            levels,
-                            "int32",
-                        ),
+                if read_norm is not None:
+                    # the group's two half-group scales
+                    hs[T.ramp(0, 1, 2)] = T.reinterpret(
+                        "float32x2",
+                        qg.vload([groups * 8 + T.min(tx + it * lanes, groups - 1) * 2], "uint32x2"),
                     )
-                    if levels == 2:
-                        gsum[0] = gsum[0] + T.Cast(
-                            "float32", isum[1] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels + 1]
-                        ) * T.float32(1 / fine)
-                    acc[rr] = acc[rr] + T.if_then_else(
-                        tx + it * lanes < groups,
-                        gsum[0]
-                        * (
-                            T.Cast("float32", sc[cur + rr])
+                for rr in T.unroll(rows):
+                    if read_norm is not None:
+                        for hh in T.unroll(2):
+                            ih[hh] = 0
+                            for q2 in T.unroll(2):
+                                ih[hh] = (
+                                    ih[hh]
+                                    + T.call_pure_extern(
+                                        "int32",
+                                        "dot4I8Packed",
+                                        wq[(cur + rr) * 4 + hh * 2 + q2] & T.uint32(nib),
+                                        xw[(hh * 2 + q2) * 2],
+                                    )
+                                    + T.call_pure_extern(
+                                        "int32",
+                                        "dot4I8Packed",
+                                        (wq[(cur + rr) * 4 + hh * 2 + q2] >> T.uint32(4)) & T.uint32(nib),
+                                        xw[(hh * 2 + q2) * 2 + 1],
+                                    )
+                                )
+                            ih[hh] = ih[hh] - 7 * T.reinterpret(
+                                "int32", qg[groups * 10 + T.min(tx + it * lanes, groups - 1) * 2 + hh]
+                            )
+                        acc[rr] = acc[rr] + T.if_then_else(
+                            tx + it * lanes < groups,
+                            (T.Cast("float32", ih[0]) * hs[0] + T.Cast("float32", ih[1]) * hs[1])
+                            * T.Cast("float32", sc[cur + rr]),
+                            T.float32(0),
+                        )
+                    else:
+                        for lv in T.unroll(levels):
+                            isum[lv] = 0
+                            for q in T.unroll(4):
+                                isum[lv] = (
+                                    isum[lv]
+                                    + T.call_pure_extern(
+                                        "int32",
+                                        "dot4I8Packed",
+                                        wq[(cur + rr) * 4 + q] & T.uint32(nib),
+                                        xw[lv * 8 + q * 2],
+                                    )
+                                    + T.call_pure_extern(
+                                        "int32",
+                                        "dot4I8Packed",
+                                        (wq[(cur + rr) * 4 + q] >> T.uint32(4)) & T.uint32(nib),
+                                        xw[lv * 8 + q * 2 + 1],
+                                    )
+                                )
+                        gsum[0] = T.Cast(
+                            "float32",
+                            isum[0]
+                            - 7
                             * _staged(
                                 T,
                                 read_q8,
                                 qg,
-                                groups * 8,
-                                xd,
+                                groups * 9,
+                                xs,
                                 T.min(tx + it * lanes, groups - 1),
-                                1,
-                                "float32",
-                            )
-                        ),
-                        T.float32(0),
-                    )
+                                levels,
+                                "int32",
+                            ),
+                        )
+                        if levels == 2:
+                            gsum[0] = gsum[0] + T.Cast(
+                                "float32", isum[1] - 7 * xs[T.min(tx + it * lanes, groups - 1) * levels + 1]
+                            ) * T.float32(1 / fine)
+                        acc[rr] = acc[rr] + T.if_then_else(
+                            tx + it * lanes < groups,
+                            gsum[0]
+                            * (
+                                T.Cast("float32", sc[cur + rr])
+                                * _staged(
+                                    T,
+                                    read_q8,
+                                    qg,
+                                    groups * 8,
+                                    xd,
+                                    T.min(tx + it * lanes, groups - 1),
+                                    1,
+                                    "float32",
+                                )
+                            ),
+                            T.float32(0),
+                        )
             for rr in T.unroll(rows):
                 part[(ty * rows + rr) * lanes + tx] = acc[rr]
-            if read_norm is not None:
-                red[tid] = pp[0]
+            if read_norm is not None:  # noqa: SIM102 (a Python switch around a TIR condition)
+                if tid < red_lanes:
+                    red2[tid] = pp[0]
             T.tvm_storage_sync("shared")
             if read_norm is not None:
-                # the norm's scale: the groups' sums of squares, 16 threads then everyone
-                if tid < red_lanes:
-                    ss[0] = T.float32(0)
-                    for i in T.unroll(threads // red_lanes):
-                        ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
-                    red2[tid] = ss[0]
-                T.tvm_storage_sync("shared")
                 ss[0] = T.float32(0)
                 for i in T.unroll(red_lanes):
                     ss[0] = ss[0] + red2[i]
@@ -767,10 +811,10 @@ def dp4a_kernel(
                     if norm_out:
                         ov[0] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
                         out[0, 0, row0 + tx] = ov[0]
-                        # x * w and x^2 of the workgroup's 32 rows (one group) meet in workgroup
-                        # memory (the norm's, free by now)
+                        # x * w and x^2 of the workgroup's 16 rows (half group bx) meet in
+                        # workgroup memory (the norm's, free by now)
                         red[ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", nw2[row0 + tx])
-                        red[32 + ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", ov[0])
+                        red[16 + ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", ov[0])
                     else:
                         out[0, 0, row0 + tx] = _epilogue(
                             T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res
@@ -778,20 +822,22 @@ def dp4a_kernel(
                 if norm_out:
                     T.tvm_storage_sync("shared")
                     if tid == 0:
+                        # the half group's 16 values in their half of a 32-value group (zeros in
+                        # the other), quantized and packed as the staging does; its 4 words
                         amax[0] = T.float32(0)
                         for j in T.unroll(32):
-                            xv[j] = red[j]
+                            xv[j] = T.if_then_else(j // 16 == bx % 2, red[j % 16], T.float32(0))
                             amax[0] = T.max(amax[0], T.fabs(xv[j]))
                         quantize(xv, amax, qv, qsum)
                         pack(qv, pk, 0)
-                        qo[T.ramp(bx * 8, 1, 4)] = pk.vload([0], "uint32x4")
-                        qo[T.ramp(bx * 8 + 4, 1, 4)] = pk.vload([4], "uint32x4")
+                        for e in T.unroll(4):
+                            qo[bx // 2 * 8 + bx % 2 * 4 + e] = T.if_then_else(bx % 2 == 0, pk[e], pk[4 + e])
                         qo[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
-                        qo[out_groups * 9 + bx] = T.reinterpret("uint32", qsum[0])
+                        qo[out_groups * 10 + bx] = T.reinterpret("uint32", qsum[0])
                         gsum[0] = T.float32(0)
-                        for j in T.unroll(32):
-                            gsum[0] = gsum[0] + red[32 + j]
-                        qo[out_groups * 10 + bx] = T.reinterpret("uint32", gsum[0])
+                        for j in T.unroll(16):
+                            gsum[0] = gsum[0] + red[16 + j]
+                        qo[out_groups * 12 + bx] = T.reinterpret("uint32", gsum[0])
 
     return kernel
 
@@ -869,7 +915,7 @@ def fused_gemv(
 
     ``norm_out`` (a float16 output, no gate): the GEMV also writes its output quantized for the
     RMSNorm after it (:func:`q8n_words` of ``n``; parameters the norm's weight, then the output,
-    then those words), in :func:`choose`'s 32-row layout. ``read_norm`` (with ``q8``): the vector
+    then those words), in :func:`choose`'s 16-row layout. ``read_norm`` (with ``q8``): the vector
     read is such words and the norm's eps; the GEMV applies the norm's scale itself."""
     from tvm import tirx
 
@@ -892,7 +938,7 @@ def fused_gemv(
         return None
     if norm_out and (pairs or str(m.out.dtype) != "float16" or m.out_features % 32):
         return None
-    if read_norm is not None and (not q8 or m.in_features // 32 > 256):
+    if read_norm is not None and not q8:
         return None
     probe = Q4GemvLayout(4, 32, 256, "dp4a")
     # the norm's partial sums (also where q8_out's values meet)

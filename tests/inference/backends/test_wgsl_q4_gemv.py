@@ -34,10 +34,10 @@ def _run_on_vulkan(func, args, tmp_path, name="gemv"):
     return tensors[-1].numpy()
 
 
-def _int8_rounded(x: np.ndarray) -> np.ndarray:
-    """``x`` (float16) as the dp4a kernel sees it, in float64: per 32 values, max|x| / 127 steps,
-    rounded half to even (WGSL's ``round``)."""
-    x64 = x.astype(np.float32).reshape(-1, 32)
+def _int8_rounded(x: np.ndarray, width: int = 32) -> np.ndarray:
+    """``x`` (float16) as the dp4a kernel sees it, in float64: per ``width`` values, max|x| / 127
+    steps, rounded half to even (WGSL's ``round``)."""
+    x64 = x.astype(np.float32).reshape(-1, width)
     amax = np.abs(x64).max(axis=1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     q = np.round(x64 * inv)
@@ -200,10 +200,11 @@ def _rms64(x: np.ndarray, nw: np.ndarray, eps: float) -> np.ndarray:
     return v.astype(np.float16)
 
 
-def _int8_expected(v, w, s, extras, epilogue: str, gate: bool) -> np.ndarray:
-    """float64 reference of the int8 kernel on the vector ``v``: its int8 rounding, the GEMV, the
-    epilogue (bias before the float16 cast, residual after it) and the SiLU gate of the two halves."""
-    expected = q4_matmul64(_int8_rounded(v)[0], w, s)[None]
+def _int8_expected(v, w, s, extras, epilogue: str, gate: bool, width: int = 32) -> np.ndarray:
+    """float64 reference of the int8 kernel on the vector ``v``: its int8 rounding (a scale per
+    ``width`` values), the GEMV, the epilogue (bias before the float16 cast, residual after it) and
+    the SiLU gate of the two halves."""
+    expected = q4_matmul64(_int8_rounded(v, width)[0], w, s)[None]
     if epilogue == "bias":
         expected = (expected + extras[0].astype(np.float64)).astype(np.float16).astype(np.float64)
     elif epilogue == "res":
@@ -440,9 +441,10 @@ NORM_OUT_CASES = [
     # after it), LLMCHAT_WGSL_NORM_OUT_LAYOUT: the producer writes x * w quantized and the groups'
     # sums of x^2, the GEMV after the norm applies the norm's scale
     (4096, 4096, 512, "res", False, ""),  # the 7B's o projection, then a residual GEMV
-    (4096, 4096, 1024, "f16", True, "r4"),  # ... then Llama's gate_up (8 sets of 4 rows)
-    (11008, 2048, 512, "f32", False, "r1"),  # the 3B's down projection, then the logits (32 sets)
-    (2048, 2048, 256, "bias", False, "r2"),  # Qwen's q/k/v with a bias after the norm
+    (4096, 4096, 1024, "f16", True, "r2"),  # ... then Llama's gate_up
+    (11008, 2048, 512, "f32", False, "r1"),  # the 3B's down projection, then the logits (16 sets)
+    (2048, 2048, 256, "bias", False, ""),  # Qwen's q/k/v with a bias after the norm
+    (896, 896, 128, "res", False, ""),  # 56 half groups: threads past the last of them
 ]
 
 
@@ -500,20 +502,24 @@ def test_the_norm_folded_into_the_gemvs_around_it_matches_float64(
     _close(got_x, plain.numpy(), MATMUL_TOL, "producer against the int8 kernel without norm_out")
     groups = n // 32
     wq = words.numpy()
-    sums = wq[groups * 10 :].view(np.float32)
+    sums = wq[groups * 12 :].view(np.float32)  # each half group's sum of x^2
     np.testing.assert_allclose(
-        sums, (got_x.astype(np.float64).reshape(-1, 32) ** 2).sum(axis=1), rtol=1e-5, atol=1e-6
+        sums, (got_x.astype(np.float64).reshape(-1, 16) ** 2).sum(axis=1), rtol=1e-5, atol=1e-6
     )
     t2 = [tvm.runtime.tensor(a, dev) for a in (w2, s2, *extras)]
     out = tvm.runtime.tensor(np.zeros(shape, nxt.args[-1].dtype), dev)
     lib["next"](words, *t2, out)
     got = out.numpy()
     assert np.abs(got).max() > 0
-    expected = _int8_expected(_rms64(got_x, nw, eps).reshape(got_x.shape), w2, s2, extras, epilogue, gate)
+    # the norm's vector rounded to int8 with a scale per 16 values (a producing workgroup's rows)
+    normed = _rms64(got_x, nw, eps).reshape(got_x.shape)
+    expected = _int8_expected(normed, w2, s2, extras, epilogue, gate, width=16)
     what = f"norm folded k={k} n={n} n2={n2} {epilogue} gate={gate}"
     _close(got, expected, MATMUL_TOL, what)
-    # the GEMV after the norm reads the sums of squares: one group's sum times 4 moves every row
-    bad = wq.copy()
-    bad[groups * 10] = (bad[groups * 10 : groups * 10 + 1].view(np.float32) * 4 + 1).view(np.uint32)[0]
-    lib["next"](tvm.runtime.tensor(bad, dev), *t2, out)
-    assert not np.array_equal(out.numpy(), got)
+    # the GEMV after the norm reads the sums of squares (one half group's times 4 moves every row)
+    # and both scales of a group (the second half's doubled moves the result)
+    for at in (groups * 12 + 2 * groups - 1, groups * 8 + 1):
+        bad = wq.copy()
+        bad[at] = (bad[at : at + 1].view(np.float32) * 4 + 1).view(np.uint32)[0]
+        lib["next"](tvm.runtime.tensor(bad, dev), *t2, out)
+        assert not np.array_equal(out.numpy(), got), at
