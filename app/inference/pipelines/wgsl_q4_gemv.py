@@ -821,39 +821,23 @@ def dp4a_kernel(
                         )
                 if norm_out:
                     T.tvm_storage_sync("shared")
-                    if tid < 4:
-                        # four threads: each the half group's max |x| (the 16 values from
-                        # workgroup memory), then one of its 4 int8 words (word e: values
-                        # e // 2 * 8 + e % 2 + 0, 2, 4, 6, the staging's order), rounded as the
-                        # staging rounds; thread 0 the scale and the int8 sum, thread 1 the sum of
-                        # squares
+                    if tid == 0:
+                        # the half group's 16 values in their half of a 32-value group (zeros in
+                        # the other), quantized and packed as the staging does; its 4 words
                         amax[0] = T.float32(0)
-                        for j in T.unroll(16):
-                            xv[j] = red[j]
+                        for j in T.unroll(32):
+                            xv[j] = T.if_then_else(j // 16 == bx % 2, red[j % 16], T.float32(0))
                             amax[0] = T.max(amax[0], T.fabs(xv[j]))
-                        gsum[0] = T.if_then_else(
-                            amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0)
-                        )
+                        quantize(xv, amax, qv, qsum)
+                        pack(qv, pk, 0)
+                        for e in T.unroll(4):
+                            qo[bx // 2 * 8 + bx % 2 * 4 + e] = T.if_then_else(bx % 2 == 0, pk[e], pk[4 + e])
+                        qo[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
+                        qo[out_groups * 10 + bx] = T.reinterpret("uint32", qsum[0])
+                        gsum[0] = T.float32(0)
                         for j in T.unroll(16):
-                            qv[j] = T.Cast("int32", T.round(xv[j] * gsum[0]))
-                        pk[0] = T.uint32(0)
-                        for i in T.unroll(4):
-                            pk[0] = pk[0] | (
-                                (T.Cast("uint32", qv[tid // 2 * 8 + tid % 2 + 2 * i]) & T.uint32(255))
-                                << T.uint32(8 * i)
-                            )
-                        qo[bx // 2 * 8 + bx % 2 * 4 + tid] = pk[0]
-                        if tid == 0:
-                            qsum[0] = 0
-                            for j in T.unroll(16):
-                                qsum[0] = qsum[0] + qv[j]
-                            qo[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
-                            qo[out_groups * 10 + bx] = T.reinterpret("uint32", qsum[0])
-                        if tid == 1:
-                            gsum[0] = T.float32(0)
-                            for j in T.unroll(16):
-                                gsum[0] = gsum[0] + red[16 + j]
-                            qo[out_groups * 12 + bx] = T.reinterpret("uint32", gsum[0])
+                            gsum[0] = gsum[0] + red[16 + j]
+                        qo[out_groups * 12 + bx] = T.reinterpret("uint32", gsum[0])
 
     return kernel
 
