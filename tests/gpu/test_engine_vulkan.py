@@ -17,7 +17,8 @@ import pytest
 
 from app.inference.engine.tvm_engine import load_engine
 from tests.gpu import engine_checks
-from tests.gpu.test_engine_cuda import LONG_MODELS, LONG_PROMPT, LONG_STEPS, MODELS
+from tests.gpu.test_engine_cuda import LONG_MODELS, LONG_PROMPT, LONG_STEPS
+from tests.gpu.test_engine_cuda import MODELS as CUDA_MODELS
 
 pytestmark = pytest.mark.gpu
 
@@ -26,6 +27,24 @@ pytestmark = pytest.mark.gpu
 #: (tests/inference/backends/test_webgpu_engine.py), here per row of logits; on the H200 the
 #: llama-d128 and llama-long models measured 1.13e-2 and 1.06e-2 with it (session 10)
 REFERENCE_TOL = 2e-2
+
+#: CUDA's models and one with rows of 2,048 (Qwen2.5-3B's width): its norms keep no kernel of
+#: their own, the o and down projections write the vector for them (``pipelines/wgsl_fusion.py``,
+#: ``NORM_OUT_MAX_K``), where CUDA's narrower models compute the norm inside each GEMV
+MODELS = {
+    **CUDA_MODELS,
+    "llama-w2048": (
+        "llama",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 2816,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "context_window": 1024,
+            "prefill_chunk": 256,
+        },
+    ),
+}
 
 
 def _load(vulkan, name: str, model_dir):

@@ -49,6 +49,14 @@ lifts that limit).
   quantized, one thread per workgroup, as the down projection's staging would; the down
   projection reads the words. H200 (benchmarks/results/h200-2026-12-03-s16/call2): Qwen2.5-3B
   440.9 tok/s against 413.9 / 413.6, Llama-2-7B 296.4 against 291.5 / 291.8.
+  **The norm folded into the GEMVs around it** (default for rows up to :data:`NORM_OUT_MAX_K`;
+  ``int8-q8n`` for every row, ``int8-q8s`` never): where the norm's input is a GEMV's output (the
+  o and the down projections), that GEMV also writes ``x * w`` quantized (a scale per 16 values:
+  a workgroup's rows) and each half group's sum of ``x^2``; the GEMVs after the norm read those
+  words and multiply their sums by ``rsqrt(mean(x^2) + eps)``, which scales every int8 group
+  alike. Two launches a layer fewer (the first layer's norm, after the embedding, keeps its
+  kernel). H200 (benchmarks/results/h200-2026-12-04-s19): Qwen2.5-3B 463 tok/s against 440,
+  Llama-2-7B 295 against 296.
 - **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
   front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
   library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
@@ -527,7 +535,7 @@ def _fuse_int8_block(
             continue
         # the norm's vector written by the GEMV before it ("q8n"): no kernel for the norm
         source = None
-        if q8 and "q8n" in parts and q8[0][1][0] in producers:
+        if q8 and q8[0][1][0] in producers and _folds_norm(parts, q8[0][1][0]):
             x_var, nw = q8[0][1][0], q8[0][1][1]
             if x_var not in normed or normed[x_var][1].same_as(nw):
                 source = _norm_producer(producers[x_var], mod, fused_fn)
@@ -605,6 +613,24 @@ def _fuse_int8_block(
     return relax.DataflowBlock([b for b in flat if b.var not in dropped])
 
 
+#: the default folds an RMSNorm into the GEMVs around it (``q8n``) for rows of this many values
+#: or fewer (and over :data:`INT8_NORM_MAX_K`: the norms that keep a kernel of their own). H200,
+#: NVIDIA's Vulkan driver, decode tok/s by the bench protocol, the kernel as it is, two rounds in
+#: one device call (benchmarks/results/h200-2026-12-04-s19/callB): Qwen2.5-3B (2,048) 463.1 /
+#: 463.6 against 440.6 / 439.7 with the norm's kernel; Llama-2-7B (4,096) 294.6 / 294.6 against
+#: 296.0 / 296.1. The GEMV writing the norm's vector ends with a barrier and one thread
+#: quantizing its 16 values, and the GEMVs after it read two scales a group: that costs about
+#: what the norm's launch did on the 7B's wider rows, less than it on the 3B's.
+NORM_OUT_MAX_K = 2048
+
+
+def _folds_norm(parts: tuple[str, ...], x_var: Any) -> bool:
+    """Whether the norm of ``x_var`` folds into the GEMVs around it (``q8n`` everywhere,
+    ``q8n-short`` for rows up to :data:`NORM_OUT_MAX_K`)."""
+    width = int(x_var.ty.shape[-1])
+    return "q8n" in parts or ("q8n-short" in parts and width <= NORM_OUT_MAX_K)
+
+
 def _norm_producer(
     producer: tuple[int, Any, list[Any], bool], mod: Any, fused_fn: Any
 ) -> tuple[int, Any, list[Any]] | None:
@@ -637,19 +663,24 @@ INT8_NORM_MAX_K = 1024
 
 
 def int8_fusion_parts() -> tuple[str, ...]:
-    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8s``)
+    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8ns``)
     the SiLU gate (``silu``), the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``),
     for the longer rows the norm's own kernel writing the vector quantized once (``q8``:
     :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
     workgroups quantizing it, and gate_up writing its gated output quantized for the down
-    projection (``q8-silu``); for A/B runs ``int8-q8`` the default without ``q8-silu``,
+    projection (``q8-silu``); where a GEMV writes the norm's input and the rows are at most
+    :data:`NORM_OUT_MAX_K`, no kernel for the norm at all (``q8n-short``: that GEMV writes the
+    vector quantized, the GEMVs after the norm apply its scale). For A/B runs ``int8-q8n`` that
+    for every row, ``int8-q8s`` the default without it (session 16's), ``int8-q8`` without
+    ``q8-silu`` either,
     ``int8-noq8`` without either, ``int8`` the norm and the gate everywhere, ``int8-norm`` /
     ``int8-silu`` one of them; none for any other value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
-        "": ("norm-short", "silu", "q8", "q8-silu"),
-        "int8-q8s": ("norm-short", "silu", "q8", "q8-silu"),
+        "": ("norm-short", "silu", "q8", "q8-silu", "q8n-short"),
+        "int8-q8ns": ("norm-short", "silu", "q8", "q8-silu", "q8n-short"),
         "int8-q8n": ("norm-short", "silu", "q8", "q8-silu", "q8n"),
+        "int8-q8s": ("norm-short", "silu", "q8", "q8-silu"),
         "int8-q8": ("norm-short", "silu", "q8"),
         "int8-noq8": ("norm-short", "silu"),
         "int8": ("norm", "silu"),

@@ -331,12 +331,12 @@ def test_the_quantized_vector_keeps_the_norms_launch_and_feeds_the_gemvs(monkeyp
 
 
 def test_the_gated_output_quantized_by_gate_up_feeds_the_down_projection(monkeypatch):
-    """By default (``int8-q8s``) gate_up (its norm and its SiLU gate inside) writes the gated
-    output quantized and the down projection reads those words: ``int8-q8``'s launches, the
-    gate_up and down kernels replaced one for one."""
+    """``int8-q8s`` (and the default, on the tiny rows under the norm's limit): gate_up (its norm
+    and its SiLU gate inside) writes the gated output quantized and the down projection reads
+    those words: ``int8-q8``'s launches, the gate_up and down kernels replaced one for one."""
     default = _tiny_counts(monkeypatch, "int8-q8")
-    q8s = _tiny_counts(monkeypatch, "")
-    assert q8s == _tiny_counts(monkeypatch, "int8-q8s")
+    q8s = _tiny_counts(monkeypatch, "int8-q8s")
+    assert q8s == _tiny_counts(monkeypatch, "")  # the tiny rows keep the norm inside the GEMVs
     layers = layers_of_tiny()
     assert sum(q8s.values()) == sum(default.values())
     gate_up = [name for name in q8s if name.endswith("_fused_split_silu_multiply_q8out")]
@@ -347,7 +347,7 @@ def test_the_gated_output_quantized_by_gate_up_feeds_the_down_projection(monkeyp
     # with the norm's own kernel writing q/k/v's and gate_up's vector, gate_up reads it and writes
     # its output quantized: the quantized vector in, the quantized vector out
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
-    both = _tiny_counts(monkeypatch, "")
+    both = _tiny_counts(monkeypatch, "int8-q8s")
     assert sum(both.values()) == sum(_tiny_counts(monkeypatch, "int8-q8").values())
     assert any(name.endswith("_fused_split_silu_multiply_q8_q8out") for name in both), both
 
@@ -563,6 +563,18 @@ def test_the_gemv_before_a_norm_writes_its_vector_and_the_norms_launch_goes(monk
     assert sum(_tiny_counts(monkeypatch, "int8-q8n").values()) == sum(
         _tiny_counts(monkeypatch, "int8-q8s").values()
     )
+
+
+def test_the_default_folds_the_norm_for_rows_up_to_its_limit(monkeypatch):
+    """By default the norm folds into the GEMVs around it for rows up to
+    :data:`~wgsl_fusion.NORM_OUT_MAX_K` (the tiny llama's 64 with the norm's own kernel forced),
+    not over it."""
+    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
+    assert wgsl_fusion.NORM_OUT_MAX_K == 2048
+    assert _tiny_counts(monkeypatch, "") == _tiny_counts(monkeypatch, "int8-q8n")
+    assert _tiny_counts(monkeypatch, "int8-q8ns") == _tiny_counts(monkeypatch, "int8-q8n")
+    monkeypatch.setattr(wgsl_fusion, "NORM_OUT_MAX_K", 32)
+    assert _tiny_counts(monkeypatch, "") == _tiny_counts(monkeypatch, "int8-q8s")
 
 
 @pytest.mark.parametrize(("family", "tol"), [("llama", 2e-2), ("qwen2", 1e-2)])
