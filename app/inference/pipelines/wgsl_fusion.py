@@ -55,8 +55,8 @@ lifts that limit).
   a workgroup's rows) and each half group's sum of ``x^2``; the GEMVs after the norm read those
   words and multiply their sums by ``rsqrt(mean(x^2) + eps)``, which scales every int8 group
   alike. Two launches a layer fewer (the first layer's norm, after the embedding, keeps its
-  kernel). H200 (benchmarks/results/h200-2026-12-04-s19): Qwen2.5-3B 463 tok/s against 440,
-  Llama-2-7B 295 against 296.
+  kernel). H200, one device call (benchmarks/results/h200-2026-12-04-s19/callD): Qwen2.5-3B 473.0
+  tok/s against 441.0 / 442.8 with the norm's kernel; the Llama-2-7B (4,096-wide rows) keeps it.
 - **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
   front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
   library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
@@ -455,7 +455,8 @@ def _fuse_int8_block(
     # it reads quantized words): a GEMV that can also write its output quantized for the norm after
     # it ("q8n")
     producers: dict[Any, tuple[int, Any, list[Any], bool]] = {}
-    normed: dict[Any, Any] = {}  # a producer's output -> the variable of its words for the norm
+    # a producer's output -> (the variable of its words for the norm, the norm's weight)
+    normed: dict[Any, tuple[Any, Any]] = {}
 
     def vector_index(gemv: Any, m: Any) -> int:
         """The position of a matched GEMV's vector among its arguments."""
@@ -671,9 +672,9 @@ def int8_fusion_parts() -> tuple[str, ...]:
     projection (``q8-silu``); where a GEMV writes the norm's input and the rows are at most
     :data:`NORM_OUT_MAX_K`, no kernel for the norm at all (``q8n-short``: that GEMV writes the
     vector quantized, the GEMVs after the norm apply its scale). For A/B runs ``int8-q8n`` that
-    for every row, ``int8-q8s`` the default without it (session 16's), ``int8-q8`` without
-    ``q8-silu`` either,
-    ``int8-noq8`` without either, ``int8`` the norm and the gate everywhere, ``int8-norm`` /
+    for every row, ``int8-q8s`` the default without it (session 16's), ``int8-q8`` also without
+    ``q8-silu``, ``int8-noq8`` also without ``q8``, ``int8`` the norm and the gate everywhere,
+    ``int8-norm`` /
     ``int8-silu`` one of them; none for any other value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {

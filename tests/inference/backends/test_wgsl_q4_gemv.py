@@ -523,3 +523,26 @@ def test_the_norm_folded_into_the_gemvs_around_it_matches_float64(
         bad[at] = (bad[at : at + 1].view(np.float32) * 4 + 1).view(np.uint32)[0]
         lib["next"](tvm.runtime.tensor(bad, dev), *t2, out)
         assert not np.array_equal(out.numpy(), got), at
+
+
+def test_the_norm_out_layout_switch_sets_the_producers_layout(monkeypatch):
+    """A GEMV writing a norm's vector takes 16 rows a workgroup (one half group): 2 rows of 32
+    lanes by default, 1 row of 16 lanes with ``r1``; a bad value names the switch; the switch is
+    part of the library key."""
+    from app.errors import LlmchatError
+    from app.inference.compile.cache import library_key
+    from app.inference.engine.random_model import preset_config
+    from app.inference.pipelines import wgsl_q4_gemv
+
+    choose = wgsl_q4_gemv.choose
+    assert choose(4096, 4096, group_out=True).name == "q4-r2-l32-t256-dp4a"
+    assert choose(4096, 4096, group_out=True).rows_per_workgroup == 16
+    assert choose(4096, 4096).name == "q4-r2-l32-t256-dp4a"  # other GEMVs: unchanged
+    cfg = preset_config("tiny-llama", "q4f16_1")
+    default_key = library_key(cfg, "vulkan", "wgsl-f16-wg49152-t256").digest()
+    monkeypatch.setenv(wgsl_q4_gemv.NORM_OUT_LAYOUT_ENV, "r1")
+    assert choose(2048, 2048, group_out=True).name == "q4-r1-l16-t256-dp4a"
+    assert library_key(cfg, "vulkan", "wgsl-f16-wg49152-t256").digest() != default_key
+    monkeypatch.setenv(wgsl_q4_gemv.NORM_OUT_LAYOUT_ENV, "r4")
+    with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_NORM_OUT_LAYOUT"):
+        choose(2048, 2048, group_out=True)
