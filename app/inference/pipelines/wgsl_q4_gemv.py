@@ -456,7 +456,6 @@ def dp4a_kernel(
     has_bias, has_res = m.bias is not None, m.residual is not None
     blocks = 1 if stage_only else n // layout.rows_per_workgroup
     out_f32 = out_dtype == "float32"
-    nib = 0x0F0F0F0F
     words = q8n_words(k) if read_norm is not None else q8_words(k)
     if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and q8 != "stage"):
         raise ValueError("q8_out needs SiLU pairs, 32 outputs a workgroup and one int8 level")
@@ -680,20 +679,8 @@ def dp4a_kernel(
                         for hh in T.unroll(2):
                             ih[hh] = 0
                             for q2 in T.unroll(2):
-                                ih[hh] = (
-                                    ih[hh]
-                                    + T.call_pure_extern(
-                                        "int32",
-                                        "dot4I8Packed",
-                                        wq[(cur + rr) * 4 + hh * 2 + q2] & T.uint32(nib),
-                                        xw[(hh * 2 + q2) * 2],
-                                    )
-                                    + T.call_pure_extern(
-                                        "int32",
-                                        "dot4I8Packed",
-                                        (wq[(cur + rr) * 4 + hh * 2 + q2] >> T.uint32(4)) & T.uint32(nib),
-                                        xw[(hh * 2 + q2) * 2 + 1],
-                                    )
+                                ih[hh] = ih[hh] + _dot8(
+                                    T, wq[(cur + rr) * 4 + hh * 2 + q2], xw, (hh * 2 + q2) * 2
                                 )
                             ih[hh] = ih[hh] - 7 * T.reinterpret(
                                 "int32", qg[groups * 10 + T.min(tx + it * lanes, groups - 1) * 2 + hh]
@@ -708,21 +695,7 @@ def dp4a_kernel(
                         for lv in T.unroll(levels):
                             isum[lv] = 0
                             for q in T.unroll(4):
-                                isum[lv] = (
-                                    isum[lv]
-                                    + T.call_pure_extern(
-                                        "int32",
-                                        "dot4I8Packed",
-                                        wq[(cur + rr) * 4 + q] & T.uint32(nib),
-                                        xw[lv * 8 + q * 2],
-                                    )
-                                    + T.call_pure_extern(
-                                        "int32",
-                                        "dot4I8Packed",
-                                        (wq[(cur + rr) * 4 + q] >> T.uint32(4)) & T.uint32(nib),
-                                        xw[lv * 8 + q * 2 + 1],
-                                    )
-                                )
+                                isum[lv] = isum[lv] + _dot8(T, wq[(cur + rr) * 4 + q], xw, lv * 8 + q * 2)
                         gsum[0] = T.Cast(
                             "float32",
                             isum[0]
@@ -840,6 +813,15 @@ def dp4a_kernel(
                         qo[out_groups * 12 + bx] = T.reinterpret("uint32", gsum[0])
 
     return kernel
+
+
+def _dot8(T: Any, word: Any, xw: Any, at: Any) -> Any:
+    """The int8 dot product of a weight word's 8 nibbles (low nibbles, then high ones: two
+    ``dot4I8Packed``) with the activation words ``xw[at]`` (even values) and ``xw[at + 1]`` (odd)."""
+    nib = T.uint32(0x0F0F0F0F)
+    return T.call_pure_extern("int32", "dot4I8Packed", word & nib, xw[at]) + T.call_pure_extern(
+        "int32", "dot4I8Packed", (word >> T.uint32(4)) & nib, xw[at + 1]
+    )
 
 
 #: the parameters of :func:`dp4a_kernel`, in order
