@@ -440,27 +440,34 @@ def test_static_count_equals_the_dispatches_of_a_greedy_step_on_vulkan(tiny_mode
     llmchat's device API records per greedy decode step (fusion on, then off with the RoPE and
     append kernels launched, then int8)."""
     need_vulkan()
-    from app.inference.backends import webgpu
-    from app.inference.compile.targets import make_target
-    from app.inference.engine.tvm_engine import load_engine
-    from app.inference.hardware.device_spec import DeviceSpec
 
     model_dir = tiny_model_dir("llama", "q4f16_1")
     for fusion, rope_append in (("on", ""), ("off", "off"), ("int8", "")):
         monkeypatch.setenv(wgsl_fusion.FUSION_ENV, fusion)
         monkeypatch.setenv("LLMCHAT_WGSL_ROPE_APPEND", rope_append)
-        engine = load_engine(model_dir, device="vulkan")
-        try:
-            rt = engine.runtime
-            token = int(np.argmax(rt.prefill([5, 6, 7])))
-            before = webgpu.stats(rt.device.index)
-            rt.decode_greedy_ahead(token, 6)
-            after = webgpu.stats(rt.device.index)
-            target = make_target(DeviceSpec("vulkan", 0))
-            counted = decode_step_kernels(scheduled_module(engine.config, target))
-        finally:
-            engine.close()
-        assert (after["dispatches"] - before["dispatches"]) / 6 == sum(counted.values()), (fusion, counted)
+        dispatched, counted = _greedy_dispatches(model_dir)
+        assert dispatched == sum(counted.values()), (fusion, counted)
+
+
+def _greedy_dispatches(model_dir, steps: int = 6) -> tuple[float, dict]:
+    """(dispatches a greedy decode step records on Vulkan, the launches counted from the
+    scheduled module) of the model in ``model_dir``."""
+    from app.inference.backends import webgpu
+    from app.inference.compile.targets import make_target
+    from app.inference.engine.tvm_engine import load_engine
+    from app.inference.hardware.device_spec import DeviceSpec
+
+    engine = load_engine(model_dir, device="vulkan")
+    try:
+        rt = engine.runtime
+        token = int(np.argmax(rt.prefill([5, 6, 7])))
+        before = webgpu.stats(rt.device.index)
+        rt.decode_greedy_ahead(token, steps)
+        after = webgpu.stats(rt.device.index)
+        counted = decode_step_kernels(scheduled_module(engine.config, make_target(DeviceSpec("vulkan", 0))))
+    finally:
+        engine.close()
+    return (after["dispatches"] - before["dispatches"]) / steps, counted
 
 
 def test_the_switch_is_part_of_the_library_key(monkeypatch):
@@ -586,10 +593,6 @@ def test_the_norm_written_by_the_gemv_before_it_matches_float64_on_vulkan(
     two chunks, then decode steps: the engine tests' tolerances), and each greedy step dispatches
     the launches counted."""
     need_vulkan()
-    from app.inference.backends import webgpu
-    from app.inference.compile.targets import make_target
-    from app.inference.engine.tvm_engine import load_engine
-    from app.inference.hardware.device_spec import DeviceSpec
     from tests.inference.backends.test_webgpu_engine import DECODE_STEPS, PROMPT_LEN
     from tests.inference.reference import check_engine_against_reference
 
@@ -597,15 +600,6 @@ def test_the_norm_written_by_the_gemv_before_it_matches_float64_on_vulkan(
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
     monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "int8-q8n")
     check_engine_against_reference(model_dir, "vulkan", tol, PROMPT_LEN, DECODE_STEPS)
-    engine = load_engine(model_dir, device="vulkan")
-    try:
-        rt = engine.runtime
-        token = int(np.argmax(rt.prefill([5, 6, 7])))
-        before = webgpu.stats(rt.device.index)
-        rt.decode_greedy_ahead(token, 6)
-        after = webgpu.stats(rt.device.index)
-        counted = decode_step_kernels(scheduled_module(engine.config, make_target(DeviceSpec("vulkan", 0))))
-    finally:
-        engine.close()
+    dispatched, counted = _greedy_dispatches(model_dir)
     assert any(name.endswith("_q8n_out") for name in counted), counted
-    assert (after["dispatches"] - before["dispatches"]) / 6 == sum(counted.values()), counted
+    assert dispatched == sum(counted.values()), counted
