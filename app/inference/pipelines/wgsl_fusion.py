@@ -1,8 +1,10 @@
 """Fewer dispatches per decode step on WGSL (WebGPU/Vulkan): a GEMV computes its own input.
 
-On Vulkan every dispatch costs a fixed few microseconds whatever it does (5.4 us on an H200 with
-NVIDIA's driver), and a decode step of a small model is mostly such costs. Two kernels of every
-layer only prepare the next GEMV's input vector:
+On Vulkan every dispatch costs a fixed few microseconds whatever it does (on an H200 with
+NVIDIA's driver about 2.1 µs of GPU time between dependent dispatches, and 5-6.6 µs of host time
+to record and submit each one, which the decode loop overlaps: benchmarks/results/
+h200-2026-12-04-s19/callE), and a decode step of a small model is largely such costs. Two
+kernels of every layer only prepare the next GEMV's input vector:
 
 - the RMSNorm before the q/k/v and the gate/up projections (and the final norm before the
   logits): ``half(rsqrt(sum(x^2) / K + eps) * x * w)``;

@@ -2,8 +2,9 @@
 
 For every layer TVM's paged KV cache launches three kernels when one token is decoded:
 split-rotary (q, k, v out of the fused projection, RoPE on q and k), transpose-append (k and v
-into their page slot) and the attention. On NVIDIA's Vulkan driver a dispatch costs ~5 µs
-whatever it does (an empty one: 5.4 µs), so the first two cost about as much as a GEMV. The CUDA
+into their page slot) and the attention. On NVIDIA's Vulkan driver each costs a few µs whatever
+it does (about 2.1 µs of GPU time between dependent dispatches, more in the GPU profile), so the
+first two cost about as much as a small GEMV. The CUDA
 path folds them into its attention kernel with recorded device pointers
 (:mod:`.cuda_rope_append`); WGSL has no pointers, so here the add-on does the recording:
 
