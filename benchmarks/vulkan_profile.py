@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a Vulkan decode step goes: host time recording launches, submitting, waiting (the
-add-on's counters) and the floor of one dispatch, for random-weight presets compiled by
+add-on's counters) and (``--copy-lib``) the floor of a dependent dispatch by the bytes it moves, for random-weight presets compiled by
 ``gpu_decode.py compile`` (manifest in --cache). Prints one JSON line per preset; with
 ``LLMCHAT_WEBGPU_PROFILE=1`` also the GPU time of each kernel per step (timestamp queries)."""
 
@@ -17,32 +17,26 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cache", required=True)
-    ap.add_argument("--presets", default="qwen2.5-0.5b")
-    ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--copy-lib", default=None, help="wgsl_copy.so for the dispatch floor")
-    args = ap.parse_args()
-    import gpu_decode
-
-    gpu_decode._set_cache(args.cache)
-    gpu_decode._use_manifest(Path(args.cache), "q4f16_1", 2048)
+def dispatch_floor(lib, dev, rows_list: list[int]) -> None:
+    """The dispatch floor: for each size, N back-to-back copies (each writing the same output, so
+    wgpu puts a barrier between them) recorded, submitted once and waited for; best of 3. Prints
+    per dispatch the GPU wait after the submit (the add-on's counter), the submit, and the host's
+    whole time (Python, recording, submit, wait)."""
     import numpy as np
     import tvm
 
     from app.inference.backends import webgpu
-    from app.inference.engine.random_model import load_random_engine
 
-    dev = webgpu.device(0)
-    if args.copy_lib:
-        lib = tvm.runtime.load_module(args.copy_lib)
-        x = tvm.runtime.empty((256, 4), "float32", dev)
-        y = tvm.runtime.empty((256, 4), "float32", dev)
-        sync = tvm.get_global_func("llmchat.webgpu.sync")
-        lib["copy"](x, y)
+    sync = tvm.get_global_func("llmchat.webgpu.sync")
+    for rows in rows_list:
+        x = tvm.runtime.tensor(np.ones((rows, 4), "float32"), dev)
+        y = tvm.runtime.empty((rows, 4), "float32", dev)
+        n = 2000 if rows <= 65536 else 400 if rows <= 1048576 else 100
+        for _ in range(20):
+            lib["copy"](x, y)
         sync(0)
-        for n in (100, 1000):
+        best = None
+        for _ in range(3):
             a = webgpu.stats(0)
             t0 = time.perf_counter()
             for _ in range(n):
@@ -51,12 +45,44 @@ def main() -> int:
             sync(0)
             t2 = time.perf_counter()
             b = webgpu.stats(0)
-            print(json.dumps({"floor_dispatches": n, "us_per_dispatch_total": round((t2 - t0) / n * 1e6, 2),
-                              "us_per_dispatch_python_call": round((t1 - t0) / n * 1e6, 2),
-                              "record_us": round((b["record_ns"] - a["record_ns"]) / n / 1e3, 2),
-                              "submit_us": round((b["submit_ns"] - a["submit_ns"]) / n / 1e3, 2),
-                              "wait_us": round((b["wait_ns"] - a["wait_ns"]) / n / 1e3, 2)}), flush=True)
-    for preset in args.presets.split(","):
+            r = {"bytes_moved": rows * 32, "dispatches": n, "host_loop_us": round((t1 - t0) / n * 1e6, 3),
+                 "wait_us_per_dispatch": round((t2 - t1) / n * 1e6, 3),
+                 "total_us_per_dispatch": round((t2 - t0) / n * 1e6, 3),
+                 "submit_us": round((b["submit_ns"] - a["submit_ns"]) / n / 1e3, 3),
+                 "wait_ns_counter_us": round((b["wait_ns"] - a["wait_ns"]) / n / 1e3, 3)}
+            if best is None or r["wait_us_per_dispatch"] < best["wait_us_per_dispatch"]:
+                best = r
+        best["TBps_at_wait"] = round(rows * 32 / (best["wait_us_per_dispatch"] * 1e-6) / 1e12, 3)
+        print(json.dumps(best), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", default=None, help="libraries of gpu_decode.py compile (for --presets)")
+    ap.add_argument("--presets", default="qwen2.5-0.5b")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--copy-lib", default=None, help="wgsl_copy.so for the dispatch floor")
+    ap.add_argument("--floor-rows", default="64,1024,16384,65536,262144,1048576,4194304",
+                    help="rows of 16 bytes the floor's copies move (read and written)")
+    args = ap.parse_args()
+    import gpu_decode
+
+    if args.presets and not args.cache:
+        ap.error("--presets needs --cache")
+    if args.cache:
+        gpu_decode._set_cache(args.cache)
+        gpu_decode._use_manifest(Path(args.cache), "q4f16_1", 2048)
+    import numpy as np
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.engine.random_model import load_random_engine
+
+    dev = webgpu.device(0)
+    if args.copy_lib:
+        dispatch_floor(tvm.runtime.load_module(args.copy_lib), dev,
+                       [int(r) for r in args.floor_rows.split(",") if r])
+    for preset in [p for p in args.presets.split(",") if p]:
         engine = load_random_engine(preset, "q4f16_1", device="vulkan", context_window=2048)
         rt = engine.runtime
         tok = int(np.argmax(rt.prefill([1, 2, 3])))
