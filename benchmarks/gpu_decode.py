@@ -298,7 +298,12 @@ def cmd_depth(args: argparse.Namespace) -> int:
 
         prepare_cuda_runtime()
     _use_manifest(Path(args.cache), args.quant, args.context)
-    dev = tvm.device(args.backend, 0)
+    if args.backend == "vulkan":
+        from app.inference.backends import webgpu
+
+        dev = webgpu.device(0)
+    else:
+        dev = tvm.device(args.backend, 0)
     results: dict[str, Any] = {"device": dev.device_name if args.backend == "cuda" else args.backend,
                                "tvm": tvm.__version__, "context": args.context,
                                "gen": args.gen, "repeats": args.repeats, "presets": {}}
@@ -604,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--gen", type=int, default=128)
     d.add_argument("--repeats", type=int, default=2)
     d.add_argument("--out", required=True)
-    d.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    d.add_argument("--backend", choices=("cuda", "vulkan", "cpu"), default="cuda")
     cb = sub.add_parser("copy-bw")
     cb.add_argument("--device", choices=("cuda", "rocm", "cpu"), default="cuda")
     w = sub.add_parser("wgsl-copy")

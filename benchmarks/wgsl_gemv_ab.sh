@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k4|k8|k16|k8s0|k8s512|k8wg256) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -63,6 +63,9 @@ env_of() {  # other kernel switches of a set
     q8s16) echo "LLMCHAT_WGSL_FUSION=int8-q8s LLMCHAT_WGSL_GATE_LAYOUT=l16";; # q8s with 16-lane sets
     q8n) echo "LLMCHAT_WGSL_FUSION=int8-q8n";;                       # o / down write the next norm's int8 vector: no norm launch
     q8nr4|q8nr1) echo "LLMCHAT_WGSL_FUSION=int8-q8n LLMCHAT_WGSL_NORM_OUT_LAYOUT=${1#q8n}";; # ... their layout
+    k4|k8|k16) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key${1#k}";;     # attention, one query head a KV head: keys in parallel, N threads a key
+    k8s0|k8s512) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key8-single${1#k8s}";; # ... chunks from the first page / one chunk up to 512 keys
+    k8wg256) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key8-wg256";;      # ... 8 chunks a KV head at long contexts
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}

@@ -399,18 +399,20 @@ def _v2_shared_bytes(heads: int, d: int, threads: int, tile: int) -> int:
 
 @dataclass(frozen=True)
 class V2Options:
-    """The A/B options of a ``split-v2[-singleN][-tvmmany][-headsN][-wgN]`` variant name (the
+    """The A/B options of a ``split-v2[-singleN][-tvmmany][-headsN][-wgN][-keyN]`` variant name (the
     defaults are the product's): ``singleN`` runs one chunk up to N keys (default
     :data:`SINGLE_CHUNK_KEYS`); ``tvmmany`` keeps TVM's kernel for :data:`TVM_KERNEL_MIN_KV_HEADS`
     KV heads or more (``all``, the old switch that took them, is the default now); ``headsN``
     gives each workgroup at most N query heads (a power of two, 0 for all of its KV head's;
     default :data:`DEFAULT_V2_HEADS`); ``wgN`` aims at N workgroups per sequence at long contexts
-    (default :data:`TARGET_WORKGROUPS_V2`)."""
+    (default :data:`TARGET_WORKGROUPS_V2`); ``keyN`` (a power of two) runs a KV head with one query
+    head on :mod:`.wgsl_attention_keys`' kernel, N threads a key (default 0: v2's kernel)."""
 
     single_keys: int = SINGLE_CHUNK_KEYS
     every_kv_head_count: bool = True
     max_heads: int = DEFAULT_V2_HEADS
     target_workgroups: int = TARGET_WORKGROUPS_V2
+    key_threads: int = 0
 
 
 def v2_options(variant: str) -> V2Options:
@@ -429,6 +431,8 @@ def v2_options(variant: str) -> V2Options:
             opts["max_heads"] = int(num)
         elif word == "wg" and num.isdigit() and int(num) > 0:
             opts["target_workgroups"] = int(num)
+        elif word == "key" and num.isdigit() and int(num) > 0 and not int(num) & (int(num) - 1):
+            opts["key_threads"] = int(num)
         else:
             raise ValueError(f"{variant!r}: unknown option {opt!r} of split-v2")
     return V2Options(**opts)
@@ -514,6 +518,66 @@ def _staged(T: Any, loaded: Any, new: Any, is_new: Any) -> Any:
     return T.if_then_else(is_new, new, T.Cast("float32", loaded))
 
 
+def merge_chunks(h_qo: int, d: int, lanes: int, dtype: str) -> Any:
+    """The merge launch of the split kernels as a TVMScript macro ``merge(chunks, part_o, part_ml,
+    output, lse, B)``: one workgroup per (query head, sequence) of ``lanes x d`` threads, each
+    lane an online pass over its chunks' partials (``part_o``: unnormalized outputs, ``part_ml``:
+    running maximum and sum, log2 domain), then one barrier to combine the lanes; writes the
+    output and the base-2 log-sum-exp."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def merge(chunks: Any, part_o: Any, part_ml: Any, output: Any, lse: Any, B: Any) -> None:
+        with T.launch_thread("blockIdx.x", h_qo) as hq:
+            b2 = T.launch_thread("blockIdx.y", B)
+            tx2 = T.launch_thread("threadIdx.x", lanes * d)
+            o_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
+            m_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
+            l_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
+            mm = T.decl_buffer((1,), "float32", scope="local")
+            mi = T.decl_buffer((1,), "float32", scope="local")
+            mx = T.decl_buffer((1,), "float32", scope="local")
+            ll = T.decl_buffer((1,), "float32", scope="local")
+            oo = T.decl_buffer((1,), "float32", scope="local")
+            w = T.decl_buffer((1,), "float32", scope="local")
+            w2 = T.decl_buffer((1,), "float32", scope="local")
+            mm[0] = T.float32(NEG)
+            ll[0] = T.float32(0)
+            oo[0] = T.float32(0)
+            for ci in range(T.ceildiv(chunks, lanes)):  # this lane's chunks, one pass
+                idx = T.meta_var(T.min(ci * lanes + tx2 // d, chunks - 1))
+                live = T.meta_var(ci * lanes + tx2 // d < chunks)
+                base = T.meta_var((b2 * h_qo + hq) * chunks + idx)
+                mi[0] = T.if_then_else(live, part_ml[base * 2], T.float32(NEG))
+                mx[0] = T.max(mm[0], mi[0])
+                w[0] = T.exp2(mm[0] - mx[0])
+                w2[0] = T.if_then_else(live, T.exp2(mi[0] - mx[0]), T.float32(0))
+                ll[0] = ll[0] * w[0] + part_ml[base * 2 + 1] * w2[0]
+                oo[0] = oo[0] * w[0] + part_o[base * d + tx2 % d] * w2[0]
+                mm[0] = mx[0]
+            o_sh[tx2] = oo[0]
+            m_sh[tx2] = mm[0]
+            l_sh[tx2] = ll[0]
+            T.tvm_storage_sync("shared")
+            mx[0] = T.float32(NEG)
+            for i in T.unroll(lanes):
+                mx[0] = T.max(mx[0], m_sh[i * d + tx2 % d])
+            ll[0] = T.float32(0)
+            oo[0] = T.float32(0)
+            for i in T.unroll(lanes):
+                w[0] = T.exp2(m_sh[i * d + tx2 % d] - mx[0])
+                ll[0] = ll[0] + l_sh[i * d + tx2 % d] * w[0]
+                oo[0] = oo[0] + o_sh[i * d + tx2 % d] * w[0]
+            if tx2 < d:
+                output[b2, hq, tx2] = T.Cast(
+                    dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0))
+                )
+            if tx2 == 0:
+                lse[b2, hq] = T.if_then_else(ll[0] > T.float32(0), mx[0] + T.log2(ll[0]), T.float32(NEG))
+
+    return merge
+
+
 def decode_kernel_v2(
     h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KVHeadLayout, fused: bool = False
 ) -> Any:
@@ -541,6 +605,7 @@ def decode_kernel_v2(
     row = d + 1  # padded row of a staged tile (no bank conflicts between keys)
     min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
     lanes = max(1, min(256, threads) // d)  # merge: threads per output dimension
+    merge = merge_chunks(h_qo, d, lanes, dtype)
 
     # pylint: disable=too-many-locals,too-many-statements
     @T.prim_func(private=True)
@@ -770,52 +835,7 @@ def decode_kernel_v2(
                         part_ml[((b * h_qo + hk * group + hq2) * chunks + c) * 2 + 1] = l_run[0]
 
         if chunks > 1:  # on the host: one chunk wrote the output already
-            with T.launch_thread("blockIdx.x", h_qo) as hq:
-                b2 = T.launch_thread("blockIdx.y", B)
-                tx2 = T.launch_thread("threadIdx.x", lanes * d)
-                o_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
-                m_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
-                l_sh = T.decl_buffer((lanes * d,), "float32", scope="shared")
-                mm = T.decl_buffer((1,), "float32", scope="local")
-                mi = T.decl_buffer((1,), "float32", scope="local")
-                mx = T.decl_buffer((1,), "float32", scope="local")
-                ll = T.decl_buffer((1,), "float32", scope="local")
-                oo = T.decl_buffer((1,), "float32", scope="local")
-                w = T.decl_buffer((1,), "float32", scope="local")
-                w2 = T.decl_buffer((1,), "float32", scope="local")
-                mm[0] = T.float32(NEG)
-                ll[0] = T.float32(0)
-                oo[0] = T.float32(0)
-                for ci in range(T.ceildiv(chunks, lanes)):  # this lane's chunks, one pass
-                    idx = T.meta_var(T.min(ci * lanes + tx2 // d, chunks - 1))
-                    live = T.meta_var(ci * lanes + tx2 // d < chunks)
-                    base = T.meta_var((b2 * h_qo + hq) * chunks + idx)
-                    mi[0] = T.if_then_else(live, part_ml[base * 2], T.float32(NEG))
-                    mx[0] = T.max(mm[0], mi[0])
-                    w[0] = T.exp2(mm[0] - mx[0])
-                    w2[0] = T.if_then_else(live, T.exp2(mi[0] - mx[0]), T.float32(0))
-                    ll[0] = ll[0] * w[0] + part_ml[base * 2 + 1] * w2[0]
-                    oo[0] = oo[0] * w[0] + part_o[base * d + tx2 % d] * w2[0]
-                    mm[0] = mx[0]
-                o_sh[tx2] = oo[0]
-                m_sh[tx2] = mm[0]
-                l_sh[tx2] = ll[0]
-                T.tvm_storage_sync("shared")
-                mx[0] = T.float32(NEG)
-                for i in T.unroll(lanes):
-                    mx[0] = T.max(mx[0], m_sh[i * d + tx2 % d])
-                ll[0] = T.float32(0)
-                oo[0] = T.float32(0)
-                for i in T.unroll(lanes):
-                    w[0] = T.exp2(m_sh[i * d + tx2 % d] - mx[0])
-                    ll[0] = ll[0] + l_sh[i * d + tx2 % d] * w[0]
-                    oo[0] = oo[0] + o_sh[i * d + tx2 % d] * w[0]
-                if tx2 < d:
-                    output[b2, hq, tx2] = T.Cast(
-                        dtype, T.if_then_else(ll[0] > T.float32(0), oo[0] / ll[0], T.float32(0))
-                    )
-                if tx2 == 0:
-                    lse[b2, hq] = T.if_then_else(ll[0] > T.float32(0), mx[0] + T.log2(ll[0]), T.float32(NEG))
+            merge(chunks, part_o, part_ml, output, lse, B)
 
     return kernel
 
@@ -847,12 +867,22 @@ def split_decode_attention(
         layout = None if fused else split_layout(h_qo, h_kv, d, page, max_threads, shared_bytes)
         new = None if layout is None else decode_kernel(h_qo, h_kv, d, page, dtype, layout)
     else:
-        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, v2_options(variant))
+        options = v2_options(variant)
+        from app.inference.pipelines import wgsl_attention_keys as keys
+
+        key_layout = keys.key_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, options)
+        if key_layout is not None:  # one query head a KV head: keys in parallel
+            return _with_attrs(keys.decode_kernel_keys(h_qo, h_kv, d, page, dtype, key_layout, fused), func)
+        layout2 = kv_head_layout(h_qo, h_kv, d, page, max_threads, shared_bytes, options)
         if layout2 is not None and fused and (layout2.threads < d or layout2.threads % d):
             layout2 = None  # the fused kernel: thread t stages dimension t % head_dim of every key
         new = None if layout2 is None else decode_kernel_v2(h_qo, h_kv, d, page, dtype, layout2, fused)
-    if new is None:
-        return None
+    return None if new is None else _with_attrs(new, func)
+
+
+def _with_attrs(new: Any, func: Any) -> Any:
+    """``new`` with ``func``'s attributes (its global symbol, the fused mark) but its own
+    scheduling ones."""
     for key, value in (func.attrs or {}).items():
         if key not in ("tirx.is_scheduled", "tirx.noalias"):
             new = new.with_attr(key, value)

@@ -149,6 +149,37 @@ def _check(webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant):
     assert lse_err <= (1e-3 if dtype == "float16" else 1e-4), f"lse off by {lse_err:.2e}"
 
 
+KEY_CASES = [
+    # query heads = kv heads, head_dim, dtype, keys of each sequence, variant
+    (32, 128, "float16", [3, 100], "split-v2-key8"),  # Llama-2-7B's shape, one chunk
+    (32, 128, "float16", [1000], "split-v2-key8"),  # ... chunks and the merge
+    (32, 128, "float16", [129, 31], "split-v2-key8-single0"),  # chunks from the first page
+    (8, 64, "float32", [15, 16, 17, 300], "split-v2-key8"),
+    (4, 16, "float32", [1, 47], "split-v2-key4"),  # 4 threads a key, 64 keys a step
+    (8, 64, "float16", [2100], "split-v2-key16-wg64"),
+]
+
+
+@pytest.mark.parametrize(
+    ("h", "d", "dtype", "lens", "variant"),
+    KEY_CASES,
+    ids=[f"{a}h-d{c}-{t}-{'_'.join(map(str, n))}-{v}" for a, c, t, n, v in KEY_CASES],
+)
+def test_key_parallel_kernel_matches_float64_reference(webgpu_target, tmp_path, h, d, dtype, lens, variant):
+    """``split-v2-keyN`` (:mod:`.wgsl_attention_keys`): a KV head with one query head, N threads a
+    key and each key slot its own online softmax, combined at the end of the chunk, gives the
+    float64 reference's output and lse (one chunk without a merge up to 128 keys; sequences of
+    different lengths, so chunks past a sequence's end)."""
+    from app.inference.pipelines.wgsl_attention import v2_options
+    from app.inference.pipelines.wgsl_attention_keys import key_layout
+
+    shared = int(webgpu_target.attrs["max_shared_memory_per_block"])
+    layout = key_layout(h, h, d, PAGE, 256, shared, v2_options(variant))
+    assert layout is not None and layout.tpk == v2_options(variant).key_threads
+    assert layout.slots * layout.tpk == layout.threads
+    _check(webgpu_target, tmp_path, h, h, d, dtype, lens, variant)
+
+
 HEAD_SPLIT_CASES = [
     # query heads, kv heads, head_dim, dtype, keys of each sequence, variant
     (16, 2, 128, "float16", [17, 64], "split-v2-heads2"),  # Qwen2.5-3B: 8 workgroups of 2 heads
@@ -314,17 +345,23 @@ def _rope_np(x, pos, theta, d):
 
 
 FUSED_CASES = [
-    # query heads, kv heads, head_dim, keys (the new token included)
-    (16, 2, 128, 17),  # Qwen2.5-3B, one chunk
-    (14, 2, 64, 300),  # Qwen2.5-0.5B, chunks and the merge
-    (32, 32, 128, 33),  # Llama-2-7B
+    # query heads, kv heads, head_dim, keys (the new token included), variant
+    (16, 2, 128, 17, "split-v2"),  # Qwen2.5-3B, one chunk
+    (14, 2, 64, 300, "split-v2"),  # Qwen2.5-0.5B, chunks and the merge
+    (32, 32, 128, 33, "split-v2"),  # Llama-2-7B
+    (32, 32, 128, 33, "split-v2-key8"),  # ... keys in parallel
+    (32, 32, 128, 1, "split-v2-key8"),  # ... the new key alone
+    (32, 32, 128, 300, "split-v2-key8"),  # ... chunks and the merge
+    (32, 32, 128, 129, "split-v2-key8-single0-wg512"),  # ... the new key alone in the last chunk
 ]
 
 
 @pytest.mark.parametrize(
-    ("h_qo", "h_kv", "d", "n"), FUSED_CASES, ids=[f"{a}q{b}kv-d{c}-{n}" for a, b, c, n in FUSED_CASES]
+    ("h_qo", "h_kv", "d", "n", "variant"),
+    FUSED_CASES,
+    ids=[f"{a}q{b}kv-d{c}-{n}-{v}" for a, b, c, n, v in FUSED_CASES],
 )
-def test_fused_rope_append_reads_the_recorded_projection(webgpu_target, tmp_path, h_qo, h_kv, d, n):
+def test_fused_rope_append_reads_the_recorded_projection(webgpu_target, tmp_path, h_qo, h_kv, d, n, variant):
     """The fused v2 kernel (one sequence): q, k and v of the new token come from the q/k/v
     projection recorded through the add-on (not from ``Q`` or the page slot, which hold junk),
     RoPE is applied as TVM's split-rotary does, the new key and value land in their page slot,
@@ -339,7 +376,10 @@ def test_fused_rope_append_reads_the_recorded_projection(webgpu_target, tmp_path
     target, dtype, theta = webgpu_target, "float16", 10000.0
     tvm_func = _tvm_kernel(h_qo, h_kv, d, dtype, target).with_attr(FUSED_ATTR, True)
     func = split_decode_attention(
-        tvm_func, int(target.attrs["max_num_threads"]), int(target.attrs["max_shared_memory_per_block"])
+        tvm_func,
+        int(target.attrs["max_num_threads"]),
+        int(target.attrs["max_shared_memory_per_block"]),
+        variant,
     )
     lib = _build(func, target, tmp_path)
     dev = webgpu.device(0)

@@ -1,0 +1,352 @@
+"""Decode attention for a KV head with one query head (multi-head attention: Llama-2-7B), keys in
+parallel, for WGSL (WebGPU/Vulkan): ``split-v2-keyN`` (:func:`.wgsl_attention.v2_options`).
+
+v2 (:func:`.wgsl_attention.decode_kernel_v2`) stages a tile of keys and values in workgroup
+memory, then gives each score to a few threads and has *every* thread of a head sum every score
+of the tile and run the softmax over it. With one query head per KV head that is 128 threads
+that each add up all 32 scores (128 workgroup-memory reads a tile), and a tile's keys wait for
+its values behind three barriers. The H200 profile of the Llama-2-7B shape puts this kernel
+first: ~30 us a launch at 3-67 keys (32 workgroups, one per KV head) where its keys and values
+are well under 1 MB.
+
+Here a workgroup of ``threads`` threads takes one chunk of one KV head's keys, ``tpk`` threads a
+key (``slots = threads / tpk`` keys a step), each thread ``d / tpk`` dimensions of its key,
+interleaved (dimension ``j * tpk + lane``, so the threads of a key read adjacent halves):
+
+1. the query (with RoPE in the fused kernel) into registers, ``d / tpk`` values a thread;
+2. a step: each thread loads its dimensions of its key and value straight into registers (the
+   next step's are loaded while this step computes: software pipelining), its part of the
+   score goes to workgroup memory, one barrier, and each thread adds its key's ``tpk`` parts;
+3. each key slot runs its own online softmax over the keys it sees (running maximum and sum,
+   its dimensions of the weighted values), so no thread waits on another key's score;
+4. at the end of the chunk one barrier combines the slots: their maxima, their sums and their
+   outputs through workgroup memory (``slots x d`` floats).
+
+Chunks and the merge launch are v2's (:func:`.wgsl_attention.merge_chunks`): one chunk up to
+``single_pages`` pages, then chunks of at least one step, at most ``max_chunks`` a KV head.
+
+**Fused** (the RoPE and the KV append of the decoded token, :mod:`.wgsl_rope_append`): as v2, q
+and the new key get RoPE from the recorded q/k/v projection and the workgroup whose chunk holds
+the last key writes the key and value to their page slot; the page loop stops before the last
+key and one extra step takes it from workgroup memory (the new key and value, staged once),
+counted by the first key slot only.
+
+Work per key and thread, counted from the structure (not measured): 2 x d/tpk loads, d/tpk
+products for the score, one write and ``tpk`` reads of workgroup memory, two exp2 and 2 x d/tpk
+multiply-adds for the values; v2 at head_dim 128 and 128 threads: one load of K and of V, 32
+products per 32 keys, plus 4 reads, a max, an exp2 and a multiply-add for *every* key of the tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.inference.pipelines.wgsl_attention import (
+    LOG2E,
+    NEG,
+    SUBSTITUTE_NEXT,
+    V2Options,
+    _q_value,
+    _rope,
+    merge_chunks,
+)
+
+#: threads a workgroup
+THREADS = 256
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """How :func:`decode_kernel_keys` splits the work: ``threads`` threads a workgroup, ``tpk`` a
+    key (``slots`` keys a step), chunks of at least ``min_pages`` pages (one chunk up to
+    ``single_pages``), at most ``max_chunks`` a KV head."""
+
+    threads: int
+    tpk: int
+    slots: int
+    min_pages: int
+    single_pages: int
+    max_chunks: int
+
+
+def shared_floats(threads: int, slots: int, d: int) -> int:
+    """Workgroup memory of the kernel in floats: the query, the new key and value, the score
+    parts (two steps' worth), the slots' maxima and sums, and their outputs."""
+    return threads * 7 + slots * d
+
+
+def key_layout(
+    h_qo: int, h_kv: int, d: int, page: int, max_threads: int, shared_bytes: int, options: V2Options
+) -> KeyLayout | None:
+    """The layout for these shapes, or None where the kernel does not apply (more than one query
+    head a KV head, ``options.key_threads`` 0, head_dim not a power of two dividing the threads,
+    or workgroup memory short)."""
+    tpk = options.key_threads
+    if tpk <= 0 or h_qo != h_kv or d & (d - 1) or d < tpk or d % tpk:
+        return None
+    threads = min(THREADS, max_threads)
+    if threads % d or threads % tpk:
+        return None
+    slots = threads // tpk
+    if slots % (threads // d):  # the combine: each of threads / d lanes sums as many slots
+        return None
+    if shared_floats(threads, slots, d) * 4 > shared_bytes:
+        return None
+    min_pages = max(1, -(-slots // page))  # a chunk of at least one step
+    single_pages = max(1, options.single_keys // page) if options.single_keys > 0 else 0
+    max_chunks = max(1, options.target_workgroups // h_kv)
+    return KeyLayout(threads, tpk, slots, min_pages, single_pages, max_chunks)
+
+
+def decode_kernel_keys(
+    h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KeyLayout, fused: bool = False
+) -> Any:
+    """The key-parallel decode attention (module docstring) as a scheduled PrimFunc with
+    ``batch_decode_paged_kv``'s parameters (no sliding window), one query head a KV head.
+    ``fused``: as :func:`.wgsl_attention.decode_kernel_v2`'s."""
+    from tvm.script import tirx as T
+
+    threads, tpk, slots = layout.threads, layout.tpk, layout.slots
+    dpt = d // tpk  # dimensions of a thread: j * tpk + tx % tpk
+    min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
+    lanes = max(1, threads // d)
+    merge = merge_chunks(h_qo, d, lanes, dtype)
+
+    # pylint: disable=too-many-locals,too-many-statements
+    @T.prim_func(private=True)
+    def kernel(
+        Q_handle: T.handle,
+        pages_handle: T.handle,
+        page_table_indptr_handle: T.handle,
+        page_table_values_handle: T.handle,
+        var_length_info: T.handle,
+        k_rope_pos_offset_handle: T.handle,
+        q_rope_position_handle: T.handle,
+        output_handle: T.handle,
+        lse_handle: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        B = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        pages_elem_offset = T.int64()
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        Q = T.match_buffer(Q_handle, (B, h_qo, d), dtype)
+        pages = T.match_buffer(
+            pages_handle, (max_num_pages, 2, h_kv, page, d), dtype, elem_offset=pages_elem_offset
+        )
+        page_table_indptr = T.match_buffer(
+            page_table_indptr_handle, (B + 1,), "int32", elem_offset=page_indptr_elem_offset
+        )
+        page_table_values = T.match_buffer(
+            page_table_values_handle, (nnz_pages,), "int32", elem_offset=page_values_elem_offset
+        )
+        k_rope_pos_offset = T.match_buffer(  # noqa: F841
+            k_rope_pos_offset_handle,
+            (B,),
+            "int32",
+            elem_offset=k_rope_pos_offset_elem_offset,
+        )
+        q_rope_position = T.match_buffer(
+            q_rope_position_handle,
+            (B,),
+            "int32",
+            elem_offset=q_rope_position_elem_offset,
+        )
+        output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
+        lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
+        length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
+
+        split_pages = T.meta_var(T.max(min_pages, T.ceildiv(nnz_pages, max_chunks)))
+        chunk_pages = T.meta_var(T.if_then_else(nnz_pages <= single_pages, T.max(nnz_pages, 1), split_pages))
+        chunks = T.meta_var(T.max(1, T.ceildiv(nnz_pages, chunk_pages)))
+        part_o = T.decl_buffer((B * h_qo * chunks * d,), "float32", scope="global")
+        part_ml = T.decl_buffer((B * h_qo * chunks * 2,), "float32", scope="global")
+
+        if fused:  # noqa: SIM102 (a Python condition around a TIR one)
+            if B == 1:  # the launch below reads the recorded q/k/v projection as Q
+                T.evaluate(T.call_packed(SUBSTITUTE_NEXT, Q, 0))
+
+        with T.launch_thread("blockIdx.x", chunks) as c:
+            by = T.launch_thread("blockIdx.y", h_kv * B)  # WebGPU: no blockIdx.z
+            hk = T.meta_var(by % h_kv)
+            b = T.meta_var(by // h_kv)
+            tx = T.launch_thread("threadIdx.x", threads)
+            q_sh = T.decl_buffer((threads,), "float32", scope="shared")
+            new_sh = T.decl_buffer((2 * threads,), "float32", scope="shared")  # fused: new key, value
+            red = T.decl_buffer((2 * threads,), "float32", scope="shared")  # score parts, two steps
+            ml_sh = T.decl_buffer((2 * threads,), "float32", scope="shared")
+            o_sh = T.decl_buffer((slots * d,), "float32", scope="shared")
+            info = T.decl_buffer((5,), "int32", scope="local")
+            qr = T.decl_buffer((dpt,), "float32", scope="local")
+            kr = T.decl_buffer((dpt,), dtype, scope="local")
+            vr = T.decl_buffer((dpt,), dtype, scope="local")
+            kn = T.decl_buffer((dpt,), dtype, scope="local")
+            vn = T.decl_buffer((dpt,), dtype, scope="local")
+            acc = T.decl_buffer((dpt,), "float32", scope="local")
+            new_kv = T.decl_buffer((2,), "float32", scope="local")
+            m = T.decl_buffer((1,), "float32", scope="local")
+            m_new = T.decl_buffer((1,), "float32", scope="local")
+            l_run = T.decl_buffer((1,), "float32", scope="local")
+            s = T.decl_buffer((1,), "float32", scope="local")
+            p = T.decl_buffer((1,), "float32", scope="local")
+            w = T.decl_buffer((1,), "float32", scope="local")
+
+            info[0] = page_table_indptr[b]
+            info[1] = T.if_then_else(
+                info[0] != page_table_indptr[b + 1],
+                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
+                0,
+            )  # sequence length
+            info[2] = c * chunk_pages * page  # first key of the chunk
+            info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+            # keys the page loop reads: fused with one sequence, the last key is the new token's
+            # (not in its page yet), taken after the loop
+            has_last = T.meta_var(T.And(B == 1, T.And(info[3] > 0, info[2] + info[3] == info[1])))
+            if fused:
+                info[4] = info[3] - T.if_then_else(has_last, 1, 0)
+            else:
+                info[4] = info[3]
+            q_sh[tx] = (
+                T.Cast(
+                    "float32",
+                    _q_value(T, Q, b, hk, tx % d, fused, B, d, q_rope_position, rope_scale, rope_theta, dtype),
+                )
+                * sm_scale
+                * LOG2E
+            )
+            if fused:
+                new_kv[0] = T.Cast(
+                    "float32",
+                    _rope(
+                        T,
+                        Q,
+                        T.if_then_else(B == 1, h_qo + hk, 0),
+                        tx % d,
+                        d,
+                        q_rope_position[0],
+                        rope_scale,
+                        rope_theta,
+                        dtype,
+                    ),
+                )
+                new_kv[1] = T.Cast("float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d])
+                new_sh[tx] = new_kv[0]
+                new_sh[threads + tx] = new_kv[1]
+                # the new key and value into their page slot: the workgroup whose chunk holds it
+                if B == 1 and c == (info[1] - 1) // (chunk_pages * page) and tx < d:
+                    for kv in T.unroll(2):
+                        pages[
+                            page_table_values[info[0] + (info[1] - 1) // page],
+                            kv,
+                            hk,
+                            (info[1] - 1) % page,
+                            tx,
+                        ] = T.Cast(dtype, new_kv[kv])
+            m[0] = T.float32(NEG)
+            l_run[0] = T.float32(0)
+            for j in T.unroll(dpt):
+                acc[j] = T.float32(0)
+            # step 0's key and value into registers
+            pos0 = T.meta_var(T.max(T.min(info[2] + tx // tpk, info[1] - 1), 0))  # clamped
+            slot0 = T.meta_var(page_table_values[info[0] + pos0 // page])
+            for j in T.unroll(dpt):
+                kr[j] = pages[slot0, 0, hk, pos0 % page, j * tpk + tx % tpk]
+                vr[j] = pages[slot0, 1, hk, pos0 % page, j * tpk + tx % tpk]
+            T.tvm_storage_sync("shared")  # the query staged
+            for j in T.unroll(dpt):
+                qr[j] = q_sh[j * tpk + tx % tpk]
+            for t in range(T.ceildiv(info[4], slots)):
+                # the next step's key and value, in flight during this step's work
+                pos = T.meta_var(T.max(T.min(info[2] + (t + 1) * slots + tx // tpk, info[1] - 1), 0))
+                slot = T.meta_var(page_table_values[info[0] + pos // page])
+                for j in T.unroll(dpt):
+                    kn[j] = pages[slot, 0, hk, pos % page, j * tpk + tx % tpk]
+                    vn[j] = pages[slot, 1, hk, pos % page, j * tpk + tx % tpk]
+                s[0] = T.float32(0)
+                for j in T.unroll(dpt):
+                    s[0] = s[0] + qr[j] * T.Cast("float32", kr[j])
+                red[t % 2 * threads + tx] = s[0]
+                T.tvm_storage_sync("shared")
+                s[0] = T.float32(0)
+                for i in T.unroll(tpk):
+                    s[0] = s[0] + red[t % 2 * threads + tx // tpk * tpk + i]
+                valid = T.meta_var(t * slots + tx // tpk < info[4])
+                m_new[0] = T.max(m[0], T.if_then_else(valid, s[0], T.float32(NEG)))
+                w[0] = T.exp2(m[0] - m_new[0])
+                p[0] = T.if_then_else(valid, T.exp2(s[0] - m_new[0]), T.float32(0))
+                l_run[0] = l_run[0] * w[0] + p[0]
+                for j in T.unroll(dpt):
+                    acc[j] = acc[j] * w[0] + p[0] * T.Cast("float32", vr[j])
+                    kr[j] = kn[j]
+                    vr[j] = vn[j]
+                m[0] = m_new[0]
+            if fused:
+                # the new token's key, from workgroup memory: every slot scores it, the first
+                # slot of the workgroup whose chunk ends with it counts it
+                s[0] = T.float32(0)
+                for j in T.unroll(dpt):
+                    s[0] = s[0] + qr[j] * new_sh[j * tpk + tx % tpk]
+                red[T.ceildiv(info[4], slots) % 2 * threads + tx] = s[0]
+                T.tvm_storage_sync("shared")
+                s[0] = T.float32(0)
+                for i in T.unroll(tpk):
+                    s[0] = s[0] + red[T.ceildiv(info[4], slots) % 2 * threads + tx // tpk * tpk + i]
+                last = T.meta_var(T.And(has_last, tx < tpk))
+                m_new[0] = T.max(m[0], T.if_then_else(last, s[0], T.float32(NEG)))
+                w[0] = T.exp2(m[0] - m_new[0])
+                p[0] = T.if_then_else(last, T.exp2(s[0] - m_new[0]), T.float32(0))
+                l_run[0] = l_run[0] * w[0] + p[0]
+                for j in T.unroll(dpt):
+                    acc[j] = acc[j] * w[0] + p[0] * new_sh[threads + j * tpk + tx % tpk]
+                m[0] = m_new[0]
+            # the slots combined: their maxima, sums and outputs
+            ml_sh[tx] = m[0]
+            ml_sh[threads + tx] = l_run[0]
+            T.tvm_storage_sync("shared")
+            m_new[0] = T.float32(NEG)
+            for i in T.unroll(slots):
+                m_new[0] = T.max(m_new[0], ml_sh[i * tpk])
+            w[0] = T.exp2(m[0] - m_new[0])
+            for j in T.unroll(dpt):
+                o_sh[tx // tpk * d + j * tpk + tx % tpk] = acc[j] * w[0]
+            l_run[0] = T.float32(0)
+            for i in T.unroll(slots):
+                l_run[0] = l_run[0] + ml_sh[threads + i * tpk] * T.exp2(ml_sh[i * tpk] - m_new[0])
+            T.tvm_storage_sync("shared")
+            s[0] = T.float32(0)  # dimension tx % d, the slots of lane tx // d
+            for i in T.unroll(slots // lanes):
+                s[0] = s[0] + o_sh[(i * lanes + tx // d) * d + tx % d]
+            red[tx] = s[0]
+            T.tvm_storage_sync("shared")
+            s[0] = T.float32(0)
+            for i in T.unroll(lanes):
+                s[0] = s[0] + red[i * d + tx % d]
+            if tx < d:
+                if chunks == 1:  # the whole sequence: the final output (no merge launch)
+                    output[b, hk, tx] = T.Cast(
+                        dtype, T.if_then_else(l_run[0] > T.float32(0), s[0] / l_run[0], T.float32(0))
+                    )
+                    if tx == 0:
+                        lse[b, hk] = T.if_then_else(
+                            l_run[0] > T.float32(0), m_new[0] + T.log2(l_run[0]), T.float32(NEG)
+                        )
+                else:
+                    part_o[((b * h_qo + hk) * chunks + c) * d + tx] = s[0]
+                    if tx == 0:
+                        part_ml[((b * h_qo + hk) * chunks + c) * 2] = m_new[0]
+                        part_ml[((b * h_qo + hk) * chunks + c) * 2 + 1] = l_run[0]
+
+        if chunks > 1:  # on the host: one chunk wrote the output already
+            merge(chunks, part_o, part_ml, output, lse, B)
+
+    return kernel
