@@ -219,7 +219,9 @@ def decode_kernel_keys(
             q_sh[tx] = (
                 T.Cast(
                     "float32",
-                    _q_value(T, Q, b, hk, tx % d, fused, B, d, q_rope_position, rope_scale, rope_theta, dtype),
+                    _q_value(
+                        T, Q, b, hk, tx % d, fused, B, d, q_rope_position, rope_scale, rope_theta, dtype
+                    ),
                 )
                 * sm_scale
                 * LOG2E
