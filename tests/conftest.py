@@ -120,6 +120,21 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
             "hidden_act": "silu",
         },
     },
+    # Llama-2-style multi-head attention (a KV head a query head): Vulkan's decode attention runs
+    # these on its key-parallel kernel (pipelines/wgsl_attention_keys.py)
+    "llama-mha": {
+        "model_type": "llama",
+        "model_config": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "num_hidden_layers": 2,
+            "rms_norm_eps": 1e-5,
+            "position_embedding_base": 10000.0,
+            "tie_word_embeddings": False,
+        },
+    },
     # Llama 3.1/3.2-style RoPE scaling with a tiny original window so every frequency band is hit
     "llama3": {
         "model_type": "llama",

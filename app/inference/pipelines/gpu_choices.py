@@ -106,7 +106,8 @@ def use_wgsl_attention(target: Any) -> bool:
 
 def wgsl_attention_variant() -> str:
     """Which of llmchat's WGSL decode attention kernels :func:`use_wgsl_attention` puts in:
-    ``split-v2`` (default; one workgroup per KV head and chunk, no merge launch on short contexts)
+    ``split-v2`` (default; one workgroup per KV head and chunk, no merge launch on short contexts;
+    keys in parallel where a KV head has one query head)
     or ``split-v1`` (``LLMCHAT_WGSL_ATTENTION=split-v1``: the earlier per-query-head-group split,
     kept for A/B comparisons); ``split-v2-singleN`` and ``-all`` are v2 with options for A/B runs
     (:func:`.wgsl_attention.v2_options`)."""

@@ -4,7 +4,9 @@ TVM 0.27's ``batch_decode_paged_kv`` runs one workgroup per (sequence, KV head) 
 key serially: 2 workgroups for Qwen2.5-3B, 32 for Llama-2-7B, and the step time grows with the
 context. :func:`split_decode_attention` keeps that PrimFunc's signature (TVM's paged KV cache
 calls it by name) and gives it a new body, one of two variants (``LLMCHAT_WGSL_ATTENTION``:
-``split-v2`` by default, ``split-v1`` for A/B comparisons, ``tvm`` keeps TVM's kernel).
+``split-v2`` by default, ``split-v1`` for A/B comparisons, ``tvm`` keeps TVM's kernel). v2 runs a
+KV head with one query head (Llama-2-7B) on :mod:`.wgsl_attention_keys`' kernel, keys in
+parallel (:data:`DEFAULT_KEY_THREADS` threads a key; ``split-v2-key0`` keeps v2's own kernel there).
 
 **split-v1** (:func:`decode_kernel`), two launches:
 
@@ -372,6 +374,12 @@ TARGET_WORKGROUPS_V2 = 128
 DEFAULT_V2_HEADS = 4
 #: v2: the most keys of a tile (K and V staged as float32: 2 x tile x (head_dim + 1) x 4 bytes)
 MAX_TILE_V2 = 32
+#: threads a key of :mod:`.wgsl_attention_keys`' kernel, v2's for a KV head with one query head
+#: (``split-v2-keyN`` for A/B, ``key0``: v2's own kernel). H200, NVIDIA's Vulkan driver, bench
+#: protocol, Llama-2-7B decode tok/s: v2's kernel 300.2 / 300.0 (first and last set of the run),
+#: 4 threads 337.1, 8 threads 371.8 / 370.2, 16 threads 378.8; the attention launch at 3-67 keys
+#: 30.2 us -> 18.8 us (8 threads; benchmarks/results/h200-2026-12-04-s20/)
+DEFAULT_KEY_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -406,13 +414,14 @@ class V2Options:
     gives each workgroup at most N query heads (a power of two, 0 for all of its KV head's;
     default :data:`DEFAULT_V2_HEADS`); ``wgN`` aims at N workgroups per sequence at long contexts
     (default :data:`TARGET_WORKGROUPS_V2`); ``keyN`` (a power of two) runs a KV head with one query
-    head on :mod:`.wgsl_attention_keys`' kernel, N threads a key (default 0: v2's kernel)."""
+    head on :mod:`.wgsl_attention_keys`' kernel, N threads a key (default
+    :data:`DEFAULT_KEY_THREADS`; ``key0``: v2's own kernel there)."""
 
     single_keys: int = SINGLE_CHUNK_KEYS
     every_kv_head_count: bool = True
     max_heads: int = DEFAULT_V2_HEADS
     target_workgroups: int = TARGET_WORKGROUPS_V2
-    key_threads: int = 0
+    key_threads: int = DEFAULT_KEY_THREADS
 
 
 def v2_options(variant: str) -> V2Options:
@@ -431,7 +440,7 @@ def v2_options(variant: str) -> V2Options:
             opts["max_heads"] = int(num)
         elif word == "wg" and num.isdigit() and int(num) > 0:
             opts["target_workgroups"] = int(num)
-        elif word == "key" and num.isdigit() and int(num) > 0 and not int(num) & (int(num) - 1):
+        elif word == "key" and num.isdigit() and not int(num) & (int(num) - 1):
             opts["key_threads"] = int(num)
         else:
             raise ValueError(f"{variant!r}: unknown option {opt!r} of split-v2")

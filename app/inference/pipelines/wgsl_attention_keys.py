@@ -1,5 +1,9 @@
 """Decode attention for a KV head with one query head (multi-head attention: Llama-2-7B), keys in
-parallel, for WGSL (WebGPU/Vulkan): ``split-v2-keyN`` (:func:`.wgsl_attention.v2_options`).
+parallel, for WGSL (WebGPU/Vulkan): v2's kernel for these shapes with
+:data:`.wgsl_attention.DEFAULT_KEY_THREADS` threads a key (``split-v2-keyN`` for A/B,
+:func:`.wgsl_attention.v2_options`). H200, NVIDIA's Vulkan driver, Llama-2-7B: decode 300 -> 379
+tok/s (bench protocol; 8 threads a key: 371) and 172 -> 282 tok/s at 3,072 keys of context (8
+threads a key; benchmarks/results/h200-2026-12-04-s20/).
 
 v2 (:func:`.wgsl_attention.decode_kernel_v2`) stages a tile of keys and values in workgroup
 memory, then gives each score to a few threads and has *every* thread of a head sum every score

@@ -151,7 +151,9 @@ def _check(webgpu_target, tmp_path, h_qo, h_kv, d, dtype, lens, variant):
 
 KEY_CASES = [
     # query heads = kv heads, head_dim, dtype, keys of each sequence, variant
-    (32, 128, "float16", [3, 100], "split-v2-key8"),  # Llama-2-7B's shape, one chunk
+    (32, 128, "float16", [3, 100], "split-v2"),  # Llama-2-7B's shape, one chunk (the default: key16)
+    (32, 128, "float16", [1000], "split-v2"),  # ... chunks and the merge
+    (32, 128, "float16", [3, 100], "split-v2-key8"),
     (32, 128, "float16", [1000], "split-v2-key8"),  # ... chunks and the merge
     (32, 128, "float16", [129, 31], "split-v2-key8-single0"),  # chunks from the first page
     (8, 64, "float32", [15, 16, 17, 300], "split-v2-key8"),
@@ -186,8 +188,8 @@ HEAD_SPLIT_CASES = [
     (16, 2, 128, "float16", [1100], "split-v2-heads2"),  # ... chunks and the merge
     (16, 2, 128, "float16", [17, 1100], "split-v2-heads0"),  # all 8 in one workgroup (before)
     (14, 2, 64, "float32", [300, 16], "split-v2-heads1"),  # 7 heads alone, 64 threads each
-    (32, 32, 128, "float16", [3, 100], "split-v2"),  # Llama-2-7B's 32 KV heads, one head each
-    (32, 32, 128, "float16", [1000], "split-v2-wg512"),  # ... 16 chunks a head and the merge
+    (32, 32, 128, "float16", [3, 100], "split-v2-key0"),  # Llama-2-7B's 32 KV heads, one head each
+    (32, 32, 128, "float16", [1000], "split-v2-key0-wg512"),  # ... 16 chunks a head and the merge
 ]
 
 
@@ -302,6 +304,25 @@ def test_v2_layout_splits_the_query_heads_of_a_kv_head():
         v2_options("split-v2-heads3")
 
 
+def test_key_parallel_kernel_is_the_default_for_one_query_head_a_kv_head():
+    """v2 runs Llama-2-7B's shape (32 query heads, 32 KV heads) on the key-parallel kernel with
+    :data:`DEFAULT_KEY_THREADS` threads a key (``key0``: v2's own); grouped shapes (Qwen2.5) and a
+    head_dim below the threads a key keep v2's kernel."""
+    from app.inference.pipelines.wgsl_attention import DEFAULT_KEY_THREADS, v2_options
+    from app.inference.pipelines.wgsl_attention_keys import key_layout
+
+    default = v2_options("split-v2")
+    assert default.key_threads == DEFAULT_KEY_THREADS == 16
+    llama = key_layout(32, 32, 128, PAGE, 256, 49152, default)
+    assert llama is not None and (llama.threads, llama.tpk, llama.slots) == (256, 16, 16)
+    assert llama.single_pages * PAGE == 128 and llama.max_chunks == 4
+    assert key_layout(32, 32, 128, PAGE, 256, 49152, v2_options("split-v2-key0")) is None
+    assert key_layout(16, 2, 128, PAGE, 256, 49152, default) is None  # Qwen2.5-3B: v2
+    assert key_layout(4, 4, 8, PAGE, 256, 49152, default) is None  # 8 dimensions, 16 threads a key
+    with pytest.raises(ValueError, match="key3"):
+        v2_options("split-v2-key3")
+
+
 def test_attention_variant_switch(monkeypatch):
     """``LLMCHAT_WGSL_ATTENTION``: split-v2 by default, split-v1 for A/B, tvm for TVM's kernel."""
     from app.inference.compile.cache import _kernel_switches
@@ -348,8 +369,10 @@ FUSED_CASES = [
     # query heads, kv heads, head_dim, keys (the new token included), variant
     (16, 2, 128, 17, "split-v2"),  # Qwen2.5-3B, one chunk
     (14, 2, 64, 300, "split-v2"),  # Qwen2.5-0.5B, chunks and the merge
-    (32, 32, 128, 33, "split-v2"),  # Llama-2-7B
-    (32, 32, 128, 33, "split-v2-key8"),  # ... keys in parallel
+    (32, 32, 128, 33, "split-v2-key0"),  # Llama-2-7B on v2's kernel
+    (32, 32, 128, 33, "split-v2"),  # ... keys in parallel (the default: 16 threads a key)
+    (32, 32, 128, 300, "split-v2"),  # ... chunks and the merge
+    (32, 32, 128, 33, "split-v2-key8"),  # ... 8 threads a key
     (32, 32, 128, 1, "split-v2-key8"),  # ... the new key alone
     (32, 32, 128, 300, "split-v2-key8"),  # ... chunks and the merge
     (32, 32, 128, 129, "split-v2-key8-single0-wg512"),  # ... the new key alone in the last chunk

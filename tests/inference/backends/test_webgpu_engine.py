@@ -23,6 +23,8 @@ CASES = [
     ("qwen2", "q4f16_1", 1e-2),
     ("qwen2", "q0f16", 1e-2),
     ("llama3", "q0f32", 1e-4),
+    ("llama-mha", "q4f32_1", 1e-4),  # the key-parallel decode attention, as Llama-2-7B's
+    ("llama-mha", "q4f16_1", 2e-2),  # ... with RoPE and the KV append fused into it
 ]
 PROMPT_LEN = 45  # two prefill chunks of the tiny models
 DECODE_STEPS = 16
