@@ -1,11 +1,15 @@
 #!/bin/bash
 # session 20 call C: decode at depth (0 / 1,024 / 3,072 keys of context) of the new default
-# (16 threads a key) next to llama.cpp's Vulkan build, same call
+# (16 threads a key) next to llama.cpp's Vulkan build, same call; the GPU suite's Vulkan tests (call
+# B's cache was stale: built before a comment of test_engine_vulkan.py changed, whose bytes it hashes)
 set -u
 O=$OUT
 echo "$COMMIT_NOTE" > $O/commit.txt
 OUTDIR=$O/env . benchmarks/device_env.sh
 python3 -m app.inference.backends.webgpu.addon > $O/addon_build.log 2>&1; stamp "addon rc=$?"
+timeout 200 make test-gpu-prebuilt GPU_CACHE=scratch/gpu-test-cache20 PY=python3 PYTEST_ARGS="-k vulkan" > $O/gpu_suite.log 2>&1
+stamp "suite rc=$?: $(tail -1 $O/gpu_suite.log)"
+grep -E "max relative error|second turn|prompt \+|greedy after" $O/gpu_suite.log | cut -c1-160
 timeout 80 python3 benchmarks/gpu_decode.py depth --backend vulkan --cache scratch/ab20d/cur \
   --presets llama2-7b --context 4096 --prompts 512 --depths 0,1024,3072 --gen 128 --repeats 2 \
   --out $O/depth_k16.json > $O/depth_k16.log 2>&1
