@@ -6,9 +6,9 @@
 #                                                           # GPU profile (µs per kernel) of each set
 #
 # A SET names an LLMCHAT_WGSL_GEMV value below (the rule list is part of the compile cache's key, so
-# the run sets the same value). PRESETS (default qwen2.5-3b,llama2-7b) and ARCH (default the H200's
-# WGSL profile) as for benchmarks/gpu_decode.py. On the GPU machine carry .whl, .gl,
-# scratch/whl-hub and DIR; the run writes loop_SET.log / gpuprof_SET.log and all.tgz into $OUT and
+# the run sets the same value). PRESETS (default qwen2.5-3b,llama2-7b), ARCH (default the H200's
+# WGSL profile) and CTX (the context window, default 2048) as for benchmarks/gpu_decode.py. On the
+# GPU machine carry .whl, .gl, scratch/whl-hub and DIR; the run writes loop_SET.log / gpuprof_SET.log and all.tgz into $OUT and
 # stops starting new sets after BUDGET_S seconds (default 480). BENCH=1: only the bench protocol
 # (gpu_decode.py run: decode tok/s, 1-token prompt, 512 tokens, best of 3) of each set.
 set -u
@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k4|k8|k16|k8s0|k8s512|k8wg256) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k0|k4|k8|k16|k8s0|k8s512|k8wg256|k16wg256|k16wg512) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -66,6 +66,8 @@ env_of() {  # other kernel switches of a set
     k4|k8|k16) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key${1#k}";;     # attention, one query head a KV head: keys in parallel, N threads a key
     k8s0|k8s512) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key8-single${1#k8s}";; # ... chunks from the first page / one chunk up to 512 keys
     k8wg256) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key8-wg256";;      # ... 8 chunks a KV head at long contexts
+    k16wg256|k16wg512) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key16-wg${1#k16wg}";; # ... 16 threads a key (the default), 8 / 16 chunks a KV head
+    k0) echo "LLMCHAT_WGSL_ATTENTION=split-v2-key0";;                # ... v2's kernel (the default before session 20)
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
@@ -78,10 +80,11 @@ use() {
 
 if [ "$CMD" = compile ]; then
   PY=${PY:-.venv/bin/python}
+  mkdir -p "$DIR"
   for s in $SETS; do
     use "$s"
     "$PY" benchmarks/gpu_decode.py compile --cache "$DIR/$s" --arch "$ARCH" --presets "$PRESETS" --plain "" \
-      > "$DIR/compile_$s.log" 2>&1
+      --context "${CTX:-2048}" > "$DIR/compile_$s.log" 2>&1
     echo "$s rc=$?"
     rm -rf "$DIR/$s/tmp"
   done
