@@ -413,14 +413,15 @@ class V2Options:
     KV heads or more (``all``, the old switch that took them, is the default now); ``headsN``
     gives each workgroup at most N query heads (a power of two, 0 for all of its KV head's;
     default :data:`DEFAULT_V2_HEADS`); ``wgN`` aims at N workgroups per sequence at long contexts
-    (default :data:`TARGET_WORKGROUPS_V2`); ``keyN`` (a power of two) runs a KV head with one query
-    head on :mod:`.wgsl_attention_keys`' kernel, N threads a key (default
-    :data:`DEFAULT_KEY_THREADS`; ``key0``: v2's own kernel there)."""
+    (default 0: :data:`TARGET_WORKGROUPS_V2` for v2's kernel,
+    :data:`.wgsl_attention_keys.TARGET_WORKGROUPS_KEYS` for the key-parallel one); ``keyN`` (a
+    power of two) runs a KV head with one query head on :mod:`.wgsl_attention_keys`' kernel, N
+    threads a key (default :data:`DEFAULT_KEY_THREADS`; ``key0``: v2's own kernel there)."""
 
     single_keys: int = SINGLE_CHUNK_KEYS
     every_kv_head_count: bool = True
     max_heads: int = DEFAULT_V2_HEADS
-    target_workgroups: int = TARGET_WORKGROUPS_V2
+    target_workgroups: int = 0
     key_threads: int = DEFAULT_KEY_THREADS
 
 
@@ -478,7 +479,7 @@ def kv_head_layout(
         return None
     min_pages = max(1, -(-tile // page))  # a chunk of at least one tile
     single_pages = max(1, single_keys // page) if single_keys > 0 else 0
-    max_chunks = max(1, o.target_workgroups // (h_kv * hsplit))
+    max_chunks = max(1, (o.target_workgroups or TARGET_WORKGROUPS_V2) // (h_kv * hsplit))
     return KVHeadLayout(group, heads, threads, tile, min_pages, single_pages, max_chunks, hsplit)
 
 

@@ -1,9 +1,9 @@
 """Decode attention for a KV head with one query head (multi-head attention: Llama-2-7B), keys in
 parallel, for WGSL (WebGPU/Vulkan): v2's kernel for these shapes with
 :data:`.wgsl_attention.DEFAULT_KEY_THREADS` threads a key (``split-v2-keyN`` for A/B,
-:func:`.wgsl_attention.v2_options`). H200, NVIDIA's Vulkan driver, Llama-2-7B: decode 300 -> 379
-tok/s (bench protocol; 8 threads a key: 371) and 172 -> 282 tok/s at 3,072 keys of context (8
-threads a key; benchmarks/results/h200-2026-12-04-s20/).
+:func:`.wgsl_attention.v2_options`). H200, NVIDIA's Vulkan driver, Llama-2-7B: decode 300 -> 377-381
+tok/s (bench protocol; 8 threads a key: 370-372) and 172 -> 288 tok/s at 3,072 keys of context
+(with :data:`TARGET_WORKGROUPS_KEYS`; benchmarks/results/h200-2026-12-04-s20/).
 
 v2 (:func:`.wgsl_attention.decode_kernel_v2`) stages a tile of keys and values in workgroup
 memory, then gives each score to a few threads and has *every* thread of a head sum every score
@@ -58,6 +58,13 @@ from app.inference.pipelines.wgsl_attention import (
 
 #: threads a workgroup
 THREADS = 256
+#: workgroups aimed at over the chunks and KV heads of one sequence at long contexts (v2's:
+#: :data:`.wgsl_attention.TARGET_WORKGROUPS_V2`, 128); ``split-v2-wgN`` for A/B. H200, NVIDIA's
+#: Vulkan driver, Llama-2-7B (32 KV heads), 16 threads a key, decode tok/s at 0 / 1,024 / 3,072 keys
+#: of context: 128 workgroups (4 chunks a KV head) 380.7 / 324.3 / 258.6, **256** 382.4 / 339.5 /
+#: 288.3, 512 388.2 / 330.5 / 288.2; bench protocol 375.6, 376.9, 371.1
+#: (benchmarks/results/h200-2026-12-04-s20/callD)
+TARGET_WORKGROUPS_KEYS = 256
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ def key_layout(
         return None
     min_pages = max(1, -(-slots // page))  # a chunk of at least one step
     single_pages = max(1, options.single_keys // page) if options.single_keys > 0 else 0
-    max_chunks = max(1, options.target_workgroups // h_kv)
+    max_chunks = max(1, (options.target_workgroups or TARGET_WORKGROUPS_KEYS) // h_kv)
     return KeyLayout(threads, tpk, slots, min_pages, single_pages, max_chunks)
 
 

@@ -306,8 +306,9 @@ def test_v2_layout_splits_the_query_heads_of_a_kv_head():
 
 def test_key_parallel_kernel_is_the_default_for_one_query_head_a_kv_head():
     """v2 runs Llama-2-7B's shape (32 query heads, 32 KV heads) on the key-parallel kernel with
-    :data:`DEFAULT_KEY_THREADS` threads a key (``key0``: v2's own); grouped shapes (Qwen2.5) and a
-    head_dim below the threads a key keep v2's kernel."""
+    :data:`DEFAULT_KEY_THREADS` threads a key (``key0``: v2's own), 8 chunks a KV head at long
+    contexts (v2's kernel: 4); grouped shapes (Qwen2.5) and a head_dim below the threads a key
+    keep v2's kernel."""
     from app.inference.pipelines.wgsl_attention import DEFAULT_KEY_THREADS, v2_options
     from app.inference.pipelines.wgsl_attention_keys import key_layout
 
@@ -315,7 +316,8 @@ def test_key_parallel_kernel_is_the_default_for_one_query_head_a_kv_head():
     assert default.key_threads == DEFAULT_KEY_THREADS == 16
     llama = key_layout(32, 32, 128, PAGE, 256, 49152, default)
     assert llama is not None and (llama.threads, llama.tpk, llama.slots) == (256, 16, 16)
-    assert llama.single_pages * PAGE == 128 and llama.max_chunks == 4
+    assert llama.single_pages * PAGE == 128 and llama.max_chunks == 8  # 256 workgroups at long contexts
+    assert key_layout(32, 32, 128, PAGE, 256, 49152, v2_options("split-v2-wg128")).max_chunks == 4
     assert key_layout(32, 32, 128, PAGE, 256, 49152, v2_options("split-v2-key0")) is None
     assert key_layout(16, 2, 128, PAGE, 256, 49152, default) is None  # Qwen2.5-3B: v2
     assert key_layout(4, 4, 8, PAGE, 256, 49152, default) is None  # 8 dimensions, 16 threads a key
