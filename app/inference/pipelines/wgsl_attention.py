@@ -588,36 +588,32 @@ def merge_chunks(h_qo: int, d: int, lanes: int, dtype: str) -> Any:
     return merge
 
 
-def decode_kernel_v2(
-    h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KVHeadLayout, fused: bool = False
+def paged_decode_func(
+    h_qo: int,
+    h_kv: int,
+    d: int,
+    page: int,
+    dtype: str,
+    chunking: tuple[int, int, int],
+    fused: bool,
+    partial: Any,
+    merge: Any,
 ) -> Any:
-    """The v2 decode attention (module docstring) as a scheduled PrimFunc with
-    ``batch_decode_paged_kv``'s parameters (no sliding window). ``fused``: for one sequence
-    (``B == 1``, a decoded token) the kernel reads the token's q, k and v from the recorded q/k/v
-    projection (the add-on binds it in place of ``Q``, :mod:`.wgsl_rope_append`), applies RoPE
-    itself and writes the new key and value to their page slot; more sequences read ``Q`` and
-    the pages as TVM's split-rotary and append left them."""
+    """A split decode attention as a PrimFunc with ``batch_decode_paged_kv``'s signature (TVM's
+    paged KV cache calls it by that name), shared by :func:`decode_kernel_v2` and
+    :func:`.wgsl_attention_keys.decode_kernel_keys`: the buffers, the chunks (``chunking``:
+    ``(min_pages, single_pages, max_chunks)``; one chunk while the page table holds at most
+    ``single_pages`` pages, else chunks of at least ``min_pages``, at most ``max_chunks``), the
+    partials' workspace, the recorded q/k/v bound as ``Q`` when ``fused`` and one sequence, then
+    the kernel's ``partial`` launch (a TVMScript macro taking ``B, chunks, chunk_pages, Q, pages,
+    page_table_indptr, page_table_values, length_info, q_rope_position, output, lse, part_o,
+    part_ml, rope_scale, rope_theta, sm_scale``) and, past one chunk, ``merge``
+    (:func:`merge_chunks`) under a host-side ``if``."""
     from tvm.script import tirx as T
 
-    group, heads, threads, tile, hsplit = (
-        layout.group,
-        layout.heads,
-        layout.threads,
-        layout.tile,
-        layout.hsplit,
-    )
-    pairs = heads * tile  # scores of a tile (padded heads included)
-    tpp = threads // pairs  # threads per score
-    dpp = d // tpp  # products each of them adds
-    tph = threads // heads  # threads per query head in the softmax and weighted values
-    outs = d // tph  # output dimensions of a thread
-    loads = tile * d // threads  # elements of a K (and a V) tile each thread loads
-    row = d + 1  # padded row of a staged tile (no bank conflicts between keys)
-    min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
-    lanes = max(1, min(256, threads) // d)  # merge: threads per output dimension
-    merge = merge_chunks(h_qo, d, lanes, dtype)
+    min_pages, single_pages, max_chunks = chunking
 
-    # pylint: disable=too-many-locals,too-many-statements
+    # pylint: disable=too-many-locals
     @T.prim_func(private=True)
     def kernel(
         Q_handle: T.handle,
@@ -680,6 +676,78 @@ def decode_kernel_v2(
             if B == 1:  # the partial launch below reads the recorded q/k/v projection as Q
                 T.evaluate(T.call_packed(SUBSTITUTE_NEXT, Q, 0))
 
+        partial(
+            B,
+            chunks,
+            chunk_pages,
+            Q,
+            pages,
+            page_table_indptr,
+            page_table_values,
+            length_info,
+            q_rope_position,
+            output,
+            lse,
+            part_o,
+            part_ml,
+            rope_scale,
+            rope_theta,
+            sm_scale,
+        )
+        if chunks > 1:  # on the host: one chunk wrote the output already
+            merge(chunks, part_o, part_ml, output, lse, B)
+
+    return kernel
+
+
+def decode_kernel_v2(
+    h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: KVHeadLayout, fused: bool = False
+) -> Any:
+    """The v2 decode attention (module docstring) as a scheduled PrimFunc with
+    ``batch_decode_paged_kv``'s parameters (no sliding window). ``fused``: for one sequence
+    (``B == 1``, a decoded token) the kernel reads the token's q, k and v from the recorded q/k/v
+    projection (the add-on binds it in place of ``Q``, :mod:`.wgsl_rope_append`), applies RoPE
+    itself and writes the new key and value to their page slot; more sequences read ``Q`` and
+    the pages as TVM's split-rotary and append left them."""
+    from tvm.script import tirx as T
+
+    group, heads, threads, tile, hsplit = (
+        layout.group,
+        layout.heads,
+        layout.threads,
+        layout.tile,
+        layout.hsplit,
+    )
+    pairs = heads * tile  # scores of a tile (padded heads included)
+    tpp = threads // pairs  # threads per score
+    dpp = d // tpp  # products each of them adds
+    tph = threads // heads  # threads per query head in the softmax and weighted values
+    outs = d // tph  # output dimensions of a thread
+    loads = tile * d // threads  # elements of a K (and a V) tile each thread loads
+    row = d + 1  # padded row of a staged tile (no bank conflicts between keys)
+    min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
+    lanes = max(1, min(256, threads) // d)  # merge: threads per output dimension
+    merge = merge_chunks(h_qo, d, lanes, dtype)
+
+    @T.macro
+    def partial(
+        B: Any,
+        chunks: Any,
+        chunk_pages: Any,
+        Q: Any,
+        pages: Any,
+        page_table_indptr: Any,
+        page_table_values: Any,
+        length_info: Any,
+        q_rope_position: Any,
+        output: Any,
+        lse: Any,
+        part_o: Any,
+        part_ml: Any,
+        rope_scale: Any,
+        rope_theta: Any,
+        sm_scale: Any,
+    ) -> None:
         with T.launch_thread("blockIdx.x", chunks) as c:
             by = T.launch_thread("blockIdx.y", h_kv * hsplit * B)  # WebGPU: no blockIdx.z
             hk = T.meta_var(by // hsplit % h_kv)
@@ -844,10 +912,9 @@ def decode_kernel_v2(
                         part_ml[((b * h_qo + hk * group + hq2) * chunks + c) * 2] = m[0]
                         part_ml[((b * h_qo + hk * group + hq2) * chunks + c) * 2 + 1] = l_run[0]
 
-        if chunks > 1:  # on the host: one chunk wrote the output already
-            merge(chunks, part_o, part_ml, output, lse, B)
-
-    return kernel
+    return paged_decode_func(
+        h_qo, h_kv, d, page, dtype, (min_pages, single_pages, max_chunks), fused, partial, merge
+    )
 
 
 def split_decode_attention(

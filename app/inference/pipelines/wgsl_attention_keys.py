@@ -26,8 +26,9 @@ interleaved (dimension ``j * tpk + lane``, so the threads of a key read adjacent
 4. at the end of the chunk one barrier combines the slots: their maxima, their sums and their
    outputs through workgroup memory (``slots x d`` floats).
 
-Chunks and the merge launch are v2's (:func:`.wgsl_attention.merge_chunks`): one chunk up to
-``single_pages`` pages, then chunks of at least one step, at most ``max_chunks`` a KV head.
+The PrimFunc around the launch (TVM's signature, the chunks, the merge launch) is v2's
+(:func:`.wgsl_attention.paged_decode_func`, :func:`.wgsl_attention.merge_chunks`): one chunk up
+to ``single_pages`` pages, then chunks of at least one step, at most ``max_chunks`` a KV head.
 
 **Fused** (the RoPE and the KV append of the decoded token, :mod:`.wgsl_rope_append`): as v2, q
 and the new key get RoPE from the recorded q/k/v projection and the workgroup whose chunk holds
@@ -49,11 +50,11 @@ from typing import Any
 from app.inference.pipelines.wgsl_attention import (
     LOG2E,
     NEG,
-    SUBSTITUTE_NEXT,
     V2Options,
     _q_value,
     _rope,
     merge_chunks,
+    paged_decode_func,
 )
 
 #: threads a workgroup
@@ -124,69 +125,25 @@ def decode_kernel_keys(
     lanes = max(1, threads // d)
     merge = merge_chunks(h_qo, d, lanes, dtype)
 
-    # pylint: disable=too-many-locals,too-many-statements
-    @T.prim_func(private=True)
-    def kernel(
-        Q_handle: T.handle,
-        pages_handle: T.handle,
-        page_table_indptr_handle: T.handle,
-        page_table_values_handle: T.handle,
-        var_length_info: T.handle,
-        k_rope_pos_offset_handle: T.handle,
-        q_rope_position_handle: T.handle,
-        output_handle: T.handle,
-        lse_handle: T.handle,
-        rotary_mode: T.int32,
-        rope_scale: T.float32,
-        rope_theta: T.float32,
-        sm_scale: T.float32,
-    ):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        B = T.int32()
-        nnz_pages = T.int32()
-        max_num_pages = T.int32()
-        pages_elem_offset = T.int64()
-        page_indptr_elem_offset = T.int32()
-        page_values_elem_offset = T.int32()
-        k_rope_pos_offset_elem_offset = T.int32()
-        q_rope_position_elem_offset = T.int32()
-        length_info_elem_offset = T.int32()
-        Q = T.match_buffer(Q_handle, (B, h_qo, d), dtype)
-        pages = T.match_buffer(
-            pages_handle, (max_num_pages, 2, h_kv, page, d), dtype, elem_offset=pages_elem_offset
-        )
-        page_table_indptr = T.match_buffer(
-            page_table_indptr_handle, (B + 1,), "int32", elem_offset=page_indptr_elem_offset
-        )
-        page_table_values = T.match_buffer(
-            page_table_values_handle, (nnz_pages,), "int32", elem_offset=page_values_elem_offset
-        )
-        k_rope_pos_offset = T.match_buffer(  # noqa: F841
-            k_rope_pos_offset_handle,
-            (B,),
-            "int32",
-            elem_offset=k_rope_pos_offset_elem_offset,
-        )
-        q_rope_position = T.match_buffer(
-            q_rope_position_handle,
-            (B,),
-            "int32",
-            elem_offset=q_rope_position_elem_offset,
-        )
-        output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
-        lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
-        length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
-
-        split_pages = T.meta_var(T.max(min_pages, T.ceildiv(nnz_pages, max_chunks)))
-        chunk_pages = T.meta_var(T.if_then_else(nnz_pages <= single_pages, T.max(nnz_pages, 1), split_pages))
-        chunks = T.meta_var(T.max(1, T.ceildiv(nnz_pages, chunk_pages)))
-        part_o = T.decl_buffer((B * h_qo * chunks * d,), "float32", scope="global")
-        part_ml = T.decl_buffer((B * h_qo * chunks * 2,), "float32", scope="global")
-
-        if fused:  # noqa: SIM102 (a Python condition around a TIR one)
-            if B == 1:  # the launch below reads the recorded q/k/v projection as Q
-                T.evaluate(T.call_packed(SUBSTITUTE_NEXT, Q, 0))
-
+    @T.macro
+    def partial(
+        B: Any,
+        chunks: Any,
+        chunk_pages: Any,
+        Q: Any,
+        pages: Any,
+        page_table_indptr: Any,
+        page_table_values: Any,
+        length_info: Any,
+        q_rope_position: Any,
+        output: Any,
+        lse: Any,
+        part_o: Any,
+        part_ml: Any,
+        rope_scale: Any,
+        rope_theta: Any,
+        sm_scale: Any,
+    ) -> None:
         with T.launch_thread("blockIdx.x", chunks) as c:
             by = T.launch_thread("blockIdx.y", h_kv * B)  # WebGPU: no blockIdx.z
             hk = T.meta_var(by % h_kv)
@@ -359,7 +316,6 @@ def decode_kernel_keys(
                         part_ml[((b * h_qo + hk) * chunks + c) * 2] = m_new[0]
                         part_ml[((b * h_qo + hk) * chunks + c) * 2 + 1] = l_run[0]
 
-        if chunks > 1:  # on the host: one chunk wrote the output already
-            merge(chunks, part_o, part_ml, output, lse, B)
-
-    return kernel
+    return paged_decode_func(
+        h_qo, h_kv, d, page, dtype, (min_pages, single_pages, max_chunks), fused, partial, merge
+    )
