@@ -178,6 +178,27 @@ def split_layout(
     return SplitLayout(heads, threads, tile, min_pages, max_chunks)
 
 
+def chunk_span(page: int) -> Any:
+    """A TVMScript macro ``span(info, page_table_indptr, length_info, b, c, chunk_pages)`` that
+    fills ``info[0:4]`` for sequence ``b`` and chunk ``c`` of the split kernels: the sequence's
+    first page-table entry, its length in keys, the chunk's first key and its keys (0 past the
+    sequence's end)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def span(info: Any, page_table_indptr: Any, length_info: Any, b: Any, c: Any, chunk_pages: Any) -> None:
+        info[0] = page_table_indptr[b]
+        info[1] = T.if_then_else(
+            info[0] != page_table_indptr[b + 1],
+            (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
+            0,
+        )  # sequence length
+        info[2] = c * chunk_pages * page  # first key of the chunk
+        info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+
+    return span
+
+
 def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: SplitLayout) -> Any:
     """The split decode attention as a scheduled PrimFunc with ``batch_decode_paged_kv``'s
     parameters (no sliding window)."""
@@ -191,6 +212,7 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
     row = d + 1  # padded row of a staged tile (no bank conflicts between keys)
     head_groups = h_qo // heads
     min_pages, max_chunks = layout.min_pages, layout.max_chunks
+    span = chunk_span(page)
 
     # pylint: disable=too-many-locals
     @T.prim_func(private=True)
@@ -268,14 +290,7 @@ def decode_kernel(h_qo: int, h_kv: int, d: int, page: int, dtype: str, layout: S
             part = T.decl_buffer((1,), "float32", scope="local")
             p = T.decl_buffer((1,), "float32", scope="local")
 
-            info[0] = page_table_indptr[b]
-            info[1] = T.if_then_else(
-                info[0] != page_table_indptr[b + 1],
-                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
-                0,
-            )  # sequence length
-            info[2] = c * chunk_pages * page  # first key of the chunk
-            info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+            span(info, page_table_indptr, length_info, b, c, chunk_pages)
             q_sh[tx] = T.Cast("float32", Q[b, hg * heads + tx // d, tx % d]) * sm_scale * LOG2E
             m[0] = T.float32(NEG)
             l_run[0] = T.float32(0)
@@ -728,6 +743,7 @@ def decode_kernel_v2(
     min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
     lanes = max(1, min(256, threads) // d)  # merge: threads per output dimension
     merge = merge_chunks(h_qo, d, lanes, dtype)
+    span = chunk_span(page)
 
     @T.macro
     def partial(
@@ -771,14 +787,7 @@ def decode_kernel_v2(
             part = T.decl_buffer((1,), "float32", scope="local")
             p = T.decl_buffer((1,), "float32", scope="local")
 
-            info[0] = page_table_indptr[b]
-            info[1] = T.if_then_else(
-                info[0] != page_table_indptr[b + 1],
-                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
-                0,
-            )  # sequence length
-            info[2] = c * chunk_pages * page  # first key of the chunk
-            info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+            span(info, page_table_indptr, length_info, b, c, chunk_pages)
             for i in T.unroll(heads * d // threads):
                 hq = T.meta_var(hb + (i * threads + tx) // d)  # of the KV head's query heads (padded)
                 q_sh[i * threads + tx] = T.if_then_else(

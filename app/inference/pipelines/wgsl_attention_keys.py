@@ -53,6 +53,7 @@ from app.inference.pipelines.wgsl_attention import (
     V2Options,
     _q_value,
     _rope,
+    chunk_span,
     merge_chunks,
     paged_decode_func,
 )
@@ -124,6 +125,7 @@ def decode_kernel_keys(
     min_pages, single_pages, max_chunks = layout.min_pages, layout.single_pages, layout.max_chunks
     lanes = max(1, threads // d)
     merge = merge_chunks(h_qo, d, lanes, dtype)
+    span = chunk_span(page)
 
     @T.macro
     def partial(
@@ -169,14 +171,7 @@ def decode_kernel_keys(
             p = T.decl_buffer((1,), "float32", scope="local")
             w = T.decl_buffer((1,), "float32", scope="local")
 
-            info[0] = page_table_indptr[b]
-            info[1] = T.if_then_else(
-                info[0] != page_table_indptr[b + 1],
-                (page_table_indptr[b + 1] - info[0] - 1) * page + length_info[b],
-                0,
-            )  # sequence length
-            info[2] = c * chunk_pages * page  # first key of the chunk
-            info[3] = T.max(T.min(chunk_pages * page, info[1] - info[2]), 0)  # keys of the chunk
+            span(info, page_table_indptr, length_info, b, c, chunk_pages)
             # keys the page loop reads: fused with one sequence, the last key is the new token's
             # (not in its page yet), taken after the loop
             has_last = T.meta_var(T.And(B == 1, T.And(info[3] > 0, info[2] + info[3] == info[1])))
