@@ -543,6 +543,43 @@ def _staged(T: Any, loaded: Any, new: Any, is_new: Any) -> Any:
     return T.if_then_else(is_new, new, T.Cast("float32", loaded))
 
 
+def new_token_kv(h_qo: int, h_kv: int, d: int, dtype: str) -> Any:
+    """A TVMScript macro ``token_kv(new_kv, Q, B, hk, col, q_rope_position, rope_scale,
+    rope_theta)`` for the fused kernels: ``new_kv[0:2]`` = dimension ``col`` of KV head ``hk``'s
+    new key (with RoPE) and value, read from the recorded q/k/v projection bound as ``Q`` (with
+    more than one sequence ``Q`` is the real q and head 0 is read instead, unused)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def token_kv(
+        new_kv: Any,
+        Q: Any,
+        B: Any,
+        hk: Any,
+        col: Any,
+        q_rope_position: Any,
+        rope_scale: Any,
+        rope_theta: Any,
+    ) -> None:
+        new_kv[0] = T.Cast(
+            "float32",
+            _rope(
+                T,
+                Q,
+                T.if_then_else(B == 1, h_qo + hk, 0),
+                col,
+                d,
+                q_rope_position[0],
+                rope_scale,
+                rope_theta,
+                dtype,
+            ),
+        )
+        new_kv[1] = T.Cast("float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), col])
+
+    return token_kv
+
+
 def merge_chunks(h_qo: int, d: int, lanes: int, dtype: str) -> Any:
     """The merge launch of the split kernels as a TVMScript macro ``merge(chunks, part_o, part_ml,
     output, lse, B)``: one workgroup per (query head, sequence) of ``lanes x d`` threads, each
@@ -744,6 +781,7 @@ def decode_kernel_v2(
     lanes = max(1, min(256, threads) // d)  # merge: threads per output dimension
     merge = merge_chunks(h_qo, d, lanes, dtype)
     span = chunk_span(page)
+    token_kv = new_token_kv(h_qo, h_kv, d, dtype)
 
     @T.macro
     def partial(
@@ -820,21 +858,7 @@ def decode_kernel_v2(
             if fused:
                 # a thread stages dimension tx % head_dim of every key (threads: a multiple of it);
                 # with more than one sequence Q is the real q and head 0 is read instead (unused)
-                new_kv[0] = T.Cast(
-                    "float32",
-                    _rope(
-                        T,
-                        Q,
-                        T.if_then_else(B == 1, h_qo + hk, 0),
-                        tx % d,
-                        d,
-                        q_rope_position[0],
-                        rope_scale,
-                        rope_theta,
-                        dtype,
-                    ),
-                )
-                new_kv[1] = T.Cast("float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d])
+                token_kv(new_kv, Q, B, hk, tx % d, q_rope_position, rope_scale, rope_theta)
                 # the new token's key and value into their page slot: threads tx < head_dim of the
                 # first workgroup of the KV head whose chunk holds the last key
                 if B == 1 and by % hsplit == 0 and c == (info[1] - 1) // (chunk_pages * page) and tx < d:

@@ -52,9 +52,9 @@ from app.inference.pipelines.wgsl_attention import (
     NEG,
     V2Options,
     _q_value,
-    _rope,
     chunk_span,
     merge_chunks,
+    new_token_kv,
     paged_decode_func,
 )
 
@@ -126,6 +126,7 @@ def decode_kernel_keys(
     lanes = max(1, threads // d)
     merge = merge_chunks(h_qo, d, lanes, dtype)
     span = chunk_span(page)
+    token_kv = new_token_kv(h_qo, h_kv, d, dtype)
 
     @T.macro
     def partial(
@@ -190,21 +191,7 @@ def decode_kernel_keys(
                 * LOG2E
             )
             if fused:
-                new_kv[0] = T.Cast(
-                    "float32",
-                    _rope(
-                        T,
-                        Q,
-                        T.if_then_else(B == 1, h_qo + hk, 0),
-                        tx % d,
-                        d,
-                        q_rope_position[0],
-                        rope_scale,
-                        rope_theta,
-                        dtype,
-                    ),
-                )
-                new_kv[1] = T.Cast("float32", Q[0, T.if_then_else(B == 1, h_qo + h_kv + hk, 0), tx % d])
+                token_kv(new_kv, Q, B, hk, tx % d, q_rope_position, rope_scale, rope_theta)
                 new_sh[tx] = new_kv[0]
                 new_sh[threads + tx] = new_kv[1]
                 # the new key and value into their page slot: the workgroup whose chunk holds it
