@@ -66,22 +66,25 @@ def cache_root() -> Path | None:
     return Path(value).resolve() if value else None
 
 
+#: files next to this one whose bytes are part of :func:`sources_digest` (the kernel cases and
+#: this builder); the engine tests count by their model tables only
+HASHED_FILES = ("kernels.py", "test_cuda_kernels.py", "test_cuda_twin.py", "prebuilt.py")
+
+
 def sources_digest() -> str:
     """What the cache's contents are made from: the engine's compile sources (the digest in the
-    engine's own library key) and the suite's kernel cases. Another digest: the cache is stale."""
+    engine's own library key), the suite's kernel cases and the tiny models the engine tests
+    load (their tables, not their files: a comment or a tolerance there changes no library, and
+    session 20 lost a GPU call to a cache made stale by a comment). Another digest: the cache is
+    stale."""
     from app.inference.compile import sources
 
     h = hashlib.sha256(sources.digest().encode())
-    for name in (
-        "kernels.py",
-        "test_cuda_kernels.py",
-        "test_cuda_twin.py",
-        "test_engine_cuda.py",
-        "test_engine_vulkan.py",
-        "prebuilt.py",
-    ):
+    for name in HASHED_FILES:
         h.update(name.encode())
         h.update((Path(__file__).parent / name).read_bytes())
+    models = {"cuda": _tiny_models(), "vulkan": _vulkan_models()}
+    h.update(json.dumps(models, sort_keys=True).encode())
     return h.hexdigest()[:24]
 
 

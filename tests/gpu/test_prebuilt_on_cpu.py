@@ -305,3 +305,19 @@ def test_the_vulkan_engine_test_fails_not_skips_on_a_cache_for_another_adapter(t
     assert "1 error" in run.stdout and "skipped" not in run.stdout, run.stdout[-3000:]
     assert f"for the adapter profile {prebuilt.DEFAULT_WGSL_PROFILE}, this Vulkan adapter is" in run.stdout
     assert "--wgsl-profile wgsl-" in run.stdout
+
+
+def test_the_digest_follows_the_engine_tests_models_not_their_files(monkeypatch):
+    """The cache's digest changes with a tiny model the engine tests load (a library of its own),
+    not with the rest of those test files (comments, tolerances): their bytes are not hashed."""
+    from tests.gpu import test_engine_vulkan
+
+    before = prebuilt.sources_digest()
+    assert prebuilt.sources_digest() == before
+    assert "test_engine_vulkan.py" not in prebuilt.HASHED_FILES
+    assert "test_engine_cuda.py" not in prebuilt.HASHED_FILES
+    family, overrides = test_engine_vulkan.MODELS["llama-mha-d128"]
+    monkeypatch.setitem(
+        test_engine_vulkan.MODELS, "llama-mha-d128", (family, {**overrides, "context_window": 2048})
+    )
+    assert prebuilt.sources_digest() != before
