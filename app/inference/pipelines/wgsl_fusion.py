@@ -572,14 +572,9 @@ def _fuse_int8_block(
         if fused[key] is None:
             out.append(binding)
             continue
-        # the norm's kernel also reads the start of this GEMV's weights into the cache (PREFETCH_ENV)
-        pf = prefetch_bytes() if q8 and not source else 0
-        qkey = ((q8[0][0].name_hint, "q8") + ((gv.name_hint, "pf") if pf else ())) if q8 else None
+        qkey = (q8[0][0].name_hint, "q8") if q8 else None
         if q8 and not source and qkey not in fused:  # only once a GEMV reads it
-            norm_func = q8_norm(
-                m.in_features, q8[1], prefetch_rows=m.out_features if pf else 0, prefetch_bytes=pf
-            )
-            fused[qkey] = builder.add_func(norm_func, "_".join(qkey))
+            fused[qkey] = builder.add_func(q8_norm(m.in_features, q8[1]), "_".join(qkey))
         new_args = []
         for i, arg in enumerate(args):
             new_args += list(norm[0][1]) if (norm and i == xi) else [arg]
@@ -600,20 +595,8 @@ def _fuse_int8_block(
             new_args[xi] = normed[x_var][0]
         elif q8:
             qvar = relax.DataflowVar(f"{vec.name}_q8", relax.TensorType((q8_words(m.in_features),), "uint32"))
-            if pf:  # the weights and scales to prefetch; a one-word sink nothing reads
-                wi, si = (
-                    next(i for i, p in enumerate(gemv.params) if p.same_as(b)) for b in (m.weight, m.scale)
-                )
-                sink_ty = relax.TensorType((1,), "uint32")
-                both = relax.DataflowVar(f"{vec.name}_q8_pf", relax.TupleType([qvar.ty, sink_ty]))
-                staged = relax.call_tir(
-                    fused[qkey], relax.Tuple([*q8[0][1], args[wi], args[si]]), [qvar.ty, sink_ty]
-                )
-                out.append(relax.VarBinding(both, builder.normalize(staged)))
-                out.append(relax.VarBinding(qvar, builder.normalize(relax.TupleGetItem(both, 0))))
-            else:
-                staged = relax.call_tir(fused[qkey], relax.Tuple(list(q8[0][1])), qvar.ty)
-                out.append(relax.VarBinding(qvar, builder.normalize(staged)))
+            staged = relax.call_tir(fused[qkey], relax.Tuple(list(q8[0][1])), qvar.ty)
+            out.append(relax.VarBinding(qvar, builder.normalize(staged)))
             new_args[xi] = qvar
         result = gate[0].var if gate else binding.var
         written = result  # what the kernel writes: the result, or its words for the down projection
@@ -670,29 +653,6 @@ def fuse_int8(mod: Any, max_shared: int, parts: tuple[str, ...] = ("norm", "silu
     return rewrite_dataflow_blocks(
         mod, lambda block, builder, fused: _fuse_int8_block(block, mod, builder, fused, max_shared, parts)
     )
-
-
-#: the switch for the norm kernel's prefetch of the next GEMV's weights (MiB a launch; ``0`` none;
-#: part of the library cache key): :func:`.wgsl_q4_gemv.q8_norm`'s ``prefetch_bytes``
-PREFETCH_ENV = "LLMCHAT_WGSL_PREFETCH"
-#: MiB the norm's kernel prefetches unless ``LLMCHAT_WGSL_PREFETCH`` says otherwise
-PREFETCH_MIB = 0
-
-
-def prefetch_bytes() -> int:
-    """Bytes of the next GEMV's weights that a norm's kernel (:func:`.wgsl_q4_gemv.q8_norm`) reads
-    into the GPU's cache while it normalizes the vector: :data:`PREFETCH_MIB`, or the MiB
-    ``LLMCHAT_WGSL_PREFETCH`` names (0 to 64)."""
-    from app.errors import LlmchatError
-
-    raw = os.environ.get(PREFETCH_ENV, "").strip()
-    if not raw:
-        return PREFETCH_MIB << 20
-    if not raw.isdigit() or int(raw) > 64:
-        raise LlmchatError(
-            f"{PREFETCH_ENV}={raw!r} is not a number of MiB from 0 to 64", f"unset {PREFETCH_ENV}"
-        )
-    return int(raw) << 20
 
 
 #: the default takes the RMSNorm into the int8 GEMV only for rows of this many values or fewer.

@@ -42,8 +42,6 @@ from app.inference.pipelines.tir_facts import WebGPUKernelRule, static_shape
 _MAGIC = 0x64006400
 _LO = 0x000F000F
 _HI = 0x00F000F0
-#: the one XOR of a prefetching thread's words that stores it into the sink (:func:`dp4a_kernel`)
-_SINK_XOR = 0x9E3779B9
 
 
 @dataclass(frozen=True)
@@ -399,7 +397,6 @@ def dp4a_kernel(
     q8_out: bool = False,
     norm_out: bool = False,
     read_norm: float | None = None,
-    prefetch: tuple[int, int] = (0, 0),
 ) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
@@ -439,16 +436,7 @@ def dp4a_kernel(
     ``x^2`` (``qo``, :func:`q8n_words`), and each GEMV after the norm (``q8="read"`` with
     ``read_norm`` = the norm's eps) reads those words (two scales a 32-value group of weights),
     sums the squares (16 threads at its start, all of them after its last barrier) and multiplies
-    its dot products by the norm's scale before its epilogue.
-
-    ``prefetch`` = (workgroups, steps), with ``q8="stage"`` only (:func:`q8_norm`): the one
-    workgroup that normalizes and quantizes the vector is latency-bound and leaves the rest of the
-    GPU idle, so ``workgroups`` more workgroups read the start of the next GEMV's weights ``w``
-    (``n x k / 8`` words) and scales ``s`` into the GPU's last-level cache meanwhile, one word per
-    32-byte sector, ``steps`` sectors a thread (and an eighth as many of the scales). Their loads
-    feed a store into ``sink`` that only happens for one XOR value in 2^32 (so that no compiler
-    drops them); nothing reads ``sink``. The vector's words are unchanged (the workgroup that
-    writes them runs the same code)."""
+    its dot products by the norm's scale before its epilogue."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
@@ -466,22 +454,7 @@ def dp4a_kernel(
     padded = stage_iters * threads
     staged = 1 if read_q8 else padded  # the vector's slots in workgroup memory
     has_bias, has_res = m.bias is not None, m.residual is not None
-    pf_blocks, pf_steps = prefetch
-    if pf_blocks and (not stage_only or pf_steps <= 0):
-        raise ValueError("prefetch needs q8='stage' and at least one step")
-    blocks = 1 + pf_blocks if stage_only else n // layout.rows_per_workgroup
-    kw = k // 8  # weight words a row
-    w_sectors = -(-n * kw // 8)  # 32-byte sectors of the weights, and of the scales
-    s_sectors = -(-n * groups // 16)
-    s_steps = -(-pf_steps // 8)
-
-    # the stage-only kernel (q8_norm) loads the norm's weights with x, before its barriers
-    early_nw = stage_only and has_norm
-
-    def leader(bx: Any) -> Any:
-        # with prefetching workgroups, the vector is the first workgroup's work
-        return bx < 1 if pf_blocks else True
-
+    blocks = 1 if stage_only else n // layout.rows_per_workgroup
     out_f32 = out_dtype == "float32"
     words = q8n_words(k) if read_norm is not None else q8_words(k)
     if q8_out and not (silu_pairs and half * sets == 32 and levels == 1 and q8 != "stage"):
@@ -558,7 +531,6 @@ def dp4a_kernel(
         qg: T.Buffer((words,), "uint32"),
         nw2: T.Buffer((n,), "float16"),
         qo: T.Buffer((q8n_words(n),), "uint32"),
-        sink: T.Buffer((1,), "uint32"),
     ):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         bx = T.launch_thread("blockIdx.x", blocks)
@@ -591,11 +563,6 @@ def dp4a_kernel(
         pp = T.decl_buffer((1,), "float32", scope="local")
         ih = T.decl_buffer((2,), "int32", scope="local")
         hs = T.decl_buffer((2,), "float32", scope="local")
-        if early_nw:  # the norm's weights of the thread's values, loaded with them
-            nr = T.decl_buffer((stage_iters * 32,), "float16", scope="local")
-        if pf_blocks > 0:
-            pa = T.decl_buffer((1,), "uint32", scope="local")
-            pf = T.decl_buffer((1,), "float32", scope="local")
         row0 = (bx * sets + ty) * rows
         # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
         # matching up rows n / 2 + g0 + rr - half
@@ -618,95 +585,67 @@ def dp4a_kernel(
                         ),
                         T.float32(0),
                     )
-        if pf_blocks > 0:  # noqa: SIM102 (a Python switch around a TIR condition)
-            # the prefetching workgroups: sectors of the next GEMV's weights and scales
-            if bx > 0:
-                pa[0] = T.uint32(0)
-                pf[0] = T.float32(0)
-                for i in T.unroll(pf_steps):
-                    pa[0] = (
-                        pa[0]
-                        ^ w[
-                            T.min(((bx - 1) + i * pf_blocks) * threads + tid, w_sectors - 1) * 8 // kw,
-                            T.min(((bx - 1) + i * pf_blocks) * threads + tid, w_sectors - 1) * 8 % kw,
-                        ]
-                    )
-                for i in T.unroll(s_steps):
-                    pf[0] = pf[0] + T.Cast(
-                        "float32",
-                        s[
-                            T.min(((bx - 1) + i * pf_blocks) * threads + tid, s_sectors - 1) * 16 // groups,
-                            T.min(((bx - 1) + i * pf_blocks) * threads + tid, s_sectors - 1) * 16 % groups,
-                        ],
-                    )
-                if T.Or(pa[0] == T.uint32(_SINK_XOR), pf[0] == T.float32(-3.0e38)):
-                    sink[0] = pa[0]
-        if not read_q8:  # noqa: SIM102 (a Python switch around a TIR condition)
-            if leader(bx):
-                if has_norm:
-                    ss[0] = T.float32(0)
-                    for st in T.unroll(stage_iters):
-                        for j in T.unroll(32):
-                            # the thread's values stay in registers for the staging below
-                            xr[st * 32 + j] = T.Cast(
-                                "float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]
-                            )
-                            if early_nw:
-                                nr[st * 32 + j] = nw[T.min(tid + st * threads, groups - 1) * 32 + j]
-                            ss[0] = ss[0] + T.if_then_else(
-                                tid + st * threads < groups, xr[st * 32 + j] * xr[st * 32 + j], T.float32(0)
-                            )
-                    red[tid] = ss[0]
-                    T.tvm_storage_sync("shared")
-                    if tid < red_lanes:
-                        ss[0] = T.float32(0)
-                        for i in T.unroll(threads // red_lanes):
-                            ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
-                        red2[tid] = ss[0]
-                    T.tvm_storage_sync("shared")
-                    ss[0] = T.float32(0)
-                    for i in T.unroll(red_lanes):
-                        ss[0] = ss[0] + red2[i]
-                    ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(eps))
+        if not read_q8:
+            if has_norm:
+                ss[0] = T.float32(0)
                 for st in T.unroll(stage_iters):
-                    amax[0] = T.float32(0)
                     for j in T.unroll(32):
-                        if has_norm:
-                            if early_nw:
-                                nwv = T.meta_var(nr[st * 32 + j])
-                            else:
-                                nwv = T.meta_var(nw[T.min(tid + st * threads, groups - 1) * 32 + j])
-                            xv[j] = T.Cast(
-                                "float32",
-                                T.Cast(
-                                    "float16",
-                                    ss[0] * xr[st * 32 + j] * T.Cast("float32", nwv),
-                                ),
-                            )
-                        else:
-                            xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
-                        amax[0] = T.max(amax[0], T.fabs(xv[j]))
-                    quantize(xv, amax, qv, qsum)
-                    for lv in T.unroll(levels):
-                        pack(qv, pk, lv)
-                        if stage_only:
-                            if tid + st * threads < groups:
-                                qg[T.ramp((tid + st * threads) * 8, 1, 4)] = pk.vload([0], "uint32x4")
-                                qg[T.ramp((tid + st * threads) * 8 + 4, 1, 4)] = pk.vload([4], "uint32x4")
-                                qg[groups * 9 + tid + st * threads] = T.reinterpret("uint32", qsum[lv])
-                        else:
-                            xq[((tid + st * threads) * levels + lv) * 2] = pk.vload([0], "uint32x4")
-                            xq[((tid + st * threads) * levels + lv) * 2 + 1] = pk.vload([4], "uint32x4")
-                            xs[(tid + st * threads) * levels + lv] = qsum[lv]
+                        # the thread's values stay in registers for the staging below
+                        xr[st * 32 + j] = T.Cast(
+                            "float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]
+                        )
+                        ss[0] = ss[0] + T.if_then_else(
+                            tid + st * threads < groups, xr[st * 32 + j] * xr[st * 32 + j], T.float32(0)
+                        )
+                red[tid] = ss[0]
+                T.tvm_storage_sync("shared")
+                if tid < red_lanes:
+                    ss[0] = T.float32(0)
+                    for i in T.unroll(threads // red_lanes):
+                        ss[0] = ss[0] + red[tid * (threads // red_lanes) + i]
+                    red2[tid] = ss[0]
+                T.tvm_storage_sync("shared")
+                ss[0] = T.float32(0)
+                for i in T.unroll(red_lanes):
+                    ss[0] = ss[0] + red2[i]
+                ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(eps))
+            for st in T.unroll(stage_iters):
+                amax[0] = T.float32(0)
+                for j in T.unroll(32):
+                    if has_norm:
+                        xv[j] = T.Cast(
+                            "float32",
+                            T.Cast(
+                                "float16",
+                                ss[0]
+                                * xr[st * 32 + j]
+                                * T.Cast("float32", nw[T.min(tid + st * threads, groups - 1) * 32 + j]),
+                            ),
+                        )
+                    else:
+                        xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
+                    amax[0] = T.max(amax[0], T.fabs(xv[j]))
+                quantize(xv, amax, qv, qsum)
+                for lv in T.unroll(levels):
+                    pack(qv, pk, lv)
                     if stage_only:
                         if tid + st * threads < groups:
-                            qg[groups * 8 + tid + st * threads] = T.reinterpret(
-                                "uint32", amax[0] / T.float32(127)
-                            )
+                            qg[T.ramp((tid + st * threads) * 8, 1, 4)] = pk.vload([0], "uint32x4")
+                            qg[T.ramp((tid + st * threads) * 8 + 4, 1, 4)] = pk.vload([4], "uint32x4")
+                            qg[groups * 9 + tid + st * threads] = T.reinterpret("uint32", qsum[lv])
                     else:
-                        xd[tid + st * threads] = amax[0] / T.float32(127)
-                if not stage_only:
-                    T.tvm_storage_sync("shared")
+                        xq[((tid + st * threads) * levels + lv) * 2] = pk.vload([0], "uint32x4")
+                        xq[((tid + st * threads) * levels + lv) * 2 + 1] = pk.vload([4], "uint32x4")
+                        xs[(tid + st * threads) * levels + lv] = qsum[lv]
+                if stage_only:
+                    if tid + st * threads < groups:
+                        qg[groups * 8 + tid + st * threads] = T.reinterpret(
+                            "uint32", amax[0] / T.float32(127)
+                        )
+                else:
+                    xd[tid + st * threads] = amax[0] / T.float32(127)
+            if not stage_only:
+                T.tvm_storage_sync("shared")
         if not stage_only:
             for rr in T.unroll(rows):
                 acc[rr] = T.float32(0)
@@ -886,7 +825,7 @@ def _dot8(T: Any, word: Any, xw: Any, at: Any) -> Any:
 
 
 #: the parameters of :func:`dp4a_kernel`, in order
-_DP4A_ROLES = ("x", "nw", "w", "s", "b", "r", "out", "q", "nw2", "qo", "sink")
+_DP4A_ROLES = ("x", "nw", "w", "s", "b", "r", "out", "q", "nw2", "qo")
 
 
 def _staged(T: Any, read_q8: bool, qg: Any, offset: int, shared: Any, g: Any, stride: int, dtype: str) -> Any:
@@ -1022,45 +961,22 @@ def fused_gemv(
     return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
 
 
-#: workgroups of :func:`q8_norm` that prefetch the next GEMV's weights (``prefetch_bytes``)
-PREFETCH_WORKGROUPS = 128
-
-
-def prefetch_plan(rows: int, k: int, prefetch_bytes: int, threads: int = 256) -> tuple[int, int]:
-    """(workgroups, sectors a thread) with which :func:`q8_norm` reads about ``prefetch_bytes`` of
-    the weights of a ``k -> rows`` GEMV (at most all of them); (0, 0) for none."""
-    sectors = min(prefetch_bytes, rows * k // 2) // 32
-    if sectors <= 0:
-        return (0, 0)
-    return (PREFETCH_WORKGROUPS, -(-sectors // (PREFETCH_WORKGROUPS * threads)))
-
-
-def q8_norm(k: int, norm_eps: float, prefetch_rows: int = 0, prefetch_bytes: int = 0) -> Any:
+def q8_norm(k: int, norm_eps: float) -> Any:
     """TVM's RMSNorm of a float16 ``[1, 1, k]`` row with its weight, quantized to int8 as the int8
     kernel stages it, in one 256-thread workgroup: parameters (x, the norm's weight, the
     :func:`q8_words` output). The GEMVs after it read it with :func:`fused_gemv`'s ``q8``, so the
-    vector is normalized and quantized once per step rather than in each of their workgroups.
-
-    ``prefetch_bytes`` (with ``prefetch_rows``, the next GEMV's output rows): more workgroups read
-    that much of the start of the next GEMV's weights (and scales) into the GPU's cache while the
-    first one works (``prefetch`` of :func:`dp4a_kernel`); parameters then (x, the norm's weight,
-    the GEMV's weight words, its scales, the output, a one-word sink that nothing reads)."""
+    vector is normalized and quantized once per step rather than in each of their workgroups."""
     from tvm import tirx
 
     from app.inference.pipelines.cuda_gemv import Q4MatmulMatch
 
-    rows = prefetch_rows if prefetch_bytes > 0 and prefetch_rows > 0 else 32
-    plan = prefetch_plan(rows, k, prefetch_bytes) if prefetch_rows > 0 else (0, 0)
     x = tirx.decl_buffer((1, 1, k), "float16", name="x")
     match = Q4MatmulMatch(
-        x=x, weight=x, scale=x, bias=None, residual=None, out=x, in_features=k, out_features=rows
+        x=x, weight=x, scale=x, bias=None, residual=None, out=x, in_features=k, out_features=32
     )
-    new = dp4a_kernel(
-        match, Q4GemvLayout(1, 32, 256, "dp4a"), "float16", norm_eps=norm_eps, q8="stage", prefetch=plan
-    )
-    roles = dict(zip(_DP4A_ROLES, new.params, strict=True))
-    names = ("x", "nw", "w", "s", "q", "sink") if plan[0] else ("x", "nw", "q")
-    return tirx.PrimFunc([roles[r] for r in names], new.body, new.ret_type, new.attrs)
+    new = dp4a_kernel(match, Q4GemvLayout(1, 32, 256, "dp4a"), "float16", norm_eps=norm_eps, q8="stage")
+    x_, nw, *_, q, _nw2, _qo = new.params
+    return tirx.PrimFunc([x_, nw, q], new.body, new.ret_type, new.attrs)
 
 
 class WgslQ4Gemv(WebGPUKernelRule):

@@ -392,52 +392,6 @@ def test_the_quantized_vector_gives_the_logits_of_the_norm_inside_every_gemv(tin
     np.testing.assert_array_equal(logits["int8-q8s"], logits["int8"])
 
 
-def test_the_norms_prefetching_the_next_weights_give_the_same_logits(tiny_model_dir, monkeypatch):
-    """``LLMCHAT_WGSL_PREFETCH`` (MiB a launch): each norm's kernel that writes the quantized vector
-    (here every norm: the limit at 0, ``int8-q8s``) also reads the start of the next GEMV's weights
-    and scales (its own kernel per GEMV shape, ``..._pf``), in the same launch. On Vulkan (lavapipe
-    in CI) the tiny llama decodes the same logits, bit for bit, with the same dispatches a step; the
-    switch is part of the library key and refuses a bad value."""
-    need_vulkan()
-    from app.errors import LlmchatError
-    from app.inference.backends import webgpu
-    from app.inference.compile.cache import _kernel_switches
-    from app.inference.engine.tvm_engine import load_engine
-
-    model_dir = tiny_model_dir("llama", "q4f16_1")
-    monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
-    monkeypatch.setenv(wgsl_fusion.FUSION_ENV, "int8-q8s")
-    layers = layers_of_tiny()
-    plain = _tiny_counts(monkeypatch, "int8-q8s")
-    logits, dispatches = {}, {}
-    for mib in ("0", "1"):
-        monkeypatch.setenv(wgsl_fusion.PREFETCH_ENV, mib)
-        engine = load_engine(model_dir, device="vulkan")
-        try:
-            rt = engine.runtime
-            token = int(np.argmax(rt.prefill([5, 6, 7])))
-            steps = []
-            before = webgpu.stats(rt.device.index)
-            for _ in range(4):
-                steps.append(rt.decode(token))
-                token = int(np.argmax(steps[-1]))
-            dispatches[mib] = webgpu.stats(rt.device.index)["dispatches"] - before["dispatches"]
-        finally:
-            engine.close()
-        logits[mib] = np.stack(steps)
-    pf = _tiny_counts(monkeypatch, "int8-q8s")
-    assert sum(pf.values()) == sum(plain.values()) and dispatches["1"] == dispatches["0"]
-    norms = [name for name in pf if "rms_norm" in name and name.endswith("_pf")]
-    assert sum(pf[name] for name in norms) == 2 * layers + 1, pf  # before q/k/v, gate_up, the logits
-    assert not any(name.endswith("_pf") for name in plain)
-    assert np.abs(logits["0"]).max() > 0
-    np.testing.assert_array_equal(logits["1"], logits["0"])
-    assert _kernel_switches()[wgsl_fusion.PREFETCH_ENV] == "1"
-    monkeypatch.setenv(wgsl_fusion.PREFETCH_ENV, "lots")
-    with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_PREFETCH"):
-        wgsl_fusion.prefetch_bytes()
-
-
 def test_rope_and_append_move_into_the_decode_attention(monkeypatch):
     """By default a decoded token's split-rotary and KV append launch nothing (the v2 attention
     does both, :mod:`~app.inference.pipelines.wgsl_rope_append`): two launches a layer fewer than

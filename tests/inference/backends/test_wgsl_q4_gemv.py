@@ -354,59 +354,6 @@ def test_the_vector_quantized_once_gives_what_the_norm_inside_the_gemv_gives(k, 
     assert not np.array_equal(out_q8.numpy(), want)
 
 
-PREFETCH_CASES = [
-    # k, the next GEMV's rows, bytes to prefetch: its first 16 KiB; more than all of it (4 MiB of
-    # 1 MiB: every sector, the index clamped at the last); a reduction whose rows are not whole
-    # 32-byte sectors of scales (896: 28 groups)
-    (4096, 1024, 16 << 10),
-    (1024, 2048, 4 << 20),
-    (896, 1152, 64 << 10),
-]
-
-
-@pytest.mark.parametrize(
-    ("k", "rows", "nbytes"), PREFETCH_CASES, ids=[f"{c[0]}x{c[1]}-{c[2]}" for c in PREFETCH_CASES]
-)
-def test_the_norm_prefetching_the_next_weights_writes_the_same_words(k, rows, nbytes, tmp_path):
-    """``q8_norm`` with workgroups that read the next GEMV's weights and scales into the cache
-    (``prefetch_bytes``): the vector's words bit for bit those of the norm alone, the weights and
-    scales untouched; its WGSL compiles and runs on the Vulkan device."""
-    import tvm
-
-    from app.inference.backends import webgpu
-    from app.inference.pipelines.wgsl_q4_gemv import PREFETCH_WORKGROUPS, prefetch_plan, q8_norm, q8_words
-
-    need_vulkan()
-    eps = 1e-5
-    blocks, steps = prefetch_plan(rows, k, nbytes)
-    assert blocks == PREFETCH_WORKGROUPS and blocks * 256 * steps * 32 >= min(nbytes, rows * k // 2)
-    assert prefetch_plan(rows, k, 0) == (0, 0)
-    plain, pref = q8_norm(k, eps), q8_norm(k, eps, prefetch_rows=rows, prefetch_bytes=nbytes)
-    assert len(plain.params) == 3 and len(pref.params) == 6
-    target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile="wgsl-f16-wg32768-t256"))
-    mod = tvm.IRModule(
-        {n: f.with_attr("global_symbol", n) for n, f in {"plain": plain, "pref": pref}.items()}
-    )
-    tvm.compile(mod, target=target).export_library(str(tmp_path / "pf.so"))
-    lib = tvm.runtime.load_module(str(tmp_path / "pf.so"))
-    dev = webgpu.device(0)
-    rng = np.random.default_rng(k + rows)
-    x = (rng.standard_normal(k) * 3).astype(np.float16).reshape(1, 1, k)
-    nw = (1 + 0.25 * rng.standard_normal(k)).astype(np.float16)
-    w = rng.integers(0, 2**32, (rows, k // 8), dtype=np.uint32)
-    s = (rng.random((rows, k // 32)) * 0.01).astype(np.float16)
-    t = [tvm.runtime.tensor(a, dev) for a in (x, nw, w, s)]
-    q_plain = tvm.runtime.tensor(np.zeros(q8_words(k), np.uint32), dev)
-    q_pref = tvm.runtime.tensor(np.full(q8_words(k), 7, np.uint32), dev)
-    sink = tvm.runtime.tensor(np.zeros(1, np.uint32), dev)
-    lib["plain"](t[0], t[1], q_plain)
-    lib["pref"](t[0], t[1], t[2], t[3], q_pref, sink)
-    np.testing.assert_array_equal(q_pref.numpy(), q_plain.numpy())
-    assert q_plain.numpy().any()
-    np.testing.assert_array_equal(t[2].numpy(), w)
-    np.testing.assert_array_equal(t[3].numpy(), s)
-
-
 GATED_Q8_CASES = [
     # k, intermediate, down's rows, the norm inside gate_up, LLMCHAT_WGSL_GATE_LAYOUT: gate_up
     # writes its gated output quantized, the down projection reads those words
