@@ -136,6 +136,24 @@ MAX_K = 16384
 #: down (11008 -> 2048) 1 row (256) 20.8, 2 rows 23.4, DecodeGEMV 34.3; o (2048 -> 2048) 4 rows
 #: (64) 13.7, 2 rows 12.8, 1 row 12.1
 MIN_WORKGROUPS = 256
+#: the switch for :data:`MIN_WORKGROUPS`, for A/B runs (part of the library cache key)
+MIN_WORKGROUPS_ENV = "LLMCHAT_WGSL_MIN_WORKGROUPS"
+
+
+def min_workgroups() -> int:
+    """:data:`MIN_WORKGROUPS`, or the number ``LLMCHAT_WGSL_MIN_WORKGROUPS`` names (a power of two
+    from 32 to 4,096)."""
+    from app.errors import LlmchatError
+
+    raw = os.environ.get(MIN_WORKGROUPS_ENV, "").strip()
+    if not raw:
+        return MIN_WORKGROUPS
+    if not raw.isdigit() or int(raw) not in {1 << e for e in range(5, 13)}:
+        raise LlmchatError(
+            f"{MIN_WORKGROUPS_ENV}={raw!r} is not a power of two from 32 to 4096",
+            f"unset {MIN_WORKGROUPS_ENV}",
+        )
+    return int(raw)
 
 
 def shared_bytes(layout: Q4GemvLayout, k: int) -> int:
@@ -240,7 +258,7 @@ def choose(
 ) -> Q4GemvLayout | None:
     """The product's layout for a ``k -> n`` GEMV (``q4-auto``): int8 dot4, 32 lanes a set, 256
     threads, and the most rows per set (4, 2 or 1; ``pairs``: 4 or 2, gate and up rows) that tile
-    ``n`` in :data:`MIN_WORKGROUPS` workgroups or more (else the fewest that tile it); None for
+    ``n`` in :func:`min_workgroups` workgroups or more (else the fewest that tile it); None for
     reductions over :data:`MAX_K`, over ``max_shared`` bytes of workgroup memory, or rows no layout
     tiles: other rules take those. ``group_out`` (pairs whose gated output is written quantized,
     ``q8_out`` of :func:`dp4a_kernel`): 4 rows a set of 16 lanes, 16 sets, a workgroup's 32
@@ -252,10 +270,11 @@ def choose(
         shapes = _pair_layouts(group_out)
     else:
         shapes = (_norm_out_layout(),) if group_out else ((4, 32), (2, 32), (1, 32))
+    least = min_workgroups()
     fitting = [Q4GemvLayout(rows, lanes, 256, "dp4a", preload=preload_steps()) for rows, lanes in shapes]
     fitting = [lay for lay in fitting if lay.fits(n, k) and shared_bytes(lay, k) <= max_shared]
     for layout in fitting:
-        if n // layout.rows_per_workgroup >= MIN_WORKGROUPS:
+        if n // layout.rows_per_workgroup >= least:
             return layout
     return fitting[-1] if fitting else None
 

@@ -267,6 +267,29 @@ def test_the_preload_switch_sets_q4_autos_layout(monkeypatch):
         wgsl_q4_gemv.choose(4096, 4096)
 
 
+def test_the_workgroups_switch_sets_the_rows_a_set(monkeypatch):
+    """``q4-auto`` takes the most rows a set (4, 2, 1) that still give :data:`MIN_WORKGROUPS`
+    workgroups; ``LLMCHAT_WGSL_MIN_WORKGROUPS`` moves that line for A/B runs and is part of the
+    library key; a number that is not a power of two from 32 to 4,096 is refused."""
+    from app.errors import LlmchatError
+    from app.inference.compile.cache import _kernel_switches
+    from app.inference.pipelines import wgsl_q4_gemv
+
+    choose = wgsl_q4_gemv.choose
+    assert choose(4096, 4096).name == "q4-r2-l32-t256-dp4a"  # 256 workgroups
+    assert choose(4096, 12288).name == "q4-r4-l32-t256-dp4a"  # 384
+    monkeypatch.setenv(wgsl_q4_gemv.MIN_WORKGROUPS_ENV, "512")
+    assert choose(4096, 4096).name == "q4-r1-l32-t256-dp4a"  # 512
+    assert choose(4096, 12288).name == "q4-r2-l32-t256-dp4a"  # 768
+    assert _kernel_switches()[wgsl_q4_gemv.MIN_WORKGROUPS_ENV] == "512"
+    monkeypatch.setenv(wgsl_q4_gemv.MIN_WORKGROUPS_ENV, "128")
+    assert choose(4096, 4096).name == "q4-r4-l32-t256-dp4a"  # 128
+    for bad in ("100", "8192", "many"):
+        monkeypatch.setenv(wgsl_q4_gemv.MIN_WORKGROUPS_ENV, bad)
+        with pytest.raises(LlmchatError, match="LLMCHAT_WGSL_MIN_WORKGROUPS"):
+            choose(4096, 4096)
+
+
 def test_the_gate_layout_switch_sets_the_pairs_layout(monkeypatch):
     """gate_up's layout (SiLU pairs): 4 or 2 rows a set by the workgroup count; where a
     workgroup's 32 outputs are quantized as one group, 4 rows a set of 16 lanes; ``r8`` / ``l16``
