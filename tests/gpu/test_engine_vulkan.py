@@ -28,10 +28,10 @@ pytestmark = pytest.mark.gpu
 #: llama-d128 and llama-long models measured 1.13e-2 and 1.06e-2 with it (session 10)
 REFERENCE_TOL = 2e-2
 
-#: CUDA's models, a multi-head one (a KV head a query head) and one with rows of 2,048 (Qwen2.5-3B's
-#: width): its norms keep no kernel of their own, the o and down projections write the vector for
-#: them (``pipelines/wgsl_fusion.py``, ``NORM_OUT_MAX_K``), where CUDA's narrower models compute
-#: the norm inside each GEMV
+#: CUDA's models, a multi-head one (a KV head a query head) and ones with rows of 2,048 (Qwen2.5-3B's
+#: width) and 4,096 (Llama-2-7B's layer: its widths, heads and head_dim): their norms keep no kernel
+#: of their own, the o and down projections write the vector for them (``pipelines/wgsl_fusion.py``,
+#: ``q8n``), where CUDA's narrower models compute the norm inside each GEMV
 MODELS = {
     **CUDA_MODELS,
     # Llama-2-style multi-head attention with head_dim 128 (Llama-2-7B's): decode attention on the
@@ -54,6 +54,17 @@ MODELS = {
             "intermediate_size": 2816,
             "num_attention_heads": 16,
             "num_key_value_heads": 4,
+            "context_window": 1024,
+            "prefill_chunk": 256,
+        },
+    ),
+    "llama-w4096": (
+        "llama",
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
             "context_window": 1024,
             "prefill_chunk": 256,
         },

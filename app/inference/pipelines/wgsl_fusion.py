@@ -51,14 +51,17 @@ lifts that limit).
   quantized, one thread per workgroup, as the down projection's staging would; the down
   projection reads the words. H200 (benchmarks/results/h200-2026-12-03-s16/call2): Qwen2.5-3B
   440.9 tok/s against 413.9 / 413.6, Llama-2-7B 296.4 against 291.5 / 291.8.
-  **The norm folded into the GEMVs around it** (default for rows up to :data:`NORM_OUT_MAX_K`;
-  ``int8-q8n`` for every row, ``int8-q8s`` never): where the norm's input is a GEMV's output (the
+  **The norm folded into the GEMVs around it** (default; ``int8-q8ns`` only for rows up to
+  :data:`NORM_OUT_MAX_K`, ``int8-q8s`` never): where the norm's input is a GEMV's output (the
   o and the down projections), that GEMV also writes ``x * w`` quantized (a scale per 16 values:
   a workgroup's rows) and each half group's sum of ``x^2``; the GEMVs after the norm read those
   words and multiply their sums by ``rsqrt(mean(x^2) + eps)``, which scales every int8 group
   alike. Two launches a layer fewer (the first layer's norm, after the embedding, keeps its
-  kernel). H200, one device call (benchmarks/results/h200-2026-12-04-s19/callD): Qwen2.5-3B 473.0
-  tok/s against 441.0 / 442.8 with the norm's kernel; the Llama-2-7B (4,096-wide rows) keeps it.
+  kernel). H200 (benchmarks/results/h200-2026-12-04-s19/callD): Qwen2.5-3B 473.0 tok/s against
+  441.0 / 442.8 with the norm's kernel; the Llama-2-7B's 4,096-wide rows, no faster then (294.6
+  against 296.0, with session 14's decode attention), gained once its attention was key-parallel:
+  409.6 tok/s against 377.7 / 379.2 (benchmarks/results/h200-2026-12-04-s21/callB), hence every
+  width since session 21.
 - **grafted (``on`` or ``all``, :func:`fuse_prologues_pass`)**: the prologue's own blocks put in
   front of the GEMV as the rules schedule it (the rest of this docstring). On the H200 the fused
   library decoded the Llama-2-7B shape at 87.3 tok/s against 153.4 with the separate kernels
@@ -616,8 +619,10 @@ def _fuse_int8_block(
     return relax.DataflowBlock([b for b in flat if b.var not in dropped])
 
 
-#: the default folds an RMSNorm into the GEMVs around it (``q8n``) for rows of this many values
-#: or fewer (and over :data:`INT8_NORM_MAX_K`: the norms that keep a kernel of their own). H200,
+#: ``int8-q8ns`` (the default of sessions 19 and 20) folds an RMSNorm into the GEMVs around it
+#: (``q8n``) only for rows of this many values or fewer; the default folds every width (session
+#: 21: Llama-2-7B 409.6 against 377.7 / 379.2 tok/s, benchmarks/results/h200-2026-12-04-s21/callB,
+#: once its decode attention was key-parallel). Session 19's measurement (H200,
 #: NVIDIA's Vulkan driver, decode tok/s by the bench protocol, the kernel as it is, two rounds in
 #: one device call (benchmarks/results/h200-2026-12-04-s19/callB): Qwen2.5-3B (2,048) 463.1 /
 #: 463.6 against 440.6 / 439.7 with the norm's kernel; Llama-2-7B (4,096) 294.6 / 294.6 against
@@ -666,21 +671,21 @@ INT8_NORM_MAX_K = 1024
 
 
 def int8_fusion_parts() -> tuple[str, ...]:
-    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8ns``)
+    """What the int8 GEMV kernel takes in (``LLMCHAT_WGSL_FUSION``): by default (or ``int8-q8n``)
     the SiLU gate (``silu``), the RMSNorm of rows up to :data:`INT8_NORM_MAX_K` (``norm-short``),
     for the longer rows the norm's own kernel writing the vector quantized once (``q8``:
     :func:`.wgsl_q4_gemv.q8_norm`) for the GEMVs after it to read instead of each of their
     workgroups quantizing it, and gate_up writing its gated output quantized for the down
-    projection (``q8-silu``); where a GEMV writes the norm's input and the rows are at most
-    :data:`NORM_OUT_MAX_K`, no kernel for the norm at all (``q8n-short``: that GEMV writes the
-    vector quantized, the GEMVs after the norm apply its scale). For A/B runs ``int8-q8n`` that
-    for every row, ``int8-q8s`` the default without it (session 16's), ``int8-q8`` also without
-    ``q8-silu``, ``int8-noq8`` also without ``q8``, ``int8`` the norm and the gate everywhere,
-    ``int8-norm`` /
+    projection (``q8-silu``); where a GEMV writes the norm's input, no kernel for the norm at all
+    (``q8n``: that GEMV writes the vector quantized, the GEMVs after the norm apply its scale;
+    only the first layer's norm, after the embedding, keeps its kernel). For A/B runs
+    ``int8-q8ns`` that only for rows up to :data:`NORM_OUT_MAX_K` (``q8n-short``: sessions 19
+    and 20), ``int8-q8s`` never (session 16's), ``int8-q8`` also without ``q8-silu``,
+    ``int8-noq8`` also without ``q8``, ``int8`` the norm and the gate everywhere, ``int8-norm`` /
     ``int8-silu`` one of them; none for any other value (``off``)."""
     choice = os.environ.get(FUSION_ENV, "").strip().lower()
     return {
-        "": ("norm-short", "silu", "q8", "q8-silu", "q8n-short"),
+        "": ("norm-short", "silu", "q8", "q8-silu", "q8n"),
         "int8-q8ns": ("norm-short", "silu", "q8", "q8-silu", "q8n-short"),
         "int8-q8n": ("norm-short", "silu", "q8", "q8-silu", "q8n"),
         "int8-q8s": ("norm-short", "silu", "q8", "q8-silu"),

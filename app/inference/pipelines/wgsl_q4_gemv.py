@@ -236,8 +236,16 @@ def _pair_layouts(group_out: bool) -> tuple[tuple[int, int], ...]:
 #: Llama-2-7B's o and down projections with 128 workgroups: 20.5 and 30.2 µs a launch in the H200's
 #: GPU profile against 15.8 and 19.0, benchmarks/results/h200-2026-12-04-s19/callA.)
 NORM_OUT_LAYOUT_ENV = "LLMCHAT_WGSL_NORM_OUT_LAYOUT"
-NORM_OUT_LAYOUTS = {"r2": (2, 32), "r1": (1, 16)}
+NORM_OUT_LAYOUTS = {"r2": (2, 32), "r1": (1, 16), "r2p": (2, 32), "r1p": (1, 16)}
 NORM_OUT_LAYOUT = "r2"
+
+
+def norm_out_parallel() -> bool:
+    """Whether a GEMV writing a norm's vector quantizes its 16 values with several threads (the
+    ``...p`` values of ``LLMCHAT_WGSL_NORM_OUT_LAYOUT``: four threads a word each, one the int8
+    sum, one the sum of squares and the scale, on three sets) rather than one."""
+    raw = os.environ.get(NORM_OUT_LAYOUT_ENV, "").strip().lower() or NORM_OUT_LAYOUT
+    return raw.endswith("p")
 
 
 def _norm_out_layout() -> tuple[int, int]:
@@ -416,6 +424,7 @@ def dp4a_kernel(
     q8_out: bool = False,
     norm_out: bool = False,
     read_norm: float | None = None,
+    norm_out_par: bool = False,
 ) -> Any:
     """:func:`gemv_kernel` with the activations quantized to int8 (a scale per 32 values, as
     llama.cpp's q8_1) once per workgroup into workgroup memory, and the 4-bit weights multiplied
@@ -455,7 +464,10 @@ def dp4a_kernel(
     ``x^2`` (``qo``, :func:`q8n_words`), and each GEMV after the norm (``q8="read"`` with
     ``read_norm`` = the norm's eps) reads those words (two scales a 32-value group of weights),
     sums the squares (16 threads at its start, all of them after its last barrier) and multiplies
-    its dot products by the norm's scale before its epilogue."""
+    its dot products by the norm's scale before its epilogue. ``norm_out_par``: after the
+    barrier, threads 0-3 each pack one of the half group's four words, thread ``lanes`` its int8
+    sum and thread ``2 * lanes`` its sum of squares and scale (each from the 16 values in
+    workgroup memory, the same arithmetic as thread 0 alone)."""
     from tvm.script import tirx as T
 
     k, n = m.in_features, m.out_features
@@ -811,7 +823,43 @@ def dp4a_kernel(
                         out[0, 0, row0 + tx] = _epilogue(
                             T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res
                         )
-                if norm_out:
+                if norm_out and norm_out_par:
+                    T.tvm_storage_sync("shared")
+                    if tid < 4 or tid == lanes or tid == 2 * lanes:
+                        amax[0] = T.float32(0)
+                        for j in T.unroll(16):
+                            amax[0] = T.max(amax[0], T.fabs(red[j]))
+                        pp[0] = T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
+                    if tid < 4:
+                        # word bx % 2 * 4 + tid of the group: values 2 * (word // 2) * 4 + word % 2
+                        # + 0, 2, 4, 6 of the 32, in this half group at (word % 4 // 2) * 8 + word % 2
+                        pk[0] = T.uint32(0)
+                        for b4 in T.unroll(4):
+                            pk[0] = pk[0] | (
+                                (
+                                    T.Cast(
+                                        "uint32",
+                                        T.Cast(
+                                            "int32", T.round(red[tid // 2 * 8 + tid % 2 + 2 * b4] * pp[0])
+                                        ),
+                                    )
+                                    & T.uint32(255)
+                                )
+                                << T.uint32(8 * b4)
+                            )
+                        qo[bx // 2 * 8 + bx % 2 * 4 + tid] = pk[0]
+                    if tid == lanes:
+                        qsum[0] = 0
+                        for j in T.unroll(16):
+                            qsum[0] = qsum[0] + T.Cast("int32", T.round(red[j] * pp[0]))
+                        qo[out_groups * 10 + bx] = T.reinterpret("uint32", qsum[0])
+                    if tid == 2 * lanes:
+                        qo[out_groups * 8 + bx] = T.reinterpret("uint32", amax[0] / T.float32(127))
+                        gsum[0] = T.float32(0)
+                        for j in T.unroll(16):
+                            gsum[0] = gsum[0] + red[16 + j]
+                        qo[out_groups * 12 + bx] = T.reinterpret("uint32", gsum[0])
+                elif norm_out:
                     T.tvm_storage_sync("shared")
                     if tid == 0:
                         # the half group's 16 values in their half of a 32-value group (zeros in
@@ -961,6 +1009,7 @@ def fused_gemv(
         q8_out=q8_out,
         norm_out=norm_out,
         read_norm=read_norm,
+        norm_out_par=norm_out and norm_out_parallel(),
     )
     roles = dict(zip(_DP4A_ROLES, new.params, strict=True))
     old_roles = {"w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual}

@@ -572,16 +572,19 @@ def test_the_gemv_before_a_norm_writes_its_vector_and_the_norms_launch_goes(monk
     )
 
 
-def test_the_default_folds_the_norm_for_rows_up_to_its_limit(monkeypatch):
-    """By default the norm folds into the GEMVs around it for rows up to
-    :data:`~wgsl_fusion.NORM_OUT_MAX_K` (the tiny llama's 64 with the norm's own kernel forced),
-    not over it."""
+def test_the_default_folds_the_norm_for_every_row_and_q8ns_up_to_its_limit(monkeypatch):
+    """By default the norm folds into the GEMVs around it whatever the row's width (the tiny
+    llama's 64 with the norm's own kernel forced, also with the limit below it); ``int8-q8ns``
+    only for rows up to :data:`~wgsl_fusion.NORM_OUT_MAX_K`, not over it."""
     monkeypatch.setattr(wgsl_fusion, "INT8_NORM_MAX_K", 0)
     assert wgsl_fusion.NORM_OUT_MAX_K == 2048
-    assert _tiny_counts(monkeypatch, "") == _tiny_counts(monkeypatch, "int8-q8n")
-    assert _tiny_counts(monkeypatch, "int8-q8ns") == _tiny_counts(monkeypatch, "int8-q8n")
+    q8n = _tiny_counts(monkeypatch, "int8-q8n")
+    assert _tiny_counts(monkeypatch, "") == q8n
+    assert _tiny_counts(monkeypatch, "int8-q8ns") == q8n
     monkeypatch.setattr(wgsl_fusion, "NORM_OUT_MAX_K", 32)
-    assert _tiny_counts(monkeypatch, "") == _tiny_counts(monkeypatch, "int8-q8s")
+    assert _tiny_counts(monkeypatch, "") == q8n
+    assert _tiny_counts(monkeypatch, "int8-q8ns") == _tiny_counts(monkeypatch, "int8-q8s")
+    assert sum(q8n.values()) < sum(_tiny_counts(monkeypatch, "int8-q8s").values())
 
 
 @pytest.mark.parametrize(("family", "tol"), [("llama", 2e-2), ("qwen2", 1e-2)])

@@ -548,6 +548,53 @@ def test_the_norm_folded_into_the_gemvs_around_it_matches_float64(
         assert not np.array_equal(out.numpy(), got), at
 
 
+@pytest.mark.parametrize(
+    ("k", "n", "layout"),
+    [(4096, 4096, "r2"), (896, 896, "r2"), (11008, 2048, "r1")],
+    ids=["7b-o", "896", "r1"],
+)
+def test_the_norm_vector_quantized_by_several_threads_is_bit_for_bit_one_threads(
+    k, n, layout, tmp_path, monkeypatch
+):
+    """``LLMCHAT_WGSL_NORM_OUT_LAYOUT=r2p`` / ``r1p``: the GEMV writing a norm's vector quantizes
+    each half group with four threads packing a word each and two more the int8 sum, the sum of
+    squares and the scale; its output and every word are those of one thread doing it all."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines import wgsl_q4_gemv
+    from app.inference.pipelines.wgsl_q4_gemv import fused_gemv, q8n_words
+
+    need_vulkan()
+    prod_func = q4_matmul_func(k, n, "res")
+    funcs = {}
+    for name, value in (("one", layout), ("par", layout + "p")):
+        monkeypatch.setenv(wgsl_q4_gemv.NORM_OUT_LAYOUT_ENV, value)
+        assert wgsl_q4_gemv.norm_out_parallel() == (name == "par")
+        funcs[name] = fused_gemv(prod_func, None, None, 32768, norm_out=True)
+    assert funcs["one"] is not None and funcs["par"] is not None
+    assert funcs["one"].script() != funcs["par"].script()
+    run = _matmul_run(k, n, "res", 1, seed=k + 3 * n)
+    x, wp, sp, res = run.args[:4]
+    x = (x.astype(np.float32) * 3).astype(np.float16)
+    nw = (1 + 0.25 * np.random.default_rng(n).standard_normal(n)).astype(np.float16)
+    target = tvm.target.Target(webgpu.target_dict(0, {"kind": "llvm"}, profile="wgsl-f16-wg32768-t256"))
+    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    tvm.compile(mod, target=target).export_library(str(tmp_path / "par.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "par.so"))
+    dev = webgpu.device(0)
+    t = [tvm.runtime.tensor(a, dev) for a in (x, wp, sp, res, nw)]
+    got = {}
+    for name in funcs:
+        xo = tvm.runtime.tensor(np.zeros((1, 1, n), np.float16), dev)
+        words = tvm.runtime.tensor(np.full(q8n_words(n), 0xDEADBEEF, np.uint32), dev)
+        lib[name](*t, xo, words)
+        got[name] = (xo.numpy(), words.numpy())
+    np.testing.assert_array_equal(got["par"][0], got["one"][0])
+    np.testing.assert_array_equal(got["par"][1], got["one"][1])
+    assert not (got["one"][1] == 0xDEADBEEF).any()  # every word written
+
+
 def test_the_norm_out_layout_switch_sets_the_producers_layout(monkeypatch):
     """A GEMV writing a norm's vector takes 16 rows a workgroup (one half group): 2 rows of 32
     lanes by default, 1 row of 16 lanes with ``r1``; a bad value names the switch; the switch is
