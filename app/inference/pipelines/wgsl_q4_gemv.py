@@ -831,8 +831,8 @@ def dp4a_kernel(
                             amax[0] = T.max(amax[0], T.fabs(red[j]))
                         pp[0] = T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
                     if tid < 4:
-                        # word bx % 2 * 4 + tid of the group: values 2 * (word // 2) * 4 + word % 2
-                        # + 0, 2, 4, 6 of the 32, in this half group at (word % 4 // 2) * 8 + word % 2
+                        # word w = bx % 2 * 4 + tid of the group packs its values (w // 2) * 8 + w % 2
+                        # + 0, 2, 4, 6: in this half group tid // 2 * 8 + tid % 2 + 0, 2, 4, 6
                         pk[0] = T.uint32(0)
                         for b4 in T.unroll(4):
                             pk[0] = pk[0] | (
