@@ -2,12 +2,16 @@
 """Where a Vulkan decode step goes: host time recording launches, submitting, waiting (the
 add-on's counters) and (``--copy-lib``) the floor of a dependent dispatch by the bytes it moves, for random-weight presets compiled by
 ``gpu_decode.py compile`` (manifest in --cache). Prints one JSON line per preset; with
-``LLMCHAT_WEBGPU_PROFILE=1`` also the GPU time of each kernel per step (timestamp queries)."""
+``LLMCHAT_WEBGPU_PROFILE=1`` also the GPU time of each kernel per step (timestamp queries).
+``--repeat NAME`` dispatches every kernel whose name contains NAME twice (``LLMCHAT_WEBGPU_REPEAT``):
+the step's GPU wait minus that of a run without it is what one more such dispatch costs the real
+step, which the profiler's timestamps overstate for small kernels."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,7 +68,10 @@ def main() -> int:
     ap.add_argument("--copy-lib", default=None, help="wgsl_copy.so for the dispatch floor")
     ap.add_argument("--floor-rows", default="64,1024,16384,65536,262144,1048576,4194304",
                     help="rows of 16 bytes the floor's copies move (read and written)")
+    ap.add_argument("--repeat", default="", help="dispatch the kernels whose name contains this twice")
     args = ap.parse_args()
+    if args.repeat:  # read by the add-on when the device is made
+        os.environ["LLMCHAT_WEBGPU_REPEAT"] = args.repeat
     import gpu_decode
 
     if args.presets and not args.cache:
@@ -98,7 +105,8 @@ def main() -> int:
             d = {k: b[k] - a[k] for k in ("dispatches", "submits", "syncs", "readbacks", "record_ns", "submit_ns",
                                           "wait_ns", "bind_group_misses")}
             steps = args.steps
-            print(json.dumps({"preset": preset, "steps": steps, "ms_per_step": round(wall / steps * 1e3, 3),
+            print(json.dumps({"preset": preset, "repeat": args.repeat, "steps": steps,
+                              "ms_per_step": round(wall / steps * 1e3, 3),
                               "dispatches_per_step": d["dispatches"] / steps,
                               "record_ms_per_step": round(d["record_ns"] / steps / 1e6, 3),
                               "submit_ms_per_step": round(d["submit_ns"] / steps / 1e6, 3),

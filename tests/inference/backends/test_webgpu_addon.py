@@ -240,6 +240,61 @@ def test_submitting_every_n_dispatches_keeps_results_and_scalars_exact(dev, tmp_
     assert out["dispatches"] == 4200 and out["wrong"] == 0, out
 
 
+def _accumulate_module(tmp_path: Path) -> Path:
+    """B[i] += A[i] (256 values, one workgroup of 64 threads a quarter) for the webgpu target."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def accumulate(a: T.Buffer((256,), "float32"), b: T.Buffer((256,), "float32")):
+        T.func_attr({"global_symbol": "accumulate", "tirx.noalias": True, "tirx.is_scheduled": True})
+        bx = T.launch_thread("blockIdx.x", 4)
+        tx = T.launch_thread("threadIdx.x", 64)
+        b[bx * 64 + tx] = b[bx * 64 + tx] + a[bx * 64 + tx]
+
+    lib = tvm.compile(
+        tvm.IRModule({"accumulate": accumulate}), target=tvm.target.Target({"kind": "webgpu", "host": "llvm"})
+    )
+    path = tmp_path / "accumulate.so"
+    lib.export_library(str(path))
+    return path
+
+
+def test_a_named_kernel_can_be_dispatched_twice_for_a_benchmark(dev, tmp_path):
+    """LLMCHAT_WEBGPU_REPEAT=NAME (benchmarks/vulkan_profile.py --repeat): every launch of a kernel
+    whose name contains NAME runs twice, back to back, with the same arguments: a kernel writing
+    another buffer gives what it gave once (a decode step's kernels all do); one adding into its
+    output shows the second run; both dispatches are counted. Another name changes nothing."""
+    scale, accumulate = _scale_module(tmp_path), _accumulate_module(tmp_path)
+    script = textwrap.dedent(f"""
+        import json, numpy as np, tvm
+        from app.inference.backends import webgpu
+        dev = webgpu.device(0)
+        scale = tvm.runtime.load_module({str(scale)!r})
+        acc = tvm.runtime.load_module({str(accumulate)!r})
+        a = tvm.runtime.tensor(np.arange(256, dtype="float32"), dev)
+        b = tvm.runtime.tensor(np.zeros(256, "float32"), dev)
+        c = tvm.runtime.tensor(np.ones(256, "float32"), dev)
+        before = webgpu.stats(0)
+        scale["scale"](a, b)
+        acc["accumulate"](a, c)
+        out = dict(b=b.numpy().tolist(), c=c.numpy().tolist())
+        out["dispatches"] = webgpu.stats(0)["dispatches"] - before["dispatches"]
+        print(json.dumps(out))
+    """)
+    runs = {}
+    for name in ("no-such-kernel", "scale", "accumulate"):
+        runs[name] = json.loads(_child(script, LLMCHAT_WEBGPU_REPEAT=name).strip().splitlines()[-1])
+    expected_b = np.arange(256, dtype="float32") * 2 + 1
+    for name, out in runs.items():
+        assert np.array_equal(np.array(out["b"], "float32"), expected_b), name
+    ones, ramp = np.ones(256, "float32"), np.arange(256, dtype="float32")
+    assert np.array_equal(np.array(runs["no-such-kernel"]["c"], "float32"), ones + ramp)
+    assert np.array_equal(np.array(runs["scale"]["c"], "float32"), ones + ramp)
+    assert np.array_equal(np.array(runs["accumulate"]["c"], "float32"), ones + 2 * ramp)
+    assert [runs[n]["dispatches"] for n in runs] == [2, 3, 3], runs
+
+
 def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
     lib_path = _scale_module(tmp_path)
     script = textwrap.dedent(f"""

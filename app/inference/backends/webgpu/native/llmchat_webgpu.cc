@@ -275,6 +275,13 @@ struct Context {
   // h200-2026-12-03-s13/sweep); kept for drivers where recording a step costs more than a submit
   int64_t submit_every = 0, since_submit = 0;
 
+  // LLMCHAT_WEBGPU_REPEAT=NAME: every launch of a kernel whose name contains NAME is dispatched a
+  // second time, right after the first, with the same arguments (every kernel of a decode step
+  // writes what it wrote again). A benchmark's measure of what one more such dispatch costs the
+  // real step (benchmarks/vulkan_profile.py --repeat), where the GPU profiler's timestamps
+  // overstate small kernels; never for use
+  std::string repeat;
+
   WGPUBuffer upload = nullptr;  // host->device copies inside the pending encoder
   size_t upload_used = 0;
 
@@ -472,6 +479,8 @@ static Context* get_context(int index) {
     ctx->profiling = true;
   }
   ctx->submit_every = submit_every;
+  const char* repeat_env = getenv("LLMCHAT_WEBGPU_REPEAT");
+  ctx->repeat = repeat_env != nullptr ? repeat_env : "";
 
   if (all.size() <= static_cast<size_t>(index)) all.resize(index + 1);
   all[index] = std::move(ctx);
@@ -1209,6 +1218,11 @@ class WebGPUModule final : public ffi::ModuleObj {
       ctx->query_names.push_back(k->name);
     }
     ctx->dispatches++;
+    if (!ctx->repeat.empty() && !ctx->profiling && k->name.find(ctx->repeat) != std::string::npos) {
+      wgpuComputePassEncoderDispatchWorkgroups(p, static_cast<uint32_t>(gx), static_cast<uint32_t>(work[1]),
+                                               static_cast<uint32_t>(gz));
+      ctx->dispatches++;
+    }
     ctx->record_ns += now_ns() - t0;
     if (ctx->submit_every > 0 && ++ctx->since_submit >= ctx->submit_every) flush(ctx);
   }
