@@ -240,16 +240,9 @@ NORM_OUT_LAYOUTS = {"r2": (2, 32), "r1": (1, 16), "r2p": (2, 32), "r1p": (1, 16)
 NORM_OUT_LAYOUT = "r2"
 
 
-def norm_out_parallel() -> bool:
-    """Whether a GEMV writing a norm's vector quantizes its 16 values with several threads (the
-    ``...p`` values of ``LLMCHAT_WGSL_NORM_OUT_LAYOUT``: four threads a word each, one the int8
-    sum, one the sum of squares and the scale, on three sets) rather than one."""
-    raw = os.environ.get(NORM_OUT_LAYOUT_ENV, "").strip().lower() or NORM_OUT_LAYOUT
-    return raw.endswith("p")
-
-
-def _norm_out_layout() -> tuple[int, int]:
-    """(rows, lanes) of a GEMV writing its output quantized for the norm after it."""
+def _norm_out_choice() -> str:
+    """The value of ``LLMCHAT_WGSL_NORM_OUT_LAYOUT`` (:data:`NORM_OUT_LAYOUT` when unset); a value
+    not in :data:`NORM_OUT_LAYOUTS` is refused."""
     from app.errors import LlmchatError
 
     raw = os.environ.get(NORM_OUT_LAYOUT_ENV, "").strip().lower() or NORM_OUT_LAYOUT
@@ -258,7 +251,19 @@ def _norm_out_layout() -> tuple[int, int]:
             f"{NORM_OUT_LAYOUT_ENV}={raw!r} is not one of {', '.join(NORM_OUT_LAYOUTS)}",
             f"unset {NORM_OUT_LAYOUT_ENV}",
         )
-    return NORM_OUT_LAYOUTS[raw]
+    return raw
+
+
+def norm_out_parallel() -> bool:
+    """Whether a GEMV writing a norm's vector quantizes its 16 values with several threads (the
+    ``...p`` values of ``LLMCHAT_WGSL_NORM_OUT_LAYOUT``: four threads a word each, one the int8
+    sum, one the sum of squares and the scale, on three sets) rather than one."""
+    return _norm_out_choice().endswith("p")
+
+
+def _norm_out_layout() -> tuple[int, int]:
+    """(rows, lanes) of a GEMV writing its output quantized for the norm after it."""
+    return NORM_OUT_LAYOUTS[_norm_out_choice()]
 
 
 def choose(
