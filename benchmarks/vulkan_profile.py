@@ -5,7 +5,11 @@ add-on's counters) and (``--copy-lib``) the floor of a dependent dispatch by the
 ``LLMCHAT_WEBGPU_PROFILE=1`` also the GPU time of each kernel per step (timestamp queries).
 ``--repeat NAME`` dispatches every kernel whose name contains NAME twice (``LLMCHAT_WEBGPU_REPEAT``):
 the step's GPU wait minus that of a run without it is what one more such dispatch costs the real
-step, which the profiler's timestamps overstate for small kernels."""
+step, which the profiler's timestamps overstate for small kernels. A repeat's second dispatch finds
+the weights its first one read in the L2 cache (a 7B layer's o, down and q/k/v weights fit there):
+``--skip NAME`` (``LLMCHAT_WEBGPU_SKIP``) dispatches none of those kernels instead, so the step's
+GPU wait without them, against a run with them, is what they cost where they run (the tokens come
+out wrong; only the time counts)."""
 
 from __future__ import annotations
 
@@ -69,7 +73,10 @@ def main() -> int:
     ap.add_argument("--floor-rows", default="64,1024,16384,65536,262144,1048576,4194304",
                     help="rows of 16 bytes the floor's copies move (read and written)")
     ap.add_argument("--repeat", default="", help="dispatch the kernels whose name contains this twice")
+    ap.add_argument("--skip", default="", help="dispatch none of the kernels whose name contains this")
     args = ap.parse_args()
+    if args.skip:  # read by the add-on when the device is made
+        os.environ["LLMCHAT_WEBGPU_SKIP"] = args.skip
     if args.repeat:  # read by the add-on when the device is made
         os.environ["LLMCHAT_WEBGPU_REPEAT"] = args.repeat
     import gpu_decode
@@ -105,7 +112,7 @@ def main() -> int:
             d = {k: b[k] - a[k] for k in ("dispatches", "submits", "syncs", "readbacks", "record_ns", "submit_ns",
                                           "wait_ns", "bind_group_misses")}
             steps = args.steps
-            print(json.dumps({"preset": preset, "repeat": args.repeat, "steps": steps,
+            print(json.dumps({"preset": preset, "repeat": args.repeat, "skip": args.skip, "steps": steps,
                               "ms_per_step": round(wall / steps * 1e3, 3),
                               "dispatches_per_step": d["dispatches"] / steps,
                               "record_ms_per_step": round(d["record_ns"] / steps / 1e6, 3),

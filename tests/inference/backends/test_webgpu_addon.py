@@ -295,6 +295,40 @@ def test_a_named_kernel_can_be_dispatched_twice_for_a_benchmark(dev, tmp_path):
     assert [runs[n]["dispatches"] for n in runs] == [2, 3, 3], runs
 
 
+def test_a_named_kernel_can_be_left_out_for_a_benchmark(dev, tmp_path):
+    """LLMCHAT_WEBGPU_SKIP=NAME (benchmarks/vulkan_profile.py --skip): a launch of a kernel whose
+    name contains NAME dispatches nothing and is not counted; its output keeps what it held, the
+    other kernels run as before. Another name changes nothing."""
+    scale, accumulate = _scale_module(tmp_path), _accumulate_module(tmp_path)
+    script = textwrap.dedent(f"""
+        import json, numpy as np, tvm
+        from app.inference.backends import webgpu
+        dev = webgpu.device(0)
+        scale = tvm.runtime.load_module({str(scale)!r})
+        acc = tvm.runtime.load_module({str(accumulate)!r})
+        a = tvm.runtime.tensor(np.arange(256, dtype="float32"), dev)
+        b = tvm.runtime.tensor(np.full(256, 7, "float32"), dev)
+        c = tvm.runtime.tensor(np.ones(256, "float32"), dev)
+        before = webgpu.stats(0)
+        scale["scale"](a, b)
+        acc["accumulate"](a, c)
+        out = dict(b=b.numpy().tolist(), c=c.numpy().tolist())
+        out["dispatches"] = webgpu.stats(0)["dispatches"] - before["dispatches"]
+        print(json.dumps(out))
+    """)
+    runs = {}
+    for name in ("no-such-kernel", "scale", "accumulate"):
+        runs[name] = json.loads(_child(script, LLMCHAT_WEBGPU_SKIP=name).strip().splitlines()[-1])
+    ramp, ones, sevens = np.arange(256, dtype="float32"), np.ones(256, "float32"), np.full(256, 7, "float32")
+    assert np.array_equal(np.array(runs["no-such-kernel"]["b"], "float32"), ramp * 2 + 1)
+    assert np.array_equal(np.array(runs["no-such-kernel"]["c"], "float32"), ones + ramp)
+    assert np.array_equal(np.array(runs["scale"]["b"], "float32"), sevens)
+    assert np.array_equal(np.array(runs["scale"]["c"], "float32"), ones + ramp)
+    assert np.array_equal(np.array(runs["accumulate"]["b"], "float32"), ramp * 2 + 1)
+    assert np.array_equal(np.array(runs["accumulate"]["c"], "float32"), ones)
+    assert [runs[n]["dispatches"] for n in runs] == [2, 1, 1], runs
+
+
 def test_a_cached_library_loads_and_runs_in_a_fresh_process(dev, tmp_path):
     lib_path = _scale_module(tmp_path)
     script = textwrap.dedent(f"""

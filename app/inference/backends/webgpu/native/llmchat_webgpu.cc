@@ -281,6 +281,11 @@ struct Context {
   // real step (benchmarks/vulkan_profile.py --repeat), where the GPU profiler's timestamps
   // overstate small kernels; never for use
   std::string repeat;
+  // LLMCHAT_WEBGPU_SKIP=NAME: a launch of a kernel whose name contains NAME dispatches nothing (its
+  // outputs keep what they held). A benchmark's measure of what that kernel costs the real step
+  // where it runs (benchmarks/vulkan_profile.py --skip): unlike a repeat, the kernels around it
+  // meet the caches as they would; the tokens it decodes are wrong, so never for use
+  std::string skip;
 
   WGPUBuffer upload = nullptr;  // host->device copies inside the pending encoder
   size_t upload_used = 0;
@@ -481,6 +486,8 @@ static Context* get_context(int index) {
   ctx->submit_every = submit_every;
   const char* repeat_env = getenv("LLMCHAT_WEBGPU_REPEAT");
   ctx->repeat = repeat_env != nullptr ? repeat_env : "";
+  const char* skip_env = getenv("LLMCHAT_WEBGPU_SKIP");
+  ctx->skip = skip_env != nullptr ? skip_env : "";
 
   if (all.size() <= static_cast<size_t>(index)) all.resize(index + 1);
   all[index] = std::move(ctx);
@@ -1113,6 +1120,7 @@ class WebGPUModule final : public ffi::ModuleObj {
       work[k->dim_of_tag[i]] = static_cast<uint64_t>(v);
     }
     if (work[0] == 0 || work[1] == 0 || work[2] == 0) return;  // nothing to run
+    if (!ctx->skip.empty() && k->name.find(ctx->skip) != std::string::npos) return;  // LLMCHAT_WEBGPU_SKIP
     if (work[2] != 1) LLMCHAT_FAIL("kernel " << k->name << ": blockIdx.z is reserved for large grids");
     uint64_t pack_x = work[0];
     uint64_t gx = work[0], gz = 1;
