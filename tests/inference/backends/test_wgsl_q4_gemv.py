@@ -468,6 +468,8 @@ NORM_OUT_CASES = [
     (11008, 2048, 512, "f32", False, "r1"),  # the 3B's down projection, then the logits (16 sets)
     (2048, 2048, 256, "bias", False, ""),  # Qwen's q/k/v with a bias after the norm
     (896, 896, 128, "res", False, ""),  # 56 half groups: threads past the last of them
+    (4096, 4096, 1024, "f16", True, "r4l64"),  # 4 rows a set of 64 lanes (2 steps a lane)
+    (11008, 2048, 512, "res", False, "r8l128"),  # 8 rows of 128 lanes: a partial last step
 ]
 
 
