@@ -233,8 +233,11 @@ def _pair_layouts(group_out: bool) -> tuple[tuple[int, int], ...]:
 #: (``norm_out``: a workgroup's 16 rows one half group), for A/B runs (part of the library cache
 #: key): ``r2`` 2 rows a set of 32 lanes (8 sets), ``r1`` 1 row a set of 16 lanes (16 sets),
 #: ``r4l64`` 4 rows a set of 64 lanes (4 sets), ``r8l128`` 8 rows a set of 128 lanes (2 sets: fewer
-#: steps a lane, a longer sum of the lanes' parts); unset: :data:`NORM_OUT_LAYOUT`. (Whole groups of 32 rows a workgroup, measured first, left the
-#: Llama-2-7B's o and down projections with 128 workgroups: 20.5 and 30.2 µs a launch in the H200's
+#: steps a lane, a longer sum of the lanes' parts); unset: :data:`NORM_OUT_LAYOUT`. H200, NVIDIA's
+#: Vulkan driver, Llama-2-7B decode tok/s (bench protocol): ``r1`` 377.0 against 409.6
+#: (benchmarks/results/h200-2026-12-04-s21/callE), ``r4l64`` 394.5 and ``r8l128`` 346.4 against
+#: 406.4 / 408.8 (h200-2026-12-04-s22/callB). (Whole groups of 32 rows a workgroup, measured first,
+#: left the Llama-2-7B's o and down projections with 128 workgroups: 20.5 and 30.2 µs a launch in the H200's
 #: GPU profile against 15.8 and 19.0, benchmarks/results/h200-2026-12-04-s19/callA.)
 NORM_OUT_LAYOUT_ENV = "LLMCHAT_WGSL_NORM_OUT_LAYOUT"
 NORM_OUT_LAYOUTS = {
@@ -414,16 +417,17 @@ def gemv_kernel(m: Q4MatmulMatch, layout: Q4GemvLayout, out_dtype: str) -> Any:
     return kernel
 
 
-def _epilogue(T: Any, ep: Any, value: Any, out_f32: bool, has_bias: bool, has_res: bool):
+def _epilogue(
+    T: Any, out: Any, b: Any, r: Any, row: Any, value: Any, out_f32: bool, has_bias: bool, has_res: bool
+):
     """The store of one output row: float32 as is; float16 with the bias before the cast and the
-    residual after it (TVM's ``dequant_matmul_out`` and ``T_add``). ``ep``: the row's bias and
-    residual, loaded into registers at the kernel's start (:func:`dp4a_kernel`)."""
+    residual after it (TVM's ``dequant_matmul_out`` and ``T_add``)."""
     if out_f32:
         return value
     if has_bias:
-        value = value + T.Cast("float32", ep[0])
+        value = value + T.Cast("float32", b[row])
     value = T.Cast("float16", value)
-    return value + ep[1] if has_res else value
+    return value + r[0, 0, row] if has_res else value
 
 
 def dp4a_kernel(
@@ -606,7 +610,6 @@ def dp4a_kernel(
         pp = T.decl_buffer((1,), "float32", scope="local")
         ih = T.decl_buffer((2,), "int32", scope="local")
         hs = T.decl_buffer((2,), "float32", scope="local")
-        ep = T.decl_buffer((3,), "float16", scope="local")  # the epilogue's bias, residual, norm weight
         row0 = (bx * sets + ty) * rows
         # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
         # matching up rows n / 2 + g0 + rr - half
@@ -616,15 +619,6 @@ def dp4a_kernel(
         if not stage_only:
             for p0 in T.unroll(pre):
                 load_step(wq, sc, w, s, row0, g0, tx, p0)
-        # the epilogue's loads of row row0 + tx % rows (its bias, residual and norm weight) go out
-        # now too, so no global load waits after the last barrier
-        if not stage_only and not silu_pairs and not out_f32:
-            if has_bias:
-                ep[0] = b[row0 + tx % rows]
-            if has_res:
-                ep[1] = r[0, 0, row0 + tx % rows]
-            if norm_out:
-                ep[2] = nw2[row0 + tx % rows]
         if read_norm is not None:  # noqa: SIM102 (a Python switch around a TIR condition)
             # the norm's sum of squares: red_lanes threads each sum per_thread half groups' now
             # (their loads overlap the dot products), everyone sums those after the last barrier
@@ -835,14 +829,16 @@ def dp4a_kernel(
                     gsum[0] = gsum[0] * ss[0]
                 if tx < rows:
                     if norm_out:
-                        ov[0] = _epilogue(T, ep, gsum[0], out_f32, has_bias, has_res)
+                        ov[0] = _epilogue(T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res)
                         out[0, 0, row0 + tx] = ov[0]
                         # x * w and x^2 of the workgroup's 16 rows (half group bx) meet in
                         # workgroup memory (the norm's, free by now)
-                        red[ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", ep[2])
+                        red[ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", nw2[row0 + tx])
                         red[16 + ty * rows + tx] = T.Cast("float32", ov[0]) * T.Cast("float32", ov[0])
                     else:
-                        out[0, 0, row0 + tx] = _epilogue(T, ep, gsum[0], out_f32, has_bias, has_res)
+                        out[0, 0, row0 + tx] = _epilogue(
+                            T, out, b, r, row0 + tx, gsum[0], out_f32, has_bias, has_res
+                        )
                 if norm_out and norm_out_par:
                     T.tvm_storage_sync("shared")
                     if tid < 4 or tid == lanes or tid == 2 * lanes:
