@@ -57,9 +57,17 @@ def _pass_config(target: Any) -> dict[str, Any]:
 
 
 def _build_hooks(target: Any) -> contextlib.AbstractContextManager[Any]:
-    """ROCm: find the toolchain; CUDA: turn kernels into prebuilt fatbins (``compile.cuda_support``)."""
+    """ROCm: find the toolchain; CUDA: turn kernels into prebuilt fatbins (``compile.cuda_support``);
+    WebGPU: a kernel parameter read only by aligned vector loads is bound as vectors
+    (``pipelines.wgsl_vector_params``, on every WebGPU build, so a library never depends on what
+    the process built before it)."""
     if target.kind.name == "rocm":
         return rocm_toolchain()
+    if target.kind.name == "webgpu":
+        from app.inference.pipelines.wgsl_vector_params import install
+
+        install()
+        return contextlib.nullcontext()
     if target.kind.name != "cuda":
         return contextlib.nullcontext()
     try:

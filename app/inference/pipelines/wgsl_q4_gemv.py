@@ -486,6 +486,10 @@ def dp4a_kernel(
     workgroup memory, the same arithmetic as thread 0 alone)."""
     from tvm.script import tirx as T
 
+    from app.inference.pipelines.wgsl_vector_params import install
+
+    install()  # the weights' 16-byte loads (and the vector's 8-byte ones) as one load each
+
     k, n = m.in_features, m.out_features
     stage_only, read_q8 = q8 == "stage", q8 == "read"
     has_norm = norm_eps is not None
@@ -534,6 +538,16 @@ def dp4a_kernel(
             sc[step % slots * rows + rr] = s[
                 _row(silu_pairs, row0, g0, rr, half, n), T.min(tx + step * lanes, groups - 1)
             ]
+
+    @T.macro
+    def load_group(xh, src, g):
+        # the 32 float16 values of group g of the vector ``x`` or the norm's weight, 4 a load
+        # (8 loads of 8 bytes, not 32 of 2: .wgsl_vector_params)
+        for v in T.unroll(8):
+            if len(src.shape) == 3:
+                xh[T.ramp(v * 4, 1, 4)] = src.vload([0, 0, g * 32 + v * 4], "float16x4")
+            else:
+                xh[T.ramp(v * 4, 1, 4)] = src.vload([g * 32 + v * 4], "float16x4")
 
     def gated(g: Any, u: Any) -> Any:
         # TVM's SiLU gate of a gate row's sum and its up row's, in float16
@@ -610,6 +624,7 @@ def dp4a_kernel(
         pp = T.decl_buffer((1,), "float32", scope="local")
         ih = T.decl_buffer((2,), "int32", scope="local")
         hs = T.decl_buffer((2,), "float32", scope="local")
+        xh = T.decl_buffer((32,), "float16", scope="local")  # a group of the vector or norm weight
         row0 = (bx * sets + ty) * rows
         # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
         # matching up rows n / 2 + g0 + rr - half
@@ -636,11 +651,10 @@ def dp4a_kernel(
             if has_norm:
                 ss[0] = T.float32(0)
                 for st in T.unroll(stage_iters):
+                    load_group(xh, x, T.min(tid + st * threads, groups - 1))
                     for j in T.unroll(32):
                         # the thread's values stay in registers for the staging below
-                        xr[st * 32 + j] = T.Cast(
-                            "float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j]
-                        )
+                        xr[st * 32 + j] = T.Cast("float32", xh[j])
                         ss[0] = ss[0] + T.if_then_else(
                             tid + st * threads < groups, xr[st * 32 + j] * xr[st * 32 + j], T.float32(0)
                         )
@@ -658,19 +672,18 @@ def dp4a_kernel(
                 ss[0] = T.rsqrt(ss[0] / T.float32(k) + T.float32(eps))
             for st in T.unroll(stage_iters):
                 amax[0] = T.float32(0)
+                if has_norm:
+                    load_group(xh, nw, T.min(tid + st * threads, groups - 1))
+                else:
+                    load_group(xh, x, T.min(tid + st * threads, groups - 1))
                 for j in T.unroll(32):
                     if has_norm:
                         xv[j] = T.Cast(
                             "float32",
-                            T.Cast(
-                                "float16",
-                                ss[0]
-                                * xr[st * 32 + j]
-                                * T.Cast("float32", nw[T.min(tid + st * threads, groups - 1) * 32 + j]),
-                            ),
+                            T.Cast("float16", ss[0] * xr[st * 32 + j] * T.Cast("float32", xh[j])),
                         )
                     else:
-                        xv[j] = T.Cast("float32", x[0, 0, T.min(tid + st * threads, groups - 1) * 32 + j])
+                        xv[j] = T.Cast("float32", xh[j])
                     amax[0] = T.max(amax[0], T.fabs(xv[j]))
                 quantize(xv, amax, qv, qsum)
                 for lv in T.unroll(levels):

@@ -1,0 +1,201 @@
+"""Vector loads from WGSL storage buffers: a kernel parameter read only by aligned vector loads.
+
+TVM's WebGPU code generator declares every buffer parameter as ``array<T>`` of its scalar type
+and prints a vector load ``w[ramp(i, 1, 4)]`` as four scalar loads, ``vec4<u32>(w[i + 0], w[i +
+1], w[i + 2], w[i + 3])``: WGSL has no pointer casts, and whether a driver merges the four into
+one 16-byte load is its own business (the WGSL copy kernels of the roofline load ``vec4``).
+
+:func:`retype_func` does it in the WGSL instead, on the device functions after TVM's passes: a
+parameter that the kernel only *loads*, every load a ramp of the same width L (2 or 4) from an
+index the arithmetic analyzer proves a multiple of L, becomes a pointer to L-wide vectors (the
+binding ``array<vec4<u32>>``) and each load ``w[i / L]``: one load instruction. Any other access
+(a store, a scalar load, an unaligned or mixed-width ramp) leaves the parameter as it is, so the
+rewrite never changes what a kernel computes. The host function keeps the scalar buffer: the
+tensors passed in and their checks do not change.
+
+:func:`install` puts the pass in front of TVM's WebGPU code generator (``target.build.webgpu``),
+once per process, so every WebGPU build (the model's, a test's) gets it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_installed = False
+
+
+def _pointer_dtype(var: Any) -> str | None:
+    import tvm
+
+    ann = getattr(var, "ty", None)
+    if isinstance(ann, tvm.ir.PointerType) and isinstance(ann.element_type, tvm.ir.PrimType):
+        return str(ann.element_type.dtype)
+    return None
+
+
+def _ramp(index: Any) -> Any | None:
+    from tvm import tirx
+
+    return index if isinstance(index, tirx.Ramp) else None
+
+
+def _lanes(ramp: Any) -> int:
+    return int(ramp.lanes) if hasattr(ramp.lanes, "__int__") else -1
+
+
+def _owners(func: Any, params: list[Any]) -> list[tuple[Any, Any]]:
+    """(buffer, parameter) of each buffer ``func`` declares over one of ``params``."""
+    import tvm_ffi
+    from tvm import tirx
+
+    owners: list[tuple[Any, Any]] = []
+
+    def _decl(decl: Any) -> Any:
+        for p in params:
+            if decl.data.same_as(p):
+                owners.append((decl.buffer, p))
+        return decl
+
+    tvm_ffi.structural_map(func.body, (tirx.DeclBuffer, _decl))
+    return owners
+
+
+def _owner(owners: list[tuple[Any, Any]], buf: Any) -> Any | None:
+    for b, p in owners:
+        if b.same_as(buf):
+            return p
+    return None
+
+
+def vector_widths(func: Any) -> dict[Any, int]:
+    """The parameters of ``func`` it only loads, by aligned ramps of one width: parameter ->
+    width (2 or 4)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    scalar = [(p, _pointer_dtype(p)) for p in func.params]
+    params = [p for p, dt in scalar if dt is not None and dt != "bool" and "x" not in dt]
+    owners = _owners(func, params)
+    widths: dict[Any, set[int]] = {p: set() for p in params}
+    bad: set[Any] = set()
+    analyzer = Analyzer()
+
+    def _load(load: Any) -> Any:
+        p = _owner(owners, load.source)
+        if p is None:
+            return load
+        ramp = _ramp(load.indices[0]) if len(load.indices) == 1 else None
+        lanes = _lanes(ramp) if ramp is not None else -1
+        stride = getattr(ramp.stride, "value", None) if ramp is not None else None
+        if lanes not in (2, 4) or stride != 1 or str(load.source.dtype) != _pointer_dtype(p):
+            bad.add(p)
+            return load
+        mod = analyzer.modular_set(ramp.base)
+        if int(mod.coeff) % lanes or int(mod.base) % lanes:
+            bad.add(p)
+            return load
+        widths[p].add(lanes)
+        return load
+
+    def _store(store: Any) -> Any:
+        p = _owner(owners, store.buffer)
+        if p is not None:
+            bad.add(p)
+        return store
+
+    tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, _load), (tirx.BufferStore, _store)])
+    return {p: next(iter(w)) for p, w in widths.items() if p not in bad and len(w) == 1}
+
+
+def retype_func(func: Any) -> Any:
+    """``func`` with each parameter of :func:`vector_widths` a pointer to vectors and its loads
+    one vector each."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    widths = vector_widths(func)
+    if not widths:
+        return func
+    owners = _owners(func, list(widths))
+    analyzer = Analyzer()
+    new_var: dict[Any, Any] = {}
+    for p, lanes in widths.items():
+        scope = p.ty.storage_scope or "global"
+        vec = tvm.ir.PrimType(f"{_pointer_dtype(p)}x{lanes}")
+        new_var[p] = tirx.Var(p.name, tvm.ir.PointerType(vec, scope))
+    views: list[tuple[Any, Any]] = []  # old buffer -> its vector view
+
+    def _view(buf: Any) -> Any:
+        for old, new in views:
+            if old.same_as(buf):
+                return new
+        p = _owner(owners, buf)
+        lanes = widths[p]
+        extent = 1
+        for dim in buf.shape:
+            extent = extent * dim
+        view = tirx.decl_buffer(
+            (analyzer.simplify(tirx.floordiv(extent, lanes)),),
+            f"{buf.dtype}x{lanes}",
+            name=buf.name,
+            data=new_var[p],
+        )
+        views.append((buf, view))
+        return view
+
+    def _load(load: Any) -> Any:
+        p = _owner(owners, load.source)
+        if p is None or p not in widths:
+            return load
+        base = analyzer.simplify(tirx.floordiv(load.indices[0].base, widths[p]))
+        return tirx.BufferLoad(_view(load.source), [base])
+
+    def _decl(decl: Any) -> Any:
+        p = _owner(owners, decl.buffer)
+        if p is None or p not in widths:
+            return decl
+        return tirx.DeclBuffer(_view(decl.buffer), data=new_var[p])
+
+    def _var(var: Any, _kind: Any) -> Any:
+        for old, new in new_var.items():
+            if var.same_as(old):
+                return new
+        return var
+
+    body = tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, _load), (tirx.DeclBuffer, _decl)])
+    return tvm_ffi.structural_map(func.with_body(body), (), (tvm.ir.Var, _var))
+
+
+def retype_vector_params(mod: Any) -> Any:
+    """:func:`retype_func` on every PrimFunc of a device module."""
+    from tvm import tirx
+
+    updates = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            new = retype_func(func)
+            if not new.same_as(func):
+                updates[gv] = new
+    for gv, func in updates.items():
+        mod.update_func(gv, func)
+    return mod
+
+
+def install() -> None:
+    """Run :func:`retype_vector_params` before TVM's WebGPU code generator (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    import tvm_ffi
+
+    original = tvm_ffi.get_global_func("target.build.webgpu")
+
+    def build(mod: Any, target: Any) -> Any:
+        return original(retype_vector_params(mod), target)
+
+    tvm_ffi.register_global_func("target.build.webgpu", build, override=True)
+    _installed = True
