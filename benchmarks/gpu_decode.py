@@ -405,6 +405,11 @@ def cmd_wgsl_copy(args: argparse.Namespace) -> int:
     if args.build:
         from tvm import s_tir, te
 
+        from app.inference.pipelines.wgsl_vector_params import install
+
+        if not args.scalar:  # one vec4 load and store a row, as the product's kernels
+            install()
+
         n = te.var("n")
         a = te.placeholder((n, 4), name="A", dtype="float32")
         b = te.compute((n, 4), lambda i, j: a[i, j], name="B")
@@ -615,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("wgsl-copy")
     w.add_argument("--build", default=None, metavar="LIB")
     w.add_argument("--lib", default=None, metavar="LIB")
+    w.add_argument("--scalar", action="store_true",
+                   help="--build without wgsl_vector_params: four 4-byte loads and stores a row (TVM's WGSL)")
     g = sub.add_parser("make-gguf")
     g.add_argument("--preset", required=True, choices=list(GGUF_SHAPES))
     g.add_argument("--gguf-py", required=True, help="llama.cpp's gguf-py directory")

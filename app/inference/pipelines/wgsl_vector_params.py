@@ -1,17 +1,19 @@
-"""Vector loads from WGSL storage buffers: a kernel parameter read only by aligned vector loads.
+"""Vector loads and stores in WGSL: a kernel parameter accessed only by aligned vector ramps.
 
 TVM's WebGPU code generator declares every buffer parameter as ``array<T>`` of its scalar type
 and prints a vector load ``w[ramp(i, 1, 4)]`` as four scalar loads, ``vec4<u32>(w[i + 0], w[i +
-1], w[i + 2], w[i + 3])``: WGSL has no pointer casts, and whether a driver merges the four into
-one 16-byte load is its own business (the WGSL copy kernels of the roofline load ``vec4``).
+1], w[i + 2], w[i + 3])`` (a vector store as four scalar stores): WGSL has no pointer casts. On the
+H200 NVIDIA's Vulkan driver did not merge them: Llama-2-7B decode went 404.4 / 406.1 -> 460.5 /
+458.3 tok/s with this pass (benchmarks/results/h200-2026-12-04-s22/callC).
 
 :func:`retype_func` does it in the WGSL instead, on the device functions after TVM's passes: a
-parameter that the kernel only *loads*, every load a ramp of the same width L (2 or 4) from an
-index the arithmetic analyzer proves a multiple of L, becomes a pointer to L-wide vectors (the
-binding ``array<vec4<u32>>``) and each load ``w[i / L]``: one load instruction. Any other access
-(a store, a scalar load, an unaligned or mixed-width ramp) leaves the parameter as it is, so the
-rewrite never changes what a kernel computes. The host function keeps the scalar buffer: the
-tensors passed in and their checks do not change.
+parameter whose every access (load or store) is a ramp of one width L (2 or 4) from an index the
+arithmetic analyzer proves a multiple of L becomes a pointer to L-wide vectors (the binding
+``array<vec4<u32>>``) and each access ``w[i / L]``: one instruction. Any other access (a scalar
+one, an unaligned or mixed-width ramp) leaves the parameter as it is. Either way the kernel
+reads and writes the same bytes; an access in bounds before is in bounds after (the vector count
+is the scalar count over L, rounded down, and an aligned ramp in bounds ends inside it). The
+host function keeps the scalar buffer: the tensors passed in and their checks do not change.
 
 :func:`install` puts the pass in front of TVM's WebGPU code generator (``target.build.webgpu``),
 once per process, so every WebGPU build (the model's, a test's) gets it.
@@ -82,27 +84,28 @@ def vector_widths(func: Any) -> dict[Any, int]:
     bad: set[Any] = set()
     analyzer = Analyzer()
 
-    def _load(load: Any) -> Any:
-        p = _owner(owners, load.source)
+    def _access(buf: Any, indices: Any) -> None:
+        p = _owner(owners, buf)
         if p is None:
-            return load
-        ramp = _ramp(load.indices[0]) if len(load.indices) == 1 else None
+            return
+        ramp = _ramp(indices[0]) if len(indices) == 1 else None
         lanes = _lanes(ramp) if ramp is not None else -1
         stride = getattr(ramp.stride, "value", None) if ramp is not None else None
-        if lanes not in (2, 4) or stride != 1 or str(load.source.dtype) != _pointer_dtype(p):
+        if lanes not in (2, 4) or stride != 1 or str(buf.dtype) != _pointer_dtype(p):
             bad.add(p)
-            return load
+            return
         mod = analyzer.modular_set(ramp.base)
         if int(mod.coeff) % lanes or int(mod.base) % lanes:
             bad.add(p)
-            return load
+            return
         widths[p].add(lanes)
+
+    def _load(load: Any) -> Any:
+        _access(load.source, load.indices)
         return load
 
     def _store(store: Any) -> Any:
-        p = _owner(owners, store.buffer)
-        if p is not None:
-            bad.add(p)
+        _access(store.buffer, store.indices)
         return store
 
     tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, _load), (tirx.BufferStore, _store)])
@@ -154,6 +157,20 @@ def retype_func(func: Any) -> Any:
         base = analyzer.simplify(tirx.floordiv(load.indices[0].base, widths[p]))
         return tirx.BufferLoad(_view(load.source), [base])
 
+    def _store(store: Any) -> Any:
+        p = _owner(owners, store.buffer)
+        if p is None or p not in widths:
+            return store
+        base = analyzer.simplify(tirx.floordiv(store.indices[0].base, widths[p]))
+        return tirx.BufferStore(_view(store.buffer), store.value, [base])
+
+    def _store(store: Any) -> Any:
+        p = _owner(owners, store.buffer)
+        if p is None or p not in widths:
+            return store
+        base = analyzer.simplify(tirx.floordiv(store.indices[0].base, widths[p]))
+        return tirx.BufferStore(_view(store.buffer), store.value, [base])
+
     def _decl(decl: Any) -> Any:
         p = _owner(owners, decl.buffer)
         if p is None or p not in widths:
@@ -166,7 +183,9 @@ def retype_func(func: Any) -> Any:
                 return new
         return var
 
-    body = tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, _load), (tirx.DeclBuffer, _decl)])
+    body = tvm_ffi.structural_map(
+        func.body, [(tvm.ir.TensorLoad, _load), (tirx.BufferStore, _store), (tirx.DeclBuffer, _decl)]
+    )
     return tvm_ffi.structural_map(func.with_body(body), (), (tvm.ir.Var, _var))
 
 
