@@ -1,0 +1,42 @@
+#!/bin/bash
+# session 22 call D: the vector bindings (pipelines/wgsl_vector_params.py) as the product: the GPU
+# suite's Vulkan tests (cache scratch/gpu-test-cache22, built at this tree), the WGSL copy with
+# TVM's scalar accesses and with the vector ones, all three shapes next to llama.cpp's Vulkan
+# llama-bench (fa 1) by the bench protocol, then Llama-2-7B at depth next to llama.cpp
+set -u
+O=$OUT
+echo "$COMMIT_NOTE" > $O/commit.txt
+OUTDIR=$O/env . benchmarks/device_env.sh
+python3 -m app.inference.backends.webgpu.addon > $O/addon_build.log 2>&1; stamp "addon rc=$?"
+OUTDIR=$O/suite . benchmarks/device_env.sh
+timeout 200 make test-gpu-prebuilt GPU_CACHE=scratch/gpu-test-cache22 PY=python3 PYTEST_ARGS="-k vulkan" > $O/gpu_suite.log 2>&1
+stamp "suite rc=$?: $(tail -1 $O/gpu_suite.log)"
+for lib in wgsl_copy_scalar wgsl_copy; do
+  stamp "copy $lib: $(timeout 60 python3 benchmarks/gpu_decode.py wgsl-copy --lib scratch/vk/$lib.so 2>&1 | tail -1) TB/s"
+done
+FA=1 VK_CACHE=scratch/ab22d/cur timeout 240 bash benchmarks/run_h200_vulkan.sh vulkan $O/vk
+stamp "run_h200_vulkan rc=$?"
+grep -o '"decode_tok_s": [0-9.]*\|"roofline_pct": [0-9.]*' $O/vk/vulkan.log | paste -sd' '
+cat $O/vk/copy_bw.json
+python3 - $O/vk/llamacpp_vulkan.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print(r.get("model_filename", "?")[-24:], r.get("n_prompt"), r.get("n_gen"), round(r.get("avg_ts", 0), 1), [round(x, 1) for x in r.get("samples_ts", [])])
+PY
+timeout 80 python3 benchmarks/gpu_decode.py depth --backend vulkan --cache scratch/ab22dd/cur \
+  --presets llama2-7b --context 4096 --prompts 512 --depths 0,1024,3072 --gen 128 --repeats 2 \
+  --out $O/depth_cur.json > $O/depth_cur.log 2>&1
+stamp "depth rc=$?: $(grep -E '^(DECODE|PREFILL)' $O/depth_cur.log | cut -c1-90 | paste -sd'|')"
+W=/tmp/lc; mkdir -p $W; tar xzf scratch/vk/lcpp/llama.cpp-gguf.tgz -C $W
+xz -dc scratch/vk/lcpp/llama-bench-vulkan.xz > $W/llama-bench && chmod +x $W/llama-bench
+timeout 60 python3 benchmarks/gpu_decode.py make-gguf --preset llama2-7b --gguf-py $W/llama.cpp/gguf-py \
+  --vocab-dir $W/llama.cpp/models --out $W/7b.gguf > $O/gguf.log 2>&1
+timeout 80 $W/llama-bench -m $W/7b.gguf -p 0 -n 128 -d 0,1024,3072 -ngl 99 -r 2 -fa 1 -o json > $O/llamacpp_depth.json 2> $O/llamacpp_depth.log
+stamp "llama-bench depth rc=$?"
+python3 - $O/llamacpp_depth.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print("llama.cpp", r.get("n_depth"), r.get("n_gen"), round(r.get("avg_ts", 0), 1))
+PY
+cd $O && tar czf /tmp/d.tgz --exclude=all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name commit.txt -exec rm -rf {} + && mv /tmp/d.tgz $O/callD.tgz
+stamp done
