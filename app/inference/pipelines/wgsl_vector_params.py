@@ -154,21 +154,21 @@ def retype_func(func: Any) -> Any:
         p = _owner(owners, load.source)
         if p is None or p not in widths:
             return load
-        base = analyzer.simplify(tirx.floordiv(load.indices[0].base, widths[p]))
+        base = _vector_index(analyzer, load.indices[0].base, widths[p])
         return tirx.BufferLoad(_view(load.source), [base])
 
     def _store(store: Any) -> Any:
         p = _owner(owners, store.buffer)
         if p is None or p not in widths:
             return store
-        base = analyzer.simplify(tirx.floordiv(store.indices[0].base, widths[p]))
+        base = _vector_index(analyzer, store.indices[0].base, widths[p])
         return tirx.BufferStore(_view(store.buffer), store.value, [base])
 
     def _store(store: Any) -> Any:
         p = _owner(owners, store.buffer)
         if p is None or p not in widths:
             return store
-        base = analyzer.simplify(tirx.floordiv(store.indices[0].base, widths[p]))
+        base = _vector_index(analyzer, store.indices[0].base, widths[p])
         return tirx.BufferStore(_view(store.buffer), store.value, [base])
 
     def _decl(decl: Any) -> Any:
@@ -187,6 +187,26 @@ def retype_func(func: Any) -> Any:
         func.body, [(tvm.ir.TensorLoad, _load), (tirx.BufferStore, _store), (tirx.DeclBuffer, _decl)]
     )
     return tvm_ffi.structural_map(func.with_body(body), (), (tvm.ir.Var, _var))
+
+
+def _vector_index(analyzer: Any, base: Any, lanes: int) -> Any:
+    """``base / lanes`` for a base known to be a non-negative multiple of ``lanes``: simplified
+    where that leaves no floor division (TVM lowered those before this pass, and its WGSL code
+    generator prints none), else a shift."""
+    import tvm_ffi
+    from tvm import tirx
+
+    out = analyzer.simplify(tirx.floordiv(base, lanes))
+    found: list[Any] = []
+
+    def _floor(node: Any) -> Any:
+        found.append(node)
+        return node
+
+    tvm_ffi.structural_map(out, [((tirx.FloorDiv, tirx.FloorMod), _floor)])
+    if not found:
+        return out
+    return tirx.shift_right(base, tirx.const(lanes.bit_length() - 1, str(base.ty)))
 
 
 def retype_vector_params(mod: Any) -> Any:
