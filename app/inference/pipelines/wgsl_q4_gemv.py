@@ -518,13 +518,6 @@ def dp4a_kernel(
         raise ValueError("read_norm reads the words of a norm's vector (q8='read', one int8 level)")
     # read_norm: the half groups' sums of squares, summed by red_lanes threads, per_thread each
     per_thread = -(-(2 * groups) // red_lanes)
-    # q8="read": every read of the words 16 bytes at a time (aligned, so the binding is vec4:
-    # .wgsl_vector_params): a group's two int8 words, the 4-word block holding its scale(s) and
-    # sum(s), the sums of squares 4 at a time; where the regions' offsets allow it
-    if read_norm is not None:
-        vec_words = read_q8 and groups % 2 == 0 and per_thread % 4 == 0
-    else:
-        vec_words = read_q8 and groups % 4 == 0
     out_groups = n_out // 32
     out_shape, out_dt = ((q8_words(n_out),), "uint32") if q8_out else ((1, 1, n_out), out_dtype)
     rn_eps = float(read_norm or 0.0)
@@ -632,9 +625,6 @@ def dp4a_kernel(
         ih = T.decl_buffer((2,), "int32", scope="local")
         hs = T.decl_buffer((2,), "float32", scope="local")
         xh = T.decl_buffer((32,), "float16", scope="local")  # a group of the vector or norm weight
-        qv4 = T.decl_buffer((4,), "uint32", scope="local")  # 4-word blocks of the words read
-        iv4 = T.decl_buffer((4,), "uint32", scope="local")
-        hsum = T.decl_buffer((2,), "int32", scope="local")  # the group's (half groups') int8 sums
         row0 = (bx * sets + ty) * rows
         # set row rr: rows row0 + rr, or with silu_pairs gate rows g0 + rr (rr < half) and the
         # matching up rows n / 2 + g0 + rr - half
@@ -649,26 +639,14 @@ def dp4a_kernel(
             # (their loads overlap the dot products), everyone sums those after the last barrier
             if tid < red_lanes:
                 pp[0] = T.float32(0)
-                if vec_words:  # the same values in the same order, 4 a load
-                    for i in T.unroll(per_thread // 4):
-                        qv4[T.ramp(0, 1, 4)] = qg[
-                            T.ramp(groups * 12 + T.min(tid * per_thread + i * 4, 2 * groups - 4), 1, 4)
-                        ]
-                        for c in T.unroll(4):
-                            pp[0] = pp[0] + T.if_then_else(
-                                tid * per_thread + i * 4 + c < 2 * groups,
-                                T.reinterpret("float32", qv4[c]),
-                                T.float32(0),
-                            )
-                else:
-                    for i in T.unroll(per_thread):
-                        pp[0] = pp[0] + T.if_then_else(
-                            tid * per_thread + i < 2 * groups,
-                            T.reinterpret(
-                                "float32", qg[groups * 12 + T.min(tid * per_thread + i, 2 * groups - 1)]
-                            ),
-                            T.float32(0),
-                        )
+                for i in T.unroll(per_thread):
+                    pp[0] = pp[0] + T.if_then_else(
+                        tid * per_thread + i < 2 * groups,
+                        T.reinterpret(
+                            "float32", qg[groups * 12 + T.min(tid * per_thread + i, 2 * groups - 1)]
+                        ),
+                        T.float32(0),
+                    )
         if not read_q8:
             if has_norm:
                 ss[0] = T.float32(0)
@@ -750,44 +728,12 @@ def dp4a_kernel(
                         xw[T.ramp(lv * 8 + 4, 1, 4)] = xq[
                             (T.min(tx + it * lanes, groups - 1) * levels + lv) * 2 + 1
                         ]
-                if read_norm is not None and vec_words:
-                    # the group's two half-group scales and int8 sums, from the 4-word blocks
-                    # holding them (an even group's are words 0 and 1, an odd one's 2 and 3)
-                    qv4[T.ramp(0, 1, 4)] = qg[
-                        T.ramp(groups * 8 + T.min(tx + it * lanes, groups - 1) // 2 * 4, 1, 4)
-                    ]
-                    iv4[T.ramp(0, 1, 4)] = qg[
-                        T.ramp(groups * 10 + T.min(tx + it * lanes, groups - 1) // 2 * 4, 1, 4)
-                    ]
-                    for hh in T.unroll(2):
-                        hs[hh] = T.reinterpret(
-                            "float32",
-                            T.Select(T.min(tx + it * lanes, groups - 1) % 2 == 0, qv4[hh], qv4[2 + hh]),
-                        )
-                        hsum[hh] = T.reinterpret(
-                            "int32",
-                            T.Select(T.min(tx + it * lanes, groups - 1) % 2 == 0, iv4[hh], iv4[2 + hh]),
-                        )
-                elif read_norm is not None:
-                    # the group's two half-group scales and int8 sums
+                if read_norm is not None:
+                    # the group's two half-group scales
                     hs[T.ramp(0, 1, 2)] = T.reinterpret(
                         "float32x2",
                         qg.vload([groups * 8 + T.min(tx + it * lanes, groups - 1) * 2], "uint32x2"),
                     )
-                    for hh in T.unroll(2):
-                        hsum[hh] = T.reinterpret(
-                            "int32", qg[groups * 10 + T.min(tx + it * lanes, groups - 1) * 2 + hh]
-                        )
-                elif vec_words:
-                    # the group's scale and int8 sum, from the 4-word blocks holding them
-                    qv4[T.ramp(0, 1, 4)] = qg[
-                        T.ramp(groups * 8 + T.min(tx + it * lanes, groups - 1) // 4 * 4, 1, 4)
-                    ]
-                    iv4[T.ramp(0, 1, 4)] = qg[
-                        T.ramp(groups * 9 + T.min(tx + it * lanes, groups - 1) // 4 * 4, 1, 4)
-                    ]
-                    hs[0] = T.reinterpret("float32", _pick4(T, qv4, T.min(tx + it * lanes, groups - 1) % 4))
-                    hsum[0] = T.reinterpret("int32", _pick4(T, iv4, T.min(tx + it * lanes, groups - 1) % 4))
                 for rr in T.unroll(rows):
                     if read_norm is not None:
                         for hh in T.unroll(2):
@@ -796,7 +742,9 @@ def dp4a_kernel(
                                 ih[hh] = ih[hh] + _dot8(
                                     T, wq[(cur + rr) * 4 + hh * 2 + q2], xw, (hh * 2 + q2) * 2
                                 )
-                            ih[hh] = ih[hh] - 7 * hsum[hh]
+                            ih[hh] = ih[hh] - 7 * T.reinterpret(
+                                "int32", qg[groups * 10 + T.min(tx + it * lanes, groups - 1) * 2 + hh]
+                            )
                         acc[rr] = acc[rr] + T.if_then_else(
                             tx + it * lanes < groups,
                             (T.Cast("float32", ih[0]) * hs[0] + T.Cast("float32", ih[1]) * hs[1])
@@ -812,19 +760,15 @@ def dp4a_kernel(
                             "float32",
                             isum[0]
                             - 7
-                            * (
-                                hsum[0]
-                                if vec_words
-                                else _staged(
-                                    T,
-                                    read_q8,
-                                    qg,
-                                    groups * 9,
-                                    xs,
-                                    T.min(tx + it * lanes, groups - 1),
-                                    levels,
-                                    "int32",
-                                )
+                            * _staged(
+                                T,
+                                read_q8,
+                                qg,
+                                groups * 9,
+                                xs,
+                                T.min(tx + it * lanes, groups - 1),
+                                levels,
+                                "int32",
                             ),
                         )
                         if levels == 2:
@@ -836,19 +780,15 @@ def dp4a_kernel(
                             gsum[0]
                             * (
                                 T.Cast("float32", sc[cur + rr])
-                                * (
-                                    hs[0]
-                                    if vec_words
-                                    else _staged(
-                                        T,
-                                        read_q8,
-                                        qg,
-                                        groups * 8,
-                                        xd,
-                                        T.min(tx + it * lanes, groups - 1),
-                                        1,
-                                        "float32",
-                                    )
+                                * _staged(
+                                    T,
+                                    read_q8,
+                                    qg,
+                                    groups * 8,
+                                    xd,
+                                    T.min(tx + it * lanes, groups - 1),
+                                    1,
+                                    "float32",
                                 )
                             ),
                             T.float32(0),
@@ -990,12 +930,6 @@ def _staged(T: Any, read_q8: bool, qg: Any, offset: int, shared: Any, g: Any, st
     if read_q8:
         return T.reinterpret(dtype, qg[offset + g])
     return shared[g * stride] if stride != 1 else shared[g]
-
-
-def _pick4(T: Any, v: Any, c: Any) -> Any:
-    """Word ``c`` (0 to 3, known at run time) of the 4-word local block ``v``, by selects (no
-    dynamic index into a local array)."""
-    return T.Select(c < 2, T.Select(c == 0, v[0], v[1]), T.Select(c == 2, v[2], v[3]))
 
 
 def _row(silu_pairs: bool, row0: Any, g0: Any, rr: Any, half: int, n: int) -> Any:
