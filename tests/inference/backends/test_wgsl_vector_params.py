@@ -112,3 +112,41 @@ def test_the_int8_gemv_reads_its_weights_16_bytes_a_load(tmp_path):
     assert _binding(src, "o", "w") == "array<vec4<u32>>"
     assert _binding(src, "o", "x") == "array<vec4<f16>>"
     assert "vec4<u32>(w_ptr[" not in src
+
+
+def test_a_model_compiled_for_vulkan_gets_vector_bindings_in_a_fresh_process(tiny_model_dir, tmp_path):
+    """The product's compile path installs the pass itself (compile/build.py's hooks, for WebGPU
+    targets only), and a tiny q4f16_1 model compiled for Vulkan in a new process has its GEMV
+    weights bound as ``array<vec4<u32>>`` and no weight word split into four loads."""
+    import subprocess
+    import sys
+    import textwrap
+
+    model_dir = tiny_model_dir("llama", "q4f16_1")
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from app.inference.pipelines import wgsl_vector_params
+        from app.inference.compile.compiler import get_library
+        from app.inference.hardware.device_spec import DeviceSpec
+        from app.inference.store.config import ModelConfig
+        import tvm
+        from app.inference.backends import webgpu
+        from app.inference.compile.build import _build_hooks
+        assert not wgsl_vector_params._installed
+        with _build_hooks(tvm.target.Target({{"kind": "llvm"}})):
+            assert not wgsl_vector_params._installed  # a CPU build leaves TVM's code generators
+        target = webgpu.target_dict(0, {{"kind": "llvm"}}, profile="wgsl-f16-wg32768-t256")
+        with _build_hooks(tvm.target.Target(target)):
+            assert wgsl_vector_params._installed  # every WebGPU build installs it
+        cfg = ModelConfig.load(Path({str(model_dir)!r}))
+        lib = get_library(cfg, DeviceSpec("vulkan", 0), arch="wgsl-f16-wg32768-t256")
+        data = lib.lib_path.read_bytes()
+        print(data.count(b"array<vec4<u32>>"), data.count(b"vec4<u32>(w_ptr["))
+    """)
+    env = {**__import__("os").environ, "LLMCHAT_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    vec, split = (int(v) for v in out.stdout.split()[-2:])
+    assert vec >= 4 and split == 0, out.stdout
