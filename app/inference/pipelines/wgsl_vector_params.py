@@ -70,8 +70,9 @@ def _owner(owners: list[tuple[Any, Any]], buf: Any) -> Any | None:
 
 
 def vector_widths(func: Any) -> dict[Any, int]:
-    """The parameters of ``func`` it only loads, by aligned ramps of one width: parameter ->
-    width (2 or 4)."""
+    """The parameters of ``func`` it accesses (loads and stores) only by aligned ramps of one
+    width, through the buffers it declares over them and nothing else: parameter -> width (2
+    or 4)."""
     import tvm
     import tvm_ffi
     from tvm import tirx
@@ -108,13 +109,26 @@ def vector_widths(func: Any) -> dict[Any, int]:
         _access(store.buffer, store.indices)
         return store
 
-    tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, _load), (tirx.BufferStore, _store)])
+    uses: dict[Any, int] = {p: 0 for p in params}
+
+    def _use(var: Any) -> Any:
+        for p in params:
+            if var.same_as(p):
+                uses[p] += 1
+        return var
+
+    tvm_ffi.structural_map(
+        func.body, [(tvm.ir.TensorLoad, _load), (tirx.BufferStore, _store), (tvm.ir.Var, _use)]
+    )
+    for p in params:  # a use besides its buffers' declarations (a pointer passed on, say)
+        if uses[p] != sum(1 for _, q in owners if q.same_as(p)):
+            bad.add(p)
     return {p: next(iter(w)) for p, w in widths.items() if p not in bad and len(w) == 1}
 
 
 def retype_func(func: Any) -> Any:
-    """``func`` with each parameter of :func:`vector_widths` a pointer to vectors and its loads
-    one vector each."""
+    """``func`` with each parameter of :func:`vector_widths` a pointer to vectors, its buffers
+    vectors and each access one vector."""
     import tvm
     import tvm_ffi
     from tvm import tirx
@@ -156,13 +170,6 @@ def retype_func(func: Any) -> Any:
             return load
         base = _vector_index(analyzer, load.indices[0].base, widths[p])
         return tirx.BufferLoad(_view(load.source), [base])
-
-    def _store(store: Any) -> Any:
-        p = _owner(owners, store.buffer)
-        if p is None or p not in widths:
-            return store
-        base = _vector_index(analyzer, store.indices[0].base, widths[p])
-        return tirx.BufferStore(_view(store.buffer), store.value, [base])
 
     def _store(store: Any) -> Any:
         p = _owner(owners, store.buffer)
