@@ -150,3 +150,19 @@ def test_a_model_compiled_for_vulkan_gets_vector_bindings_in_a_fresh_process(tin
     assert out.returncode == 0, out.stderr[-3000:]
     vec, split = (int(v) for v in out.stdout.split()[-2:])
     assert vec >= 4 and split == 0, out.stdout
+
+
+def test_a_kernel_the_pass_cannot_analyze_is_left_as_tvm_made_it(monkeypatch, tmp_path):
+    """An error inside the pass leaves that kernel's WGSL scalar (and says so in the debug log);
+    the build goes on."""
+    from app.inference.pipelines import wgsl_vector_params
+
+    need_vulkan()
+
+    def broken(func):
+        raise RuntimeError("cannot analyze")
+
+    monkeypatch.setattr(wgsl_vector_params, "retype_func", broken)
+    src, _ = _compile({"copy4": _kernels()["copy4"]}, tmp_path, "broken")
+    assert _binding(src, "copy4", "a") == "array<f32>"
+    assert "vec4<f32>(a_ptr[" in src
