@@ -73,6 +73,11 @@ def vector_widths(func: Any) -> dict[Any, int]:
     """The parameters of ``func`` it accesses (loads and stores) only by aligned ramps of one
     width, through the buffers it declares over them and nothing else: parameter -> width (2
     or 4)."""
+    return _analyze(func)[0]
+
+
+def _analyze(func: Any) -> tuple[dict[Any, int], list[tuple[Any, Any]]]:
+    """:func:`vector_widths` and the (buffer, parameter) declarations of those parameters."""
     import tvm
     import tvm_ffi
     from tvm import tirx
@@ -123,7 +128,8 @@ def vector_widths(func: Any) -> dict[Any, int]:
     for p in params:  # a use besides its buffers' declarations (a pointer passed on, say)
         if uses[p] != sum(1 for _, q in owners if q.same_as(p)):
             bad.add(p)
-    return {p: next(iter(w)) for p, w in widths.items() if p not in bad and len(w) == 1}
+    good = {p: next(iter(w)) for p, w in widths.items() if p not in bad and len(w) == 1}
+    return good, [(b, p) for b, p in owners if any(p.same_as(q) for q in good)]
 
 
 def retype_func(func: Any) -> Any:
@@ -134,10 +140,9 @@ def retype_func(func: Any) -> Any:
     from tvm import tirx
     from tvm.sym.analyzer import Analyzer
 
-    widths = vector_widths(func)
+    widths, owners = _analyze(func)
     if not widths:
         return func
-    owners = _owners(func, list(widths))
     analyzer = Analyzer()
     new_var: dict[Any, Any] = {}
     for p, lanes in widths.items():

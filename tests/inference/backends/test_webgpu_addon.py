@@ -260,45 +260,10 @@ def _accumulate_module(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_named_kernel_can_be_dispatched_twice_for_a_benchmark(dev, tmp_path):
-    """LLMCHAT_WEBGPU_REPEAT=NAME (benchmarks/vulkan_profile.py --repeat): every launch of a kernel
-    whose name contains NAME runs twice, back to back, with the same arguments: a kernel writing
-    another buffer gives what it gave once (a decode step's kernels all do); one adding into its
-    output shows the second run; both dispatches are counted. Another name changes nothing."""
-    scale, accumulate = _scale_module(tmp_path), _accumulate_module(tmp_path)
-    script = textwrap.dedent(f"""
-        import json, numpy as np, tvm
-        from app.inference.backends import webgpu
-        dev = webgpu.device(0)
-        scale = tvm.runtime.load_module({str(scale)!r})
-        acc = tvm.runtime.load_module({str(accumulate)!r})
-        a = tvm.runtime.tensor(np.arange(256, dtype="float32"), dev)
-        b = tvm.runtime.tensor(np.zeros(256, "float32"), dev)
-        c = tvm.runtime.tensor(np.ones(256, "float32"), dev)
-        before = webgpu.stats(0)
-        scale["scale"](a, b)
-        acc["accumulate"](a, c)
-        out = dict(b=b.numpy().tolist(), c=c.numpy().tolist())
-        out["dispatches"] = webgpu.stats(0)["dispatches"] - before["dispatches"]
-        print(json.dumps(out))
-    """)
-    runs = {}
-    for name in ("no-such-kernel", "scale", "accumulate"):
-        runs[name] = json.loads(_child(script, LLMCHAT_WEBGPU_REPEAT=name).strip().splitlines()[-1])
-    expected_b = np.arange(256, dtype="float32") * 2 + 1
-    for name, out in runs.items():
-        assert np.array_equal(np.array(out["b"], "float32"), expected_b), name
-    ones, ramp = np.ones(256, "float32"), np.arange(256, dtype="float32")
-    assert np.array_equal(np.array(runs["no-such-kernel"]["c"], "float32"), ones + ramp)
-    assert np.array_equal(np.array(runs["scale"]["c"], "float32"), ones + ramp)
-    assert np.array_equal(np.array(runs["accumulate"]["c"], "float32"), ones + 2 * ramp)
-    assert [runs[n]["dispatches"] for n in runs] == [2, 3, 3], runs
-
-
-def test_a_named_kernel_can_be_left_out_for_a_benchmark(dev, tmp_path):
-    """LLMCHAT_WEBGPU_SKIP=NAME (benchmarks/vulkan_profile.py --skip): a launch of a kernel whose
-    name contains NAME dispatches nothing and is not counted; its output keeps what it held, the
-    other kernels run as before. Another name changes nothing."""
+def _scale_then_accumulate(tmp_path: Path, env_name: str) -> dict[str, dict]:
+    """For each name of ("no-such-kernel", "scale", "accumulate") as ``env_name``'s value, in a
+    fresh process: B = A * 2 + 1 into a B of sevens, then C += A into a C of ones (A = 0..255);
+    B, C and the dispatches counted."""
     scale, accumulate = _scale_module(tmp_path), _accumulate_module(tmp_path)
     script = textwrap.dedent(f"""
         import json, numpy as np, tvm
@@ -316,9 +281,33 @@ def test_a_named_kernel_can_be_left_out_for_a_benchmark(dev, tmp_path):
         out["dispatches"] = webgpu.stats(0)["dispatches"] - before["dispatches"]
         print(json.dumps(out))
     """)
-    runs = {}
-    for name in ("no-such-kernel", "scale", "accumulate"):
-        runs[name] = json.loads(_child(script, LLMCHAT_WEBGPU_SKIP=name).strip().splitlines()[-1])
+    return {
+        name: json.loads(_child(script, **{env_name: name}).strip().splitlines()[-1])
+        for name in ("no-such-kernel", "scale", "accumulate")
+    }
+
+
+def test_a_named_kernel_can_be_dispatched_twice_for_a_benchmark(dev, tmp_path):
+    """LLMCHAT_WEBGPU_REPEAT=NAME (benchmarks/vulkan_profile.py --repeat): every launch of a kernel
+    whose name contains NAME runs twice, back to back, with the same arguments: a kernel writing
+    another buffer gives what it gave once (a decode step's kernels all do); one adding into its
+    output shows the second run; both dispatches are counted. Another name changes nothing."""
+    runs = _scale_then_accumulate(tmp_path, "LLMCHAT_WEBGPU_REPEAT")
+    expected_b = np.arange(256, dtype="float32") * 2 + 1
+    for name, out in runs.items():
+        assert np.array_equal(np.array(out["b"], "float32"), expected_b), name
+    ones, ramp = np.ones(256, "float32"), np.arange(256, dtype="float32")
+    assert np.array_equal(np.array(runs["no-such-kernel"]["c"], "float32"), ones + ramp)
+    assert np.array_equal(np.array(runs["scale"]["c"], "float32"), ones + ramp)
+    assert np.array_equal(np.array(runs["accumulate"]["c"], "float32"), ones + 2 * ramp)
+    assert [runs[n]["dispatches"] for n in runs] == [2, 3, 3], runs
+
+
+def test_a_named_kernel_can_be_left_out_for_a_benchmark(dev, tmp_path):
+    """LLMCHAT_WEBGPU_SKIP=NAME (benchmarks/vulkan_profile.py --skip): a launch of a kernel whose
+    name contains NAME dispatches nothing and is not counted; its output keeps what it held, the
+    other kernels run as before. Another name changes nothing."""
+    runs = _scale_then_accumulate(tmp_path, "LLMCHAT_WEBGPU_SKIP")
     ramp, ones, sevens = np.arange(256, dtype="float32"), np.ones(256, "float32"), np.full(256, 7, "float32")
     assert np.array_equal(np.array(runs["no-such-kernel"]["b"], "float32"), ramp * 2 + 1)
     assert np.array_equal(np.array(runs["no-such-kernel"]["c"], "float32"), ones + ramp)
