@@ -58,7 +58,7 @@ def _pass_config(target: Any) -> dict[str, Any]:
 
 def _build_hooks(target: Any) -> contextlib.AbstractContextManager[Any]:
     """ROCm: find the toolchain; CUDA: turn kernels into prebuilt fatbins (``compile.cuda_support``);
-    WebGPU: a kernel parameter read only by aligned vector loads is bound as vectors
+    WebGPU: a kernel parameter accessed only by aligned vector ramps is bound as vectors
     (``pipelines.wgsl_vector_params``, on every WebGPU build, so a library never depends on what
     the process built before it)."""
     if target.kind.name == "rocm":
