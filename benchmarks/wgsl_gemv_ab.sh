@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k0|k4|k8|k16|k8s0|k8s512|k8wg256|k16wg256|k16wg512|k32|mw128|mw512|mw1024|q8ns|nr2p|nr1|nr1p|nr4l64|nr8l128) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k0|k4|k8|k16|k8s0|k8s512|k8wg256|k16wg256|k16wg512|k32|mw128|mw512|mw1024|q8ns|nr2p|nr1|nr1p|nr4l64|nr8l128|gtiled) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -72,12 +72,13 @@ env_of() {  # other kernel switches of a set
     mw128|mw512|mw1024) echo "LLMCHAT_WGSL_MIN_WORKGROUPS=${1#mw}";;  # int8 GEMVs: the most rows a set that still give N workgroups
     q8ns) echo "LLMCHAT_WGSL_FUSION=int8-q8ns";;                      # norms folded only for rows up to 2,048 (the default before session 21)
     nr2p|nr1|nr1p|nr4l64|nr8l128) echo "LLMCHAT_WGSL_NORM_OUT_LAYOUT=${1#n}";; # a GEMV writing a norm's vector: its layout (p: several threads quantize)
+    gtiled) echo "LLMCHAT_WGSL_GEMM=tiled";;                          # prompt GEMMs: the scheduled GEMM for q4f16_1 too (the default before session 23)
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}
 use() {
   local r e; r=$(rules "$1") || exit 2
-  unset LLMCHAT_WGSL_MIN_WORKGROUPS LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD LLMCHAT_WGSL_ROPE_APPEND LLMCHAT_WGSL_NORM_OUT_LAYOUT LLMCHAT_WGSL_GATE_LAYOUT
+  unset LLMCHAT_WGSL_MIN_WORKGROUPS LLMCHAT_WGSL_GEMV LLMCHAT_WGSL_FUSION LLMCHAT_WGSL_ATTENTION LLMCHAT_WGSL_Q4_PRELOAD LLMCHAT_WGSL_ROPE_APPEND LLMCHAT_WGSL_NORM_OUT_LAYOUT LLMCHAT_WGSL_GATE_LAYOUT LLMCHAT_WGSL_GEMM
   if [ -n "$r" ]; then export LLMCHAT_WGSL_GEMV=$r; fi
   for e in $(env_of "$1"); do export "${e?}"; done
 }
@@ -104,7 +105,7 @@ for s in $SETS; do
   if [ -n "${BENCH:-}" ]; then  # the bench protocol only: decode tok/s of each preset
     timeout 120 python3 benchmarks/gpu_decode.py run --backend vulkan --cache "$DIR/$s" --presets "$PRESETS" \
       --plain "" --check-steps 8 --out "$O/bench_$s.json" > "$O/bench_$s.log" 2>&1
-    stamp "bench $s rc=$?: $(grep -o '"decode_tok_s": [0-9.]*' "$O/bench_$s.log" | paste -sd' ')"
+    stamp "bench $s rc=$?: $(grep -o '"decode_tok_s": [0-9.]*\|"prefill_tok_s": [0-9.]*' "$O/bench_$s.log" | paste -sd' ')"
     continue
   fi
   timeout 60 python3 benchmarks/vulkan_profile.py --cache "$DIR/$s" --presets "$PRESETS" --steps 64 > "$O/loop_$s.log" 2>&1

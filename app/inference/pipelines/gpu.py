@@ -16,7 +16,9 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
 - on WGSL (webgpu/Vulkan), ``WgslGemm`` (:mod:`.gpu_gemm`) for the prompt's matmuls: 256 threads,
   8x4 or 8x8 fp32 accumulators each, weight and activation tiles in workgroup memory, the weight
   decoded one packed word per thread (dlight's Matmul default there: 64 threads, 4x4 each, one
-  word load per 4-bit value); ``LLMCHAT_WGSL_GEMM=tvm`` gives dlight's back;
+  word load per 4-bit value); ``LLMCHAT_WGSL_GEMM=tvm`` gives dlight's back; the q4f16_1 ones
+  take ``WgslQ4Gemm`` (:mod:`.wgsl_q4_gemm`: hand-written TIR, vec4 tiles in workgroup memory,
+  the next step's loads in registers before this step's FMAs) unless ``LLMCHAT_WGSL_GEMM=tiled``;
 - on CUDA, llmchat's hand-written kernels (``cuda_kernels.cu``) in place of TVM's for the decode
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
   decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
@@ -67,6 +69,7 @@ from app.inference.pipelines.gpu_choices import (
     use_llmchat_gemv,
     use_wgsl_attention,
     use_wgsl_gemm,
+    use_wgsl_q4_gemm,
     uses_cuda_graph,
     wgsl_attention_variant,
 )
@@ -134,6 +137,10 @@ def schedule_rules(target: Any) -> list[Any]:
         from app.inference.pipelines.wgsl_rms_norm import WgslRmsNorm
 
         first = [GpuArgmax(), WgslRmsNorm(), *first]
+        if use_wgsl_q4_gemm(target):
+            from app.inference.pipelines.wgsl_q4_gemm import WgslQ4Gemm
+
+            first = [*first, WgslQ4Gemm()]
         if use_wgsl_gemm(target):
             from app.inference.pipelines.gpu_gemm import WgslGemm
 

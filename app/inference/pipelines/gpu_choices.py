@@ -181,6 +181,14 @@ def use_wgsl_gemm(target: Any) -> bool:
     return target.kind.name == "webgpu" and choice != "tvm"
 
 
+def use_wgsl_q4_gemm(target: Any) -> bool:
+    """Whether the prompt's q4f16_1 matmuls on WGSL take :class:`~.wgsl_q4_gemm.WgslQ4Gemm`
+    (vec4 tiles, register prefetch) before :class:`~.gpu_gemm.WgslGemm`: on webgpu unless
+    ``LLMCHAT_WGSL_GEMM`` is ``tiled`` (the scheduled GEMM for every prompt matmul) or ``tvm``."""
+    choice = os.environ.get("LLMCHAT_WGSL_GEMM", "").strip().lower()
+    return use_wgsl_gemm(target) and choice != "tiled"
+
+
 def uses_cuda_graph(target: Any) -> bool:
     """CUDA graphs are a CUDA runtime feature; other GPU runtimes launch kernels one by one."""
     return target.kind.name == "cuda"
