@@ -74,6 +74,8 @@ def main() -> int:
                     help="rows of 16 bytes the floor's copies move (read and written)")
     ap.add_argument("--repeat", default="", help="dispatch the kernels whose name contains this twice")
     ap.add_argument("--skip", default="", help="dispatch none of the kernels whose name contains this")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also the GPU time of each kernel of one prompt of this many tokens (with the profiler)")
     args = ap.parse_args()
     if args.skip:  # read by the add-on when the device is made
         os.environ["LLMCHAT_WEBGPU_SKIP"] = args.skip
@@ -133,6 +135,21 @@ def main() -> int:
                         "us_each": round(k["ns"] / max(k["count"], 1) / 1e3, 2)} for k in prof["kernels"]]
             print(json.dumps({"preset": preset, "gpu_ms_per_step": round(prof["total_ns"] / args.steps / 1e6, 3),
                               "kernels": kernels}), flush=True)
+            if args.prefill:  # one prompt of N tokens (after one to warm up), every kernel's GPU time
+                ids = np.random.default_rng(7).integers(0, engine.config.vocab_size, size=args.prefill).tolist()
+                rt.clear()
+                rt.prefill(ids)
+                rt.clear()
+                webgpu.profile_reset(0)
+                t0 = time.perf_counter()
+                rt.prefill(ids)
+                wall = time.perf_counter() - t0
+                prof = webgpu.profile(0)
+                kernels = [{"name": k["name"], "count": k["count"], "ms": round(k["ns"] / 1e6, 3)}
+                           for k in prof["kernels"]]
+                print(json.dumps({"preset": preset, "prefill_tokens": args.prefill, "wall_ms": round(wall * 1e3, 2),
+                                  "gpu_ms": round(prof["total_ns"] / 1e6, 3), "kernels": kernels}), flush=True)
+                rt.clear()
         engine.close()
     return 0
 
