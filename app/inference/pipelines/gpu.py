@@ -28,6 +28,9 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   along the keys and the query heads over many workgroups with a merge kernel
   (``wgsl_attention``), which also applies a decoded token's RoPE and appends it to the KV cache
   (``wgsl_rope_append``: two launches a layer fewer; ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps them);
+- on WebGPU/Vulkan, a prompt chunk's attention to its own keys by llmchat's kernel
+  (``wgsl_prefill_attention``: 32 query rows a workgroup, causal tiles skipped;
+  ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm`` keeps TVM's);
 - on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
   kernel beside them, and the longer rows' RMSNorm writing the vector quantized once for the GEMVs
   after it (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
@@ -69,6 +72,7 @@ from app.inference.pipelines.gpu_choices import (
     use_llmchat_gemv,
     use_wgsl_attention,
     use_wgsl_gemm,
+    use_wgsl_prefill_attention,
     use_wgsl_q4_gemm,
     uses_cuda_graph,
     wgsl_attention_variant,
@@ -95,16 +99,23 @@ def _simt_matmul_only() -> Iterator[None]:
 
 def attention_passes(target: Any) -> list[Any]:
     """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
-    if use_wgsl_attention(target):
+    if target.kind.name == "webgpu":
         from app.inference.pipelines.wgsl_attention import split_decode_attention_pass as wgsl_split
+        from app.inference.pipelines.wgsl_prefill_attention import prefill_attention_pass as wgsl_prefill
 
-        return [
-            wgsl_split(
-                max_threads=int(target.attrs["max_num_threads"]),
-                shared_bytes=int(target.attrs["max_shared_memory_per_block"]),
-                variant=wgsl_attention_variant(),
+        shared = int(target.attrs["max_shared_memory_per_block"])
+        passes = []
+        if use_wgsl_attention(target):
+            passes.append(
+                wgsl_split(
+                    max_threads=int(target.attrs["max_num_threads"]),
+                    shared_bytes=shared,
+                    variant=wgsl_attention_variant(),
+                )
             )
-        ]
+        if use_wgsl_prefill_attention(target):
+            passes.append(wgsl_prefill(shared))
+        return passes
     if not use_cuda_attention(target):
         return []
     gqa, gqa_min_keys = cuda_gqa_decode()

@@ -104,6 +104,13 @@ def use_wgsl_attention(target: Any) -> bool:
     return target.kind.name == "webgpu" and choice != "tvm"
 
 
+def use_wgsl_prefill_attention(target: Any) -> bool:
+    """Whether a prompt's attention to its own keys on WebGPU/Vulkan is llmchat's kernel
+    (:mod:`.wgsl_prefill_attention`): unless ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm``."""
+    choice = os.environ.get("LLMCHAT_WGSL_PREFILL_ATTENTION", "").strip().lower()
+    return target.kind.name == "webgpu" and choice != "tvm"
+
+
 def wgsl_attention_variant() -> str:
     """Which of llmchat's WGSL decode attention kernels :func:`use_wgsl_attention` puts in:
     ``split-v2`` (default; one workgroup per KV head and chunk, no merge launch on short contexts;
