@@ -86,11 +86,11 @@ def prefill_kernel(h_qo: int, h_kv: int, d: int) -> Any:
         v = T.match_buffer(var_v, (total_kv, h_kv, d), "float16")
         kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32",
                                    elem_offset=kv_indptr_elem_offset)
-        # RoPE is applied before attention (RopeMode.NORMAL): positions unused
-        _q_rope_position = T.match_buffer(var_q_rope_position, (total_q,), "int32",
-                                          elem_offset=q_rope_position_elem_offset)
-        _k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
-                                            elem_offset=k_rope_pos_offset_elem_offset)
+        # RoPE is applied before attention (RopeMode.NORMAL): positions unused (TVM's names kept)
+        q_rope_position = T.match_buffer(var_q_rope_position, (total_q,), "int32",  # noqa: F841
+                                         elem_offset=q_rope_position_elem_offset)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",  # noqa: F841
+                                           elem_offset=k_rope_pos_offset_elem_offset)
         output = T.match_buffer(var_output, (total_q, h_qo, d), "float16")
         lse = T.match_buffer(var_lse, (total_q, h_qo), "float32")
 

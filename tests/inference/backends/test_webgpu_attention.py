@@ -257,7 +257,7 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     with target, tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.FuseTIR()])(mod)
         passes = gpu.attention_passes(target)
-        assert len(passes) == 1
+        assert len(passes) == 2  # decode, and the prompt's (wgsl_prefill_attention)
         new = tvm.transform.Sequential(passes)(mod)
         alone = tvm.IRModule({DECODE_ATTENTION: mod[DECODE_ATTENTION]})
         plain = split_decode_attention_pass(256, 32768)(alone)
@@ -341,7 +341,10 @@ def test_tvm_switch_keeps_tvm_attention(monkeypatch):
     from app.inference.pipelines import gpu
 
     monkeypatch.setenv("LLMCHAT_WGSL_ATTENTION", "tvm")
+    monkeypatch.setenv("LLMCHAT_WGSL_PREFILL_ATTENTION", "tvm")
     assert gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256")) == []
+    monkeypatch.delenv("LLMCHAT_WGSL_PREFILL_ATTENTION")  # the prompt's kernel has its own switch
+    assert len(gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256"))) == 1
 
 
 def test_many_kv_heads_keep_tvms_kernel():

@@ -115,7 +115,9 @@ def test_schedule_tiles_in_workgroup_memory_with_one_word_load_per_eight_weights
     assert src.count("fma(") >= 8 * 4 * 16
 
 
-def test_the_models_prefill_matmuls_get_the_rule_and_decode_keeps_the_gemv():
+def test_the_models_prefill_matmuls_get_the_rule_and_decode_keeps_the_gemv(monkeypatch):
+    # the q4f16_1 ones go to wgsl_q4_gemm by default (test_wgsl_q4_gemm.py); "tiled" gives them here
+    monkeypatch.setenv("LLMCHAT_WGSL_GEMM", "tiled")
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
