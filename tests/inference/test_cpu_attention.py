@@ -104,18 +104,18 @@ def test_ragged_prefill_matches_numpy(target, dtype, h_q, h_kv):
             assert np.abs(lse.numpy()[lo:hi] - ref_lse).max() <= 1e-3, (b, causal)
 
 
-def _paged_cache(rng, dtype, h_kv, kv_lengths):
+def _paged_cache(rng, dtype, h_kv, kv_lengths, d=HEAD_DIM):
     """Pages [n, 2, h_kv, PAGE, D] holding each sequence's keys/values in shuffled pages; every
     unused slot (past a sequence's last key, spare pages) is NaN, as stale memory may be."""
     n_pages = [-(-n // PAGE) for n in kv_lengths]
     total_pages = sum(n_pages) + 2
-    pages = np.full((total_pages, 2, h_kv, PAGE, HEAD_DIM), np.nan, dtype)
+    pages = np.full((total_pages, 2, h_kv, PAGE, d), np.nan, dtype)
     order = rng.permutation(total_pages).astype("int32")
     values, keys, vals = [], [], []
     used = 0
     for n, count in zip(kv_lengths, n_pages, strict=True):
-        k = rng.standard_normal((n, h_kv, HEAD_DIM)).astype(dtype)
-        v = rng.standard_normal((n, h_kv, HEAD_DIM)).astype(dtype)
+        k = rng.standard_normal((n, h_kv, d)).astype(dtype)
+        v = rng.standard_normal((n, h_kv, d)).astype(dtype)
         mine = order[used : used + count]
         used += count
         for pos in range(n):

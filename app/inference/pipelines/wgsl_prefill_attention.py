@@ -1,16 +1,18 @@
-"""A prompt chunk's attention to its own keys on WGSL (WebGPU/Vulkan): llmchat's kernel in place of
-TVM's ``batch_prefill_ragged_kv`` (same signature, same output and base-2 log-sum-exp).
+"""A prompt chunk's attention on WGSL (WebGPU/Vulkan): llmchat's kernel in place of TVM's
+``batch_prefill_ragged_kv`` (the chunk's own keys) and ``batch_prefill_paged_kv`` (the keys
+already in the KV cache's pages: a later chunk of a long prompt, every turn after the first), with
+their signatures, outputs and base-2 log-sum-exp.
 
-TVM's kernel on WebGPU stages 32 queries and 32 keys a step with 128 threads, computes the
-softmax of the 32 rows with one thread each over seven barriers a step, and walks every key tile
-of the sequence whatever the causal mask hides. On the H200 it took 82 of the 322 ms of a
+TVM's kernels on WebGPU stage 32 queries and 32 keys a step with 128 threads, compute the softmax
+of the 32 rows with one thread each over seven barriers a step, and walk every key tile of the
+sequence whatever the causal mask hides. On the H200 the ragged one took 82 of the 322 ms of a
 512-token Llama-2-7B prompt, and 70 of 91 ms of a Qwen2.5-0.5B one (session 23's profile).
 
 This kernel (one workgroup of 128 threads per 32 query rows of one query head):
 
-- stages the tile's queries once, and each step 32 keys and values, as ``vec4<f16>`` rows in
-  workgroup memory (rows of the queries and keys padded by 8 bytes: the 16 keys a warp reads
-  fall in distinct banks);
+- stages the tile's queries once, and each step 32 keys and values (from the chunk's rows or from
+  the pages), as ``vec4<f16>`` rows in workgroup memory (the keys' rows padded by 8 bytes: the 16
+  keys a warp reads fall in distinct banks);
 - computes the 32 x 32 scores with each thread holding 4 rows x 2 keys (4-value dot products
   from ``vec4`` loads), scaled into the log2 domain and masked;
 - keeps each row's running maximum and sum in one thread (the online softmax), and each
@@ -20,7 +22,8 @@ This kernel (one workgroup of 128 threads per 32 query rows of one query head):
 
 It needs RoPE applied before attention (the KV cache's ``RopeMode.NORMAL``, as llmchat's decode
 attention on WGSL): :func:`prefill_attention_pass` leaves a module with RoPE inside attention alone.
-``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm`` keeps TVM's kernel (:func:`.gpu_choices.use_wgsl_prefill_attention`).
+``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm`` keeps TVM's kernels
+(:func:`.gpu_choices.use_wgsl_prefill_attention`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.inference.pipelines.cuda_attention import PREFILL_ATTENTION, PREFILL_PARAMS
+from app.inference.pipelines.cuda_attention import (
+    PAGED_PREFILL_ATTENTION,
+    PAGED_PREFILL_PARAMS,
+    PREFILL_ATTENTION,
+    PREFILL_PARAMS,
+)
 from app.inference.pipelines.tir_facts import static_int
 
 #: query rows and keys of a tile, threads of a workgroup
@@ -54,8 +62,10 @@ def supported(h_qo: int, h_kv: int, d: int, dtype: str, max_shared: int) -> bool
     return dtype == "float16" and d in (64, 128) and h_qo % h_kv == 0 and shared_bytes(d) <= max_shared
 
 
-def prefill_kernel(h_qo: int, h_kv: int, d: int) -> Any:
-    """The PrimFunc (TVM's ``batch_prefill_ragged_kv`` parameters, in its order)."""
+def prefill_kernel(h_qo: int, h_kv: int, d: int, paged: bool = False, page: int = 16) -> Any:
+    """The PrimFunc with the parameters of TVM's ``batch_prefill_ragged_kv`` or, with ``paged``,
+    of its ``batch_prefill_paged_kv`` (keys and values in the KV cache's pages of ``page`` slots:
+    ``[pages, 2, h_kv, page, d]``), in TVM's order."""
     from tvm.script import tirx as T
 
     group = h_qo // h_kv
@@ -65,35 +75,9 @@ def prefill_kernel(h_qo: int, h_kv: int, d: int) -> Any:
     loads = BQ * vec // THREADS  # vec4 loads a thread makes to stage one tile of rows
 
     # fmt: off
-    @T.prim_func(private=True)
-    def kernel(
-        var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle, var_kv_indptr: T.handle,
-        var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle, var_output: T.handle,
-        var_lse: T.handle, causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32,
-        rope_theta: T.float32, sm_scale: T.float32,
-    ):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        batch_size = T.int32()
-        total_q = T.int32()
-        total_kv = T.int32()
-        q_indptr_elem_offset = T.int32()
-        kv_indptr_elem_offset = T.int32()
-        q_rope_position_elem_offset = T.int32()
-        k_rope_pos_offset_elem_offset = T.int32()
-        q = T.match_buffer(var_q, (total_q, h_qo, d), "float16")
-        q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_indptr_elem_offset)
-        k = T.match_buffer(var_k, (total_kv, h_kv, d), "float16")
-        v = T.match_buffer(var_v, (total_kv, h_kv, d), "float16")
-        kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32",
-                                   elem_offset=kv_indptr_elem_offset)
-        # RoPE is applied before attention (RopeMode.NORMAL): positions unused (TVM's names kept)
-        q_rope_position = T.match_buffer(var_q_rope_position, (total_q,), "int32",  # noqa: F841
-                                         elem_offset=q_rope_position_elem_offset)
-        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",  # noqa: F841
-                                           elem_offset=k_rope_pos_offset_elem_offset)
-        output = T.match_buffer(var_output, (total_q, h_qo, d), "float16")
-        lse = T.match_buffer(var_lse, (total_q, h_qo), "float32")
-
+    @T.macro
+    def attend(q, q_indptr, ksrc, vsrc, kv_a, kv_b, kv_c, output, lse, causal, sm_scale, batch_size, total_q):
+        # ragged: kv_a is kv_indptr; paged: kv_a page_indptr, kv_b page_values, kv_c length_info
         bx = T.launch_thread("blockIdx.x", (total_q + (BQ - 1)) // BQ + batch_size)
         h = T.launch_thread("blockIdx.y", h_qo)
         tid = T.launch_thread("threadIdx.x", THREADS)
@@ -127,8 +111,13 @@ def prefill_kernel(h_qo: int, h_kv: int, d: int) -> Any:
         # a workgroup past the last tile gets no rows and no keys (no branch around the barriers)
         info[2] = q_indptr[T.min(info[0], batch_size)]
         info[3] = T.if_then_else(info[0] < batch_size, q_indptr[info[0] + 1] - q_indptr[info[0]], 0)
-        kvi[0] = kv_indptr[T.min(info[0], batch_size)]
-        kvi[1] = T.if_then_else(info[0] < batch_size, kv_indptr[info[0] + 1] - kv_indptr[info[0]], 0)
+        kvi[0] = kv_a[T.min(info[0], batch_size)]
+        if paged:  # whole pages but the last, which holds length_info keys
+            kvi[1] = T.if_then_else(
+                info[0] < batch_size and kv_a[info[0] + 1] > kv_a[info[0]],
+                (kv_a[info[0] + 1] - kv_a[info[0]] - 1) * page + kv_c[info[0]], 0)
+        else:
+            kvi[1] = T.if_then_else(info[0] < batch_size, kv_a[info[0] + 1] - kv_a[info[0]], 0)
         # the tile's queries (zeros past the sequence)
         for i in T.unroll(loads):
             if info[1] * BQ + (tid + i * THREADS) // vec < info[3]:
@@ -152,18 +141,20 @@ def prefill_kernel(h_qo: int, h_kv: int, d: int) -> Any:
         ):
             T.tvm_storage_sync("shared")  # the last step is done with ks, vs and ps
             for i in T.unroll(loads):
-                if kt * BK + (tid + i * THREADS) // vec < kvi[1]:
-                    ks[T.ramp(((tid + i * THREADS) // vec) * krow + (tid + i * THREADS) % vec * 4, 1, 4)] = k[
-                        kvi[0] + kt * BK + (tid + i * THREADS) // vec, kvh,
-                        T.ramp((tid + i * THREADS) % vec * 4, 1, 4)]
-                    vs[T.ramp(((tid + i * THREADS) // vec) * d + (tid + i * THREADS) % vec * 4, 1, 4)] = v[
-                        kvi[0] + kt * BK + (tid + i * THREADS) // vec, kvh,
-                        T.ramp((tid + i * THREADS) % vec * 4, 1, 4)]
+                r = T.meta_var((tid + i * THREADS) // vec)  # the tile's key r, its 4 dimensions from c
+                c = T.meta_var((tid + i * THREADS) % vec * 4)
+                if kt * BK + r < kvi[1]:
+                    if paged:  # key j: slot j % page of page page_values[page_indptr[b] + j // page]
+                        pg = T.meta_var(kv_b[kvi[0] + (kt * BK + r) // page])
+                        sl = T.meta_var((kt * BK + r) % page)
+                        ks[T.ramp(r * krow + c, 1, 4)] = ksrc[pg, 0, kvh, sl, T.ramp(c, 1, 4)]
+                        vs[T.ramp(r * d + c, 1, 4)] = vsrc[pg, 1, kvh, sl, T.ramp(c, 1, 4)]
+                    else:
+                        ks[T.ramp(r * krow + c, 1, 4)] = ksrc[kvi[0] + kt * BK + r, kvh, T.ramp(c, 1, 4)]
+                        vs[T.ramp(r * d + c, 1, 4)] = vsrc[kvi[0] + kt * BK + r, kvh, T.ramp(c, 1, 4)]
                 else:
-                    ks[T.ramp(((tid + i * THREADS) // vec) * krow + (tid + i * THREADS) % vec * 4, 1, 4)] = (
-                        T.Broadcast(T.float16(0), 4))
-                    vs[T.ramp(((tid + i * THREADS) // vec) * d + (tid + i * THREADS) % vec * 4, 1, 4)] = (
-                        T.Broadcast(T.float16(0), 4))
+                    ks[T.ramp(r * krow + c, 1, 4)] = T.Broadcast(T.float16(0), 4)
+                    vs[T.ramp(r * d + c, 1, 4)] = T.Broadcast(T.float16(0), 4)
             T.tvm_storage_sync("shared")
             # scores of rows 4 rq + i and keys kp, kp + 16
             for e in T.unroll(8):
@@ -230,21 +221,108 @@ def prefill_kernel(h_qo: int, h_kv: int, d: int) -> Any:
                         pv[e] = o[i * 4 * halves + g * 4 + e] * alpha[rq * 4 + i]
                     output[info[2] + info[1] * BQ + rq * 4 + i, h, T.ramp(g * 64 + kp * 4, 1, 4)] = T.Cast(
                         "float16x4", pv[T.ramp(0, 1, 4)])
+
+    if not paged:  # only the variant asked for is parsed (the macro branches on ``paged``)
+
+        @T.prim_func(private=True)
+        def ragged(
+            var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle,
+            var_kv_indptr: T.handle,
+            var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle, var_output: T.handle,
+            var_lse: T.handle, causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32,
+            rope_theta: T.float32, sm_scale: T.float32,
+        ):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            batch_size = T.int32()
+            total_q = T.int32()
+            total_kv = T.int32()
+            q_indptr_elem_offset = T.int32()
+            kv_indptr_elem_offset = T.int32()
+            q_rope_position_elem_offset = T.int32()
+            k_rope_pos_offset_elem_offset = T.int32()
+            q = T.match_buffer(var_q, (total_q, h_qo, d), "float16")
+            q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32",
+                                      elem_offset=q_indptr_elem_offset)
+            k = T.match_buffer(var_k, (total_kv, h_kv, d), "float16")
+            v = T.match_buffer(var_v, (total_kv, h_kv, d), "float16")
+            kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32",
+                                       elem_offset=kv_indptr_elem_offset)
+            # RoPE is applied before attention (RopeMode.NORMAL): positions unused (TVM's names kept)
+            q_rope_position = T.match_buffer(var_q_rope_position, (total_q,), "int32",  # noqa: F841
+                                             elem_offset=q_rope_position_elem_offset)
+            k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",  # noqa: F841
+                                               elem_offset=k_rope_pos_offset_elem_offset)
+            output = T.match_buffer(var_output, (total_q, h_qo, d), "float16")
+            lse = T.match_buffer(var_lse, (total_q, h_qo), "float32")
+            attend(q, q_indptr, k, v, kv_indptr, kv_indptr, kv_indptr, output, lse, causal, sm_scale,
+                   batch_size, total_q)
+
+        return ragged
+
+    @T.prim_func(private=True)
+    def paged_kv(
+        var_q: T.handle, var_q_indptr: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
+        var_page_values: T.handle, var_length_info: T.handle, var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle, var_output: T.handle, var_lse: T.handle,
+        causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        batch_size = T.int32()
+        total_q = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        q_indptr_elem_offset = T.int32()
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        q = T.match_buffer(var_q, (total_q, h_qo, d), "float16")
+        q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32",
+                                  elem_offset=q_indptr_elem_offset)
+        pages = T.match_buffer(var_pages, (max_num_pages, 2, h_kv, page, d), "float16")
+        page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32",
+                                     elem_offset=page_indptr_elem_offset)
+        page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32",
+                                     elem_offset=page_values_elem_offset)
+        length_info = T.match_buffer(var_length_info, (batch_size,), "int32",
+                                     elem_offset=length_info_elem_offset)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",  # noqa: F841
+                                           elem_offset=k_rope_pos_offset_elem_offset)
+        q_rope_position = T.match_buffer(var_q_rope_position, (total_q,), "int32",  # noqa: F841
+                                         elem_offset=q_rope_position_elem_offset)
+        output = T.match_buffer(var_output, (total_q, h_qo, d), "float16")
+        lse = T.match_buffer(var_lse, (total_q, h_qo), "float32")
+        attend(q, q_indptr, pages, pages, page_indptr, page_values, length_info, output, lse, causal,
+               sm_scale, batch_size, total_q)
+
     # fmt: on
-    return kernel
+    return paged_kv
 
 
 def prefill_attention(func: Any, max_shared: int) -> Any | None:
-    """``func`` (TVM's ``batch_prefill_ragged_kv``) as :func:`prefill_kernel`, or None for shapes
-    it does not take (:func:`supported`)."""
-    if [str(p) for p in func.params] != PREFILL_PARAMS:
+    """``func`` (TVM's ``batch_prefill_ragged_kv`` or ``batch_prefill_paged_kv``) as
+    :func:`prefill_kernel`, or None for shapes it does not take (:func:`supported`; pages
+    ``[pages, 2, kv heads, page, head dim]`` and one ``length_info`` value a sequence: no sliding
+    window)."""
+    params = [str(p) for p in func.params]
+    if params == PREFILL_PARAMS:
+        q, k = func.params[0], func.params[2]
+        h_kv, d_k, page = static_int(k.shape[1]), static_int(k.shape[2]), None
+    elif params == PAGED_PREFILL_PARAMS:
+        q, pages, length_info = func.params[0], func.params[2], func.params[5]
+        if len(pages.shape) != 5 or len(length_info.shape) != 1 or str(pages.dtype) != str(q.dtype):
+            return None
+        two, h_kv, page, d_k = (static_int(x) for x in pages.shape[1:])
+        if two != 2 or page is None:
+            return None
+    else:
         return None
-    q, k = func.params[0], func.params[2]
     h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
-    h_kv, d_k = static_int(k.shape[1]), static_int(k.shape[2])
     if None in (h_qo, d, h_kv) or d_k != d or not supported(h_qo, h_kv, d, str(q.dtype), max_shared):
         return None
-    new = prefill_kernel(h_qo, h_kv, d)
+    new = prefill_kernel(h_qo, h_kv, d, paged=page is not None, page=page or 16)
     for key, value in (func.attrs or {}).items():
         if key not in ("tirx.is_scheduled", "tirx.noalias"):
             new = new.with_attr(key, value)
@@ -252,7 +330,7 @@ def prefill_attention(func: Any, max_shared: int) -> Any | None:
 
 
 def prefill_attention_pass(shared_bytes_limit: int) -> Any:
-    """Module pass: :func:`prefill_attention` on TVM's prompt attention PrimFunc, in a module whose
+    """Module pass: :func:`prefill_attention` on TVM's prompt attention PrimFuncs, in a module whose
     KV cache is created with ``RopeMode.NORMAL`` (else TVM's kernel stays: it applies RoPE itself
     when ``rotary_mode`` is 1)."""
     import tvm
@@ -261,7 +339,8 @@ def prefill_attention_pass(shared_bytes_limit: int) -> Any:
     from app.inference.pipelines.cuda_rope_append import _rope_mode_normal
 
     def rewrite(func: Any) -> Any | None:
-        if func.attrs is None or str(func.attrs.get("global_symbol", "")) != PREFILL_ATTENTION:
+        symbol = "" if func.attrs is None else str(func.attrs.get("global_symbol", ""))
+        if symbol not in (PREFILL_ATTENTION, PAGED_PREFILL_ATTENTION):
             return None
         return prefill_attention(func, shared_bytes_limit)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.inference.backends.vulkan_env import need_vulkan
-from tests.inference.test_cpu_attention import _reference
+from tests.inference.test_cpu_attention import PAGE, _paged_cache, _reference
 
 CASES = [
     # query heads, kv heads, head_dim, rows of each sequence
@@ -73,6 +73,63 @@ def test_prefill_attention_matches_float64_reference(webgpu_target, tmp_path, h_
             assert np.abs(got_lse[lo:hi] - ref_lse).max() <= 1e-3, (b, causal)
 
 
+PAGED_CASES = [
+    # query heads, kv heads, head_dim, keys in the cache and queries of each sequence
+    (4, 2, 64, [16, 17, 1, 33], [1, 5, 20, 3]),  # a page exactly, one past it, one key, two pages
+    (9, 3, 64, [100, 0], [7, 2]),  # SmolLM2-135M's heads; a sequence with nothing cached
+    (16, 2, 128, [300, 45], [40, 33]),  # Qwen2.5-3B's, ten key tiles
+]
+
+
+@pytest.mark.parametrize(
+    ("h_qo", "h_kv", "d", "kv_lengths", "q_lengths"),
+    PAGED_CASES,
+    ids=[f"{c[0]}x{c[1]}-d{c[2]}" for c in PAGED_CASES],
+)
+def test_paged_prefill_attention_matches_float64_reference(
+    webgpu_target, tmp_path, h_qo, h_kv, d, kv_lengths, q_lengths
+):
+    """A chunk's queries against the keys already in the cache's scattered pages (the KV cache
+    calls it not causal; causal too where a sequence has as many keys as queries or more); unused
+    slots hold NaN, as stale memory may; no cached key gives zeros and TVM's -5e4."""
+    import tvm
+
+    from app.inference.backends import webgpu
+    from app.inference.pipelines import wgsl_vector_params
+    from app.inference.pipelines.wgsl_prefill_attention import prefill_kernel
+
+    dev = webgpu.device(0)
+    wgsl_vector_params.install()
+    func = prefill_kernel(h_qo, h_kv, d, paged=True, page=PAGE).with_attr("global_symbol", "main")
+    tvm.compile(tvm.IRModule({"main": func}), target=webgpu_target).export_library(str(tmp_path / "p.so"))
+    kernel = tvm.runtime.load_module(str(tmp_path / "p.so"))["main"]
+    rng = np.random.default_rng(d + sum(kv_lengths))
+    pages, page_indptr, page_values, last, keys, vals = _paged_cache(rng, "float16", h_kv, kv_lengths, d)
+    q_indptr = np.concatenate([[0], np.cumsum(q_lengths)]).astype("int32")
+    q = rng.standard_normal((q_indptr[-1], h_qo, d)).astype("float16")
+
+    def t(a):
+        return tvm.runtime.tensor(a, dev)
+
+    for causal in (0, 1):
+        out = t(np.full(q.shape, np.nan, "float16"))
+        lse = t(np.full(q.shape[:2], np.nan, "float32"))
+        zeros_b, zeros_q = t(np.zeros(len(kv_lengths), "int32")), t(np.zeros(len(q), "int32"))
+        buffers = (t(q), t(q_indptr), t(pages), t(page_indptr), t(page_values), t(last), zeros_b, zeros_q)
+        kernel(*buffers, out, lse, causal, 0, 1.0, 1e4, d**-0.5)
+        got, got_lse = out.numpy().astype(np.float64), lse.numpy()
+        for b, (lo, hi) in enumerate(itertools.pairwise(q_indptr)):
+            if kv_lengths[b] == 0:
+                assert np.all(got[lo:hi] == 0) and np.all(got_lse[lo:hi] == -5e4), b
+                continue
+            if causal and hi - lo > kv_lengths[b]:
+                continue  # more queries than keys: a shape the cache never asks for causally
+            ref, ref_lse = _reference(q[lo:hi], keys[b], vals[b], causal)
+            err = np.abs(got[lo:hi] - ref).max()
+            assert err <= 3e-3 * max(1.0, np.abs(ref).max()), (b, causal, err)
+            assert np.abs(got_lse[lo:hi] - ref_lse).max() <= 1e-3, (b, causal)
+
+
 def test_supported_shapes_and_workgroup_memory():
     from app.inference.pipelines.wgsl_prefill_attention import shared_bytes, supported
 
@@ -87,15 +144,15 @@ def test_supported_shapes_and_workgroup_memory():
 
 def test_pass_replaces_the_prompt_attention_of_a_model():
     """The GPU pipeline's attention passes on a webgpu target swap SmolLM2-135M's prompt attention
-    (head_dim 64, RopeMode.NORMAL) for llmchat's kernel with TVM's signature; a module whose KV cache
-    applies RoPE inside attention keeps TVM's."""
+    kernels (head_dim 64, RopeMode.NORMAL; the chunk's own keys and the cache's pages) for llmchat's
+    with TVM's signatures; a module whose KV cache applies RoPE inside attention keeps TVM's."""
     import tvm
     from tvm import relax
 
     from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
     from app.inference.pipelines import gpu
-    from app.inference.pipelines.cuda_attention import PREFILL_ATTENTION
+    from app.inference.pipelines.cuda_attention import PAGED_PREFILL_ATTENTION, PREFILL_ATTENTION
     from tests.inference.backends.test_webgpu_attention import _profile_target
 
     target = _profile_target("wgsl-f16-wg32768-t256")
@@ -107,8 +164,9 @@ def test_pass_replaces_the_prompt_attention_of_a_model():
         from app.inference.pipelines.wgsl_prefill_attention import prefill_attention_pass
 
         plain = prefill_attention_pass(32768)(alone)
-    old_f, new_f = mod[PREFILL_ATTENTION], new[PREFILL_ATTENTION]
-    assert [str(p) for p in new_f.params] == [str(p) for p in old_f.params]
-    assert str(new_f.attrs["global_symbol"]) == PREFILL_ATTENTION
-    assert "alpha" in new_f.script() and "alpha" not in old_f.script()
+    for symbol in (PREFILL_ATTENTION, PAGED_PREFILL_ATTENTION):  # the chunk's own keys, the cache's
+        old_f, new_f = mod[symbol], new[symbol]
+        assert [str(p) for p in new_f.params] == [str(p) for p in old_f.params]
+        assert str(new_f.attrs["global_symbol"]) == symbol
+        assert "alpha" in new_f.script() and "alpha" not in old_f.script()
     assert plain[PREFILL_ATTENTION].same_as(mod[PREFILL_ATTENTION])  # no NORMAL-RoPE KV cache: kept
