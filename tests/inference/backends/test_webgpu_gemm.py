@@ -118,27 +118,13 @@ def test_schedule_tiles_in_workgroup_memory_with_one_word_load_per_eight_weights
 def test_the_models_prefill_matmuls_get_the_rule_and_decode_keeps_the_gemv(monkeypatch):
     # the q4f16_1 ones go to wgsl_q4_gemm by default (test_wgsl_q4_gemm.py); "tiled" gives them here
     monkeypatch.setenv("LLMCHAT_WGSL_GEMM", "tiled")
-    from tvm import relax
-    from tvm.s_tir import dlight as dl
-
     from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
+    from tests.inference.test_gpu_pipeline import _scheduled_functions
 
     target = _target()
     mod, _ = export_model(preset_config("tiny-llama", "q4f16_1"), target)
-    with target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(
-            [
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
-                gpu.fast_decode_pass(),
-                dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
-            ]
-        )(mod)
-    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    funcs = _scheduled_functions(mod, target)
     gemm = {
         name
         for name, f in funcs.items()

@@ -178,32 +178,16 @@ def test_declines_what_it_does_not_compute():
 
 
 def test_the_models_q4_prompt_matmuls_take_it_unless_switched_off(monkeypatch):
-    from tvm import relax
-    from tvm.s_tir import dlight as dl
-
     from app.inference.compile.build import export_model
     from app.inference.engine.random_model import preset_config
+    from tests.inference.test_gpu_pipeline import _scheduled_functions
 
     def kernels() -> dict[str, str]:
         target = _target()
         mod, _ = export_model(preset_config("tiny-llama", "q4f16_1"), target)
-        with target, tvm.transform.PassContext(opt_level=3):
-            mod = tvm.transform.Sequential(
-                [
-                    relax.transform.LegalizeOps(),
-                    relax.transform.AnnotateTIROpPattern(),
-                    relax.transform.FoldConstant(),
-                    relax.transform.FuseOps(),
-                    relax.transform.FuseTIR(),
-                    gpu.fast_decode_pass(),
-                    dl.ApplyDefaultSchedule(*gpu.schedule_rules(target)),
-                ]
-            )(mod)
-        return {
-            gv.name_hint: str(f.attrs.get("llmchat_kernel", ""))
-            for gv, f in mod.functions.items()
-            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
-        }
+        funcs = _scheduled_functions(mod, target)
+        kinds = {name: f.attrs.get("llmchat_kernel", "") for name, f in funcs.items() if f.attrs is not None}
+        return {name: str(kind) for name, kind in kinds.items()}
 
     monkeypatch.delenv("LLMCHAT_WGSL_GEMM", raising=False)
     rules = [type(r) for r in gpu.schedule_rules(_target())]
