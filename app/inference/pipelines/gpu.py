@@ -28,8 +28,8 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   along the keys and the query heads over many workgroups with a merge kernel
   (``wgsl_attention``), which also applies a decoded token's RoPE and appends it to the KV cache
   (``wgsl_rope_append``: two launches a layer fewer; ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps them);
-- on WebGPU/Vulkan, a prompt chunk's attention to its own keys by llmchat's kernel
-  (``wgsl_prefill_attention``: 32 query rows a workgroup, causal tiles skipped;
+- on WebGPU/Vulkan, a prompt chunk's attention to its own keys and to the cache's pages by
+  llmchat's kernel (``wgsl_prefill_attention``: 32 query rows a workgroup, causal tiles skipped;
   ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm`` keeps TVM's);
 - on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
   kernel beside them, and the longer rows' RMSNorm writing the vector quantized once for the GEMVs

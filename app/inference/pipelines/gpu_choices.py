@@ -105,8 +105,8 @@ def use_wgsl_attention(target: Any) -> bool:
 
 
 def use_wgsl_prefill_attention(target: Any) -> bool:
-    """Whether a prompt's attention to its own keys on WebGPU/Vulkan is llmchat's kernel
-    (:mod:`.wgsl_prefill_attention`): unless ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm``."""
+    """Whether a prompt's attention (to its own keys and to the cache's pages) on WebGPU/Vulkan is
+    llmchat's kernel (:mod:`.wgsl_prefill_attention`): unless ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm``."""
     choice = os.environ.get("LLMCHAT_WGSL_PREFILL_ATTENTION", "").strip().lower()
     return target.kind.name == "webgpu" and choice != "tvm"
 
