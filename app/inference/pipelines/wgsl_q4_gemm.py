@@ -24,6 +24,9 @@ every step's global loads (two barriers, nothing in flight). Here:
   FMAs (a register prefetch), so global latency overlaps the arithmetic;
 - the epilogue writes four features a store (``vec4<f16>``), residual and bias read alike.
 
+On the H200 (NVIDIA's Vulkan driver, session 23): Llama-2-7B's 512-token prompt 928 → 1,595
+tok/s with this GEMM alone, its four GEMMs at 26–30 TFLOPS (BENCHMARKS.md).
+
 The decoded weight is ``(q - 7) * scale`` in fp32 (exact), what the scheduled GEMM computes after
 dropping the fp16 round trip; sums are fp32 throughout. ``LLMCHAT_WGSL_GEMM=tiled`` keeps the
 scheduled GEMM for these too (A/B), ``=tvm`` dlight's Matmul (:func:`.gpu_choices.use_wgsl_gemm`).
