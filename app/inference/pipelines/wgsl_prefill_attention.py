@@ -322,11 +322,9 @@ def prefill_attention(func: Any, max_shared: int) -> Any | None:
     h_qo, d = static_int(q.shape[1]), static_int(q.shape[2])
     if None in (h_qo, d, h_kv) or d_k != d or not supported(h_qo, h_kv, d, str(q.dtype), max_shared):
         return None
-    new = prefill_kernel(h_qo, h_kv, d, paged=page is not None, page=page or 16)
-    for key, value in (func.attrs or {}).items():
-        if key not in ("tirx.is_scheduled", "tirx.noalias"):
-            new = new.with_attr(key, value)
-    return new
+    from app.inference.pipelines.wgsl_attention import _with_attrs
+
+    return _with_attrs(prefill_kernel(h_qo, h_kv, d, paged=page is not None, page=page or 16), func)
 
 
 def prefill_attention_pass(shared_bytes_limit: int) -> Any:

@@ -40,6 +40,7 @@ from typing import Any
 from app.inference.pipelines.cuda_gemm import match_q4f16_gemm
 from app.inference.pipelines.cuda_gemv import Q4MatmulMatch
 from app.inference.pipelines.tir_facts import WebGPUKernelRule
+from app.inference.pipelines.wgsl_q4_gemv import in_params_order
 
 #: values a K step (one q4f16_1 group: 4 words of a row, one scale)
 STEP = 32
@@ -207,16 +208,8 @@ _ROLES = ("x", "w", "s", "b", "r", "out")
 def build(func: Any, m: Q4MatmulMatch, tile: GemmTile) -> Any:
     """``func`` (the matched prompt matmul) as :func:`gemm_kernel`, with ``func``'s parameters in
     its order."""
-    from tvm import tirx
-
     new = gemm_kernel(m, tile)
-    roles = dict(zip(_ROLES, new.params, strict=True))
-    old_roles = {"x": m.x, "w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual, "out": m.out}
-    params = []
-    for p in func.params:
-        role = next(name for name, buf in old_roles.items() if buf is not None and buf.same_as(p))
-        params.append(roles[role])
-    return tirx.PrimFunc(params, new.body, new.ret_type, new.attrs)
+    return in_params_order(func, m, new, dict(zip(_ROLES, new.params, strict=True)))
 
 
 class WgslQ4Gemm(WebGPUKernelRule):

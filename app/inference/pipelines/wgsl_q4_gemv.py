@@ -943,7 +943,6 @@ def _row(silu_pairs: bool, row0: Any, g0: Any, rr: Any, half: int, n: int) -> An
 def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
     """``func`` (the matched GEMV) as :func:`gemv_kernel`, with ``func``'s parameters in its order;
     None when its buffers are not 3-D ``[1, 1, .]`` rows."""
-    from tvm import tirx
 
     for buf in (m.x, m.out, m.residual):
         if buf is not None and (static_shape(buf) or [0])[:-1] != [1, 1]:
@@ -954,6 +953,14 @@ def build(func: Any, m: Q4MatmulMatch, layout: Q4GemvLayout) -> Any | None:
     else:
         new = gemv_kernel(m, layout, str(m.out.dtype))
         roles = dict(zip(("x", "w", "s", "b", "r", "out"), new.params, strict=True))
+    return in_params_order(func, m, new, roles)
+
+
+def in_params_order(func: Any, m: Q4MatmulMatch, new: Any, roles: dict[str, Any]) -> Any:
+    """``new`` with the parameters ``roles`` names (x, w, s, b, r, out) in ``func``'s order: the
+    roles ``m`` lacks are dropped."""
+    from tvm import tirx
+
     old_roles = {"x": m.x, "w": m.weight, "s": m.scale, "b": m.bias, "r": m.residual, "out": m.out}
     params = []
     for p in func.params:
