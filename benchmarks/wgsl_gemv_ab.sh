@@ -20,7 +20,7 @@ OLD="t8-b256-l16-u4-mb128,t8-b256-l4-u4-mb128-nopad-k8192-n4096"  # the DecodeGE
 WIDE="q4-r4-l32-t256-dp4a-nmin16384-kmax8191"                      # gate_up and the logits
 rules() {  # the set's LLMCHAT_WGSL_GEMV value; sets after "old" set other switches (env())
   case $1 in
-    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k0|k4|k8|k16|k8s0|k8s512|k8wg256|k16wg256|k16wg512|k32|mw128|mw512|mw1024|q8ns|nr2p|nr1|nr1p|nr4l64|nr8l128|gtiled) echo "";;  # the product's rules
+    cur|fuse|nofuse|norm|silu|both|pre2|pre4|pre8|s0|v2all|s0all|atv1|attvm|h1|h2|h4|h2s512|h0|s64|s256|wg64|wg256|wg512|tvmmany|raoff|raon|q8|q8ra|noq8|q8s|r8|l16|q8s16|q8n|q8nr4|q8nr1|k0|k4|k8|k16|k8s0|k8s512|k8wg256|k16wg256|k16wg512|k32|mw128|mw512|mw1024|q8ns|nr2p|nr1|nr1p|nr4l64|nr8l128|gtiled|gf16) echo "";;  # the product's rules
     dn1) echo "q4-auto,q4-r1-l32-t256-dp4a,$OLD";;                  # down projections: 8 rows a workgroup
     dn2) echo "q4-auto,q4-r1-l64-t256-dp4a,$OLD";;                  # ... 4 rows, 64 lanes a row
     dn2pf) echo "q4-auto,q4-r1-l64-t256-dp4a-pf,$OLD";;             # ... the weights loaded a step ahead
@@ -73,6 +73,7 @@ env_of() {  # other kernel switches of a set
     q8ns) echo "LLMCHAT_WGSL_FUSION=int8-q8ns";;                      # norms folded only for rows up to 2,048 (the default before session 21)
     nr2p|nr1|nr1p|nr4l64|nr8l128) echo "LLMCHAT_WGSL_NORM_OUT_LAYOUT=${1#n}";; # a GEMV writing a norm's vector: its layout (p: several threads quantize)
     gtiled) echo "LLMCHAT_WGSL_GEMM=tiled";;                          # prompt GEMMs: the scheduled GEMM for q4f16_1 too (the default before session 23)
+    gf16) echo "LLMCHAT_WGSL_GEMM=f16";;                              # prompt GEMMs: a K step's products and sums in fp16 (session 24, unmeasured)
   esac
 }
 SETS=${*:-cur dn1 dn2 dn2pf all8 all4 all4pf all16 autopf}

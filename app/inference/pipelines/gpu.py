@@ -18,7 +18,8 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   decoded one packed word per thread (dlight's Matmul default there: 64 threads, 4x4 each, one
   word load per 4-bit value); ``LLMCHAT_WGSL_GEMM=tvm`` gives dlight's back; the q4f16_1 ones
   take ``WgslQ4Gemm`` (:mod:`.wgsl_q4_gemm`: hand-written TIR, vec4 tiles in workgroup memory,
-  the next step's loads in registers before this step's FMAs) unless ``LLMCHAT_WGSL_GEMM=tiled``;
+  the next step's loads in registers before this step's FMAs; ``LLMCHAT_WGSL_GEMM=f16`` sums
+  a K step's products in fp16) unless ``LLMCHAT_WGSL_GEMM=tiled``;
 - on CUDA, llmchat's hand-written kernels (``cuda_kernels.cu``) in place of TVM's for the decode
   GEMVs (with the gate_up GEMV also applying SiLU·mul: ``cuda_silu_gate``), the prompt GEMMs, the
   decode and prompt attention (on sm_90 the decode attention also applies a decoded token's RoPE
@@ -76,6 +77,7 @@ from app.inference.pipelines.gpu_choices import (
     use_wgsl_q4_gemm,
     uses_cuda_graph,
     wgsl_attention_variant,
+    wgsl_q4_gemm_half,
 )
 from app.inference.pipelines.gpu_gemv import DecodeGEMV, fast_small_uint_to_float
 
@@ -151,7 +153,7 @@ def schedule_rules(target: Any) -> list[Any]:
         if use_wgsl_q4_gemm(target):
             from app.inference.pipelines.wgsl_q4_gemm import WgslQ4Gemm
 
-            first = [*first, WgslQ4Gemm()]
+            first = [*first, WgslQ4Gemm(half=wgsl_q4_gemm_half())]
         if use_wgsl_gemm(target):
             from app.inference.pipelines.gpu_gemm import WgslGemm
 

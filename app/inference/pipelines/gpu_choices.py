@@ -196,6 +196,13 @@ def use_wgsl_q4_gemm(target: Any) -> bool:
     return use_wgsl_gemm(target) and choice != "tiled"
 
 
+def wgsl_q4_gemm_half() -> bool:
+    """Whether :class:`~.wgsl_q4_gemm.WgslQ4Gemm` multiplies and sums a K step in fp16
+    (``LLMCHAT_WGSL_GEMM=f16``: tested on lavapipe, not yet measured on a GPU) instead of fp32
+    (the default, measured on the H200 in session 23)."""
+    return os.environ.get("LLMCHAT_WGSL_GEMM", "").strip().lower() == "f16"
+
+
 def uses_cuda_graph(target: Any) -> bool:
     """CUDA graphs are a CUDA runtime feature; other GPU runtimes launch kernels one by one."""
     return target.kind.name == "cuda"

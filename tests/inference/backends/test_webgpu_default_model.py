@@ -35,8 +35,13 @@ def default_model(smollm2_wheel, smollm2_env, monkeypatch):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_default_model_on_vulkan_picks_the_cpu_engines_tokens(default_model):
+@pytest.mark.parametrize("gemm", ["", "f16"], ids=["default", "f16-prompt-gemm"])
+def test_default_model_on_vulkan_picks_the_cpu_engines_tokens(default_model, gemm, monkeypatch):
+    """Also with the prompt GEMM's fp16 sums (``LLMCHAT_WGSL_GEMM=f16``, part of the library's key)."""
     from app.inference.engine.tvm_engine import load_engine
+
+    if gemm:
+        monkeypatch.setenv("LLMCHAT_WGSL_GEMM", gemm)
 
     prompts = {}
     cpu = load_engine(default_model, device="cpu")
