@@ -304,14 +304,19 @@ def _tiny_models() -> dict[str, tuple[str, str, dict[str, Any], bool]]:
     return models
 
 
-def _vulkan_models() -> dict[str, tuple[str, str, dict[str, Any]]]:
-    """The tiny models of tests/gpu/test_engine_vulkan.py: name -> (family, quantization, overrides)."""
-    from tests.gpu.test_engine_vulkan import LONG_MODELS, MODELS
+def _vulkan_models() -> dict[str, tuple[str, str, dict[str, Any], dict[str, str]]]:
+    """The tiny models of tests/gpu/test_engine_vulkan.py: name -> (family, quantization,
+    overrides, kernel switches the library is built with)."""
+    from tests.gpu.test_engine_vulkan import LONG_MODELS, MODELS, SWITCHED
 
-    return {
-        name: (family, "q4f16_1", overrides)
+    models = {
+        name: (family, "q4f16_1", overrides, {})
         for name, (family, overrides) in {**MODELS, **LONG_MODELS}.items()
     }
+    for name, (model, switches) in SWITCHED.items():
+        family, quant, overrides, _ = models[model]
+        models[name] = (family, quant, overrides, switches)
+    return models
 
 
 def build(
@@ -415,11 +420,20 @@ def _build_wgsl(profile: str, out: Path, manifest: dict[str, Any], log: Callable
 
     libraries: dict[str, Any] = {}
     with _engine_cache_env(out), tempfile.TemporaryDirectory(prefix="gpu-cache-wgsl-") as tmp:
-        for name, (family, quant, overrides) in _vulkan_models().items():
+        for name, (family, quant, overrides, switches) in _vulkan_models().items():
             cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
             manifest["models"].setdefault(model_key(cfg), parameter_specs(cfg))
             t0 = time.time()
-            lib = get_library(cfg, DeviceSpec("vulkan", 0), arch=profile)
+            saved = {switch: os.environ.get(switch) for switch in switches}
+            os.environ.update(switches)
+            try:
+                lib = get_library(cfg, DeviceSpec("vulkan", 0), arch=profile)
+            finally:
+                for switch, value in saved.items():
+                    if value is None:
+                        os.environ.pop(switch, None)
+                    else:
+                        os.environ[switch] = value
             libraries[name] = _entry(out, lib.lib_path)
             size = lib.lib_path.stat().st_size
             log(f"wgsl {name} ({profile}): {lib.lib_path.name}, {size:,} bytes, {time.time() - t0:.0f} s")

@@ -72,6 +72,12 @@ MODELS = {
 }
 
 
+#: models of MODELS built and run with kernel switches (part of the library's key, so the cache
+#: holds both libraries): name -> (model, environment). The prompt GEMM's fp16 sums
+#: (``LLMCHAT_WGSL_GEMM=f16``, pipelines/wgsl_q4_gemm.py) on Llama-2-7B's layer widths
+SWITCHED = {"llama-w4096-f16-gemm": ("llama-w4096", {"LLMCHAT_WGSL_GEMM": "f16"})}
+
+
 def _load(vulkan, name: str, model_dir):
     vulkan.check_library(name)
     events: list = []
@@ -82,12 +88,15 @@ def _load(vulkan, name: str, model_dir):
     return engine
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [*MODELS, *SWITCHED])
 def test_engine_logits_greedy_tokens_and_kv_reuse(vulkan, tiny_model_dir, monkeypatch, name):
-    family, overrides = MODELS[name]
+    model, switches = SWITCHED.get(name, (name, {}))
+    family, overrides = MODELS[model]
     model_dir = tiny_model_dir(family, "q4f16_1", **overrides)
     vocab = json.loads((model_dir / "mlc-chat-config.json").read_text())["vocab_size"]
     monkeypatch.delenv("LLMCHAT_TVM_PIPELINE", raising=False)
+    for switch, value in switches.items():
+        monkeypatch.setenv(switch, value)
     engine = _load(vulkan, name, model_dir)
     try:
         err = engine_checks.check_against_reference(engine, model_dir, REFERENCE_TOL)

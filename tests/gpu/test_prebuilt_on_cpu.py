@@ -250,11 +250,18 @@ def test_the_cache_gets_the_wgsl_libraries_of_a_profile_and_check_finds_a_damage
     """``build --no-cuda --wgsl-profile P`` (a real compile, one small model): the engine cache holds
     its WGSL library, the manifest its entry; ``check`` passes, then fails on a damaged library; a
     profile that is not one fails before the old cache is touched."""
-    monkeypatch.setattr(prebuilt, "_vulkan_models", lambda: {"small": ("llama", "q4f16_1", {})})
+    switches = {"LLMCHAT_WGSL_GEMM": "f16"}  # a model built with a kernel switch (SWITCHED)
+    models = {"small": ("llama", "q4f16_1", {}, {}), "small-f16": ("llama", "q4f16_1", {}, switches)}
+    monkeypatch.setattr(prebuilt, "_vulkan_models", lambda: models)
+    monkeypatch.delenv("LLMCHAT_WGSL_GEMM", raising=False)
     out = tmp_path / "cache"
     manifest = prebuilt.build("sm_90", out, log=lambda _: None, wgsl_profile=LAVAPIPE, cuda=False)
-    assert manifest["wgsl"]["profile"] == LAVAPIPE and list(manifest["wgsl"]["libraries"]) == ["small"]
-    lib = out / manifest["wgsl"]["libraries"]["small"]["file"]
+    assert manifest["wgsl"]["profile"] == LAVAPIPE and list(manifest["wgsl"]["libraries"]) == list(models)
+    assert "LLMCHAT_WGSL_GEMM" not in os.environ  # the switch was set for its build only
+    lib, switched = (out / manifest["wgsl"]["libraries"][name]["file"] for name in models)
+    # the switch reached the compiler: a library of its own, whose prompt GEMM sums in fp16
+    assert switched != lib and b"var part : array<vec4<f16>" in switched.read_bytes()
+    assert b"var part : array<vec4<f16>" not in lib.read_bytes()
     assert lib.parent == out / prebuilt.ENGINE_CACHE / "libs" and "-vulkan-" in lib.name
     meta = json.loads(lib.with_suffix(".json").read_text())
     target = json.loads(meta["target"])  # compiled for the profile, not for this machine's adapter
@@ -263,7 +270,7 @@ def test_the_cache_gets_the_wgsl_libraries_of_a_profile_and_check_finds_a_damage
         32768,
         256,
     )
-    assert len(manifest["models"]) == 1 and not manifest["kernels"]
+    assert len(manifest["models"]) == 1 and not manifest["kernels"]  # one model, two libraries
     assert prebuilt.main(["check", str(out)]) == 0
     lib.write_bytes(lib.read_bytes()[:-1])
     assert prebuilt.main(["check", str(out)]) == 1

@@ -31,7 +31,8 @@ ROCm, Vulkan and Metal), plus the kernels below; which of them a target gets is 
   (``wgsl_rope_append``: two launches a layer fewer; ``LLMCHAT_WGSL_ROPE_APPEND=off`` keeps them);
 - on WebGPU/Vulkan, a prompt chunk's attention to its own keys and to the cache's pages by
   llmchat's kernel (``wgsl_prefill_attention``: 32 query rows a workgroup, causal tiles skipped;
-  ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm`` keeps TVM's);
+  ``LLMCHAT_WGSL_PREFILL_ATTENTION=tvm`` keeps TVM's), and the merge of its two partial softmaxes
+  (``wgsl_merge_state``: TVM's races where a subgroup is narrower than ``head_dim / 4`` threads);
 - on WebGPU/Vulkan, the SiLU gate (and the RMSNorm of short rows) computed by llmchat's int8 GEMV
   kernel beside them, and the longer rows' RMSNorm writing the vector quantized once for the GEMVs
   after it (``wgsl_fusion``; ``LLMCHAT_WGSL_FUSION=off`` keeps them apart).
@@ -103,6 +104,7 @@ def attention_passes(target: Any) -> list[Any]:
     """The passes that put llmchat's attention kernels in place of TVM's on ``target``."""
     if target.kind.name == "webgpu":
         from app.inference.pipelines.wgsl_attention import split_decode_attention_pass as wgsl_split
+        from app.inference.pipelines.wgsl_merge_state import merge_state_pass
         from app.inference.pipelines.wgsl_prefill_attention import prefill_attention_pass as wgsl_prefill
 
         shared = int(target.attrs["max_shared_memory_per_block"])
@@ -117,6 +119,9 @@ def attention_passes(target: Any) -> list[Any]:
             )
         if use_wgsl_prefill_attention(target):
             passes.append(wgsl_prefill(shared))
+        # TVM's merge of two partial softmaxes races on subgroups narrower than head_dim / 4
+        # threads (lavapipe's): llmchat's, always
+        passes.append(merge_state_pass())
         return passes
     if not use_cuda_attention(target):
         return []
