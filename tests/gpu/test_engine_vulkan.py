@@ -99,15 +99,23 @@ def test_engine_logits_greedy_tokens_and_kv_reuse(vulkan, tiny_model_dir, monkey
         monkeypatch.setenv(switch, value)
     engine = _load(vulkan, name, model_dir)
     try:
-        err = engine_checks.check_against_reference(engine, model_dir, REFERENCE_TOL)
-        print(f"{name} on {vulkan.name} ({vulkan.profile}): max relative error against float64: {err:.2e}")
-        engine_checks.check_device_greedy(engine)
-        err = engine_checks.check_kv_reuse(engine, vocab, REFERENCE_TOL)
-        print(f"{name}: second turn on the kept KV cache against a fresh prefill: {err:.2e}")
-        long_err = engine_checks.check_long_context(engine, model_dir, 1000, 8, REFERENCE_TOL)
-        print(f"{name}: 1,000-token prompt + 8 steps: {long_err:.2e}")
+        print(f"{name} on {vulkan.name} ({vulkan.profile}):")
+        run_engine_checks(engine, model_dir, vocab, name)
     finally:
         engine.close()
+
+
+def run_engine_checks(engine, model_dir, vocab: int, name: str) -> None:
+    """Logits against float64, the device's greedy tokens, a second turn on the kept KV cache
+    against a fresh prefill, a 1,000-token prompt (also run on lavapipe in CI for the small models:
+    tests/inference/backends/test_webgpu_engine.py)."""
+    err = engine_checks.check_against_reference(engine, model_dir, REFERENCE_TOL)
+    print(f"{name}: max relative error against float64: {err:.2e}")
+    engine_checks.check_device_greedy(engine)
+    err = engine_checks.check_kv_reuse(engine, vocab, REFERENCE_TOL)
+    print(f"{name}: second turn on the kept KV cache against a fresh prefill: {err:.2e}")
+    long_err = engine_checks.check_long_context(engine, model_dir, 1000, 8, REFERENCE_TOL)
+    print(f"{name}: 1,000-token prompt + 8 steps: {long_err:.2e}")
 
 
 @pytest.mark.parametrize("name", list(LONG_MODELS))

@@ -81,6 +81,27 @@ def test_greedy_batches_rollback_and_kv_reuse_on_vulkan(tiny_model_dir):
         engine.close()
 
 
+@pytest.mark.parametrize("name", ["llama-d128", "qwen2-d64", "llama-mha-d128"])
+def test_the_gpu_suites_engine_checks_on_vulkan(tiny_model_dir, name):
+    """The GPU suite's Vulkan checks (tests/gpu/test_engine_vulkan.py) on its small models, here on
+    lavapipe: head_dim 128 and 64, grouped and multi-head attention, a second turn on the kept
+    KV cache, a 1,000-token prompt over several chunks. (Session 24 found TVM's merge of two
+    partial softmaxes wrong on lavapipe through them: the suite had only run on the H200.)"""
+    import json
+
+    from tests.gpu.test_engine_vulkan import MODELS, run_engine_checks
+
+    family, overrides = MODELS[name]
+    model_dir = tiny_model_dir(family, "q4f16_1", **overrides)
+    vocab = json.loads((model_dir / "mlc-chat-config.json").read_text())["vocab_size"]
+    engine = load_engine(model_dir, device="vulkan")
+    try:
+        assert engine.runtime.has_device_argmax
+        run_engine_checks(engine, model_dir, vocab, name)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("vocab", [1, 7, 255, 256, 257, 1000, 49152, 151936])
 def test_workgroup_argmax_matches_numpy_first_index_on_ties(vocab, tmp_path):
     import tvm
