@@ -257,7 +257,12 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     with target, tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.FuseTIR()])(mod)
         passes = gpu.attention_passes(target)
-        assert len(passes) == 2  # decode, and the prompt's (wgsl_prefill_attention)
+        # decode, the prompt's (wgsl_prefill_attention) and the merge of its two softmaxes
+        assert [p.info.name for p in passes] == [
+            "llmchat_wgsl_split_decode_attention",
+            "llmchat_wgsl_prefill_attention",
+            "llmchat_wgsl_merge_state",
+        ]
         new = tvm.transform.Sequential(passes)(mod)
         alone = tvm.IRModule({DECODE_ATTENTION: mod[DECODE_ATTENTION]})
         plain = split_decode_attention_pass(256, 32768)(alone)
@@ -268,6 +273,8 @@ def test_pass_replaces_decode_attention_in_the_tiny_model(quantization):
     assert 'T.sblock("attn")' in old_text and 'T.sblock("attn")' not in new_text
     assert new_text.count('T.launch_thread("blockIdx.x"') == 2  # the partial and the merge kernels
     assert plain[DECODE_ATTENTION].same_as(mod[DECODE_ATTENTION])  # no NORMAL-RoPE KV cache: kept
+    # TVM's merge of the prompt's two partial softmaxes is llmchat's in the model too
+    assert new["tir_attention_merge_state"].attrs["llmchat_kernel"] == "wgsl_merge_state"
 
 
 def test_v2_layout_splits_the_query_heads_of_a_kv_head():
