@@ -347,11 +347,15 @@ def test_attention_variant_switch(monkeypatch):
 def test_tvm_switch_keeps_tvm_attention(monkeypatch):
     from app.inference.pipelines import gpu
 
+    def names() -> list[str]:
+        return [p.info.name for p in gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256"))]
+
     monkeypatch.setenv("LLMCHAT_WGSL_ATTENTION", "tvm")
     monkeypatch.setenv("LLMCHAT_WGSL_PREFILL_ATTENTION", "tvm")
-    assert gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256")) == []
+    # TVM's attention kernels; only the merge of two partial softmaxes stays llmchat's (TVM's races)
+    assert names() == ["llmchat_wgsl_merge_state"]
     monkeypatch.delenv("LLMCHAT_WGSL_PREFILL_ATTENTION")  # the prompt's kernel has its own switch
-    assert len(gpu.attention_passes(_profile_target("wgsl-f16-wg32768-t256"))) == 1
+    assert names() == ["llmchat_wgsl_prefill_attention", "llmchat_wgsl_merge_state"]
 
 
 def test_many_kv_heads_keep_tvms_kernel():
