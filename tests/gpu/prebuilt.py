@@ -358,18 +358,26 @@ def build(
 
 
 @contextlib.contextmanager
-def _engine_cache_env(out: Path) -> Iterator[None]:
-    """The engine compiles into ``out``'s engine cache with llmchat's pipeline while inside; the
-    caller's ``LLMCHAT_CACHE_DIR`` and ``LLMCHAT_TVM_PIPELINE`` come back after."""
-    saved = {name: os.environ.pop(name, None) for name in ("LLMCHAT_CACHE_DIR", "LLMCHAT_TVM_PIPELINE")}
-    os.environ["LLMCHAT_CACHE_DIR"] = str(out / ENGINE_CACHE)
+def _environ(values: dict[str, str | None]) -> Iterator[None]:
+    """``values`` in the environment while inside (None: unset); the caller's come back after."""
+    saved = {name: os.environ.get(name) for name in values}
     try:
+        for name, value in values.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
         yield
     finally:
         for name, value in saved.items():
             os.environ.pop(name, None)
             if value is not None:
                 os.environ[name] = value
+
+
+def _engine_cache_env(out: Path) -> contextlib.AbstractContextManager[None]:
+    """The engine compiles into ``out``'s engine cache with llmchat's pipeline while inside; the
+    caller's ``LLMCHAT_CACHE_DIR`` and ``LLMCHAT_TVM_PIPELINE`` come back after."""
+    return _environ({"LLMCHAT_CACHE_DIR": str(out / ENGINE_CACHE), "LLMCHAT_TVM_PIPELINE": None})
 
 
 def _build_cuda(
@@ -398,11 +406,9 @@ def _build_cuda(
             cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
             manifest["models"][model_key(cfg)] = library_build.parameter_specs(cfg)
             for use_plain in (False, True) if plain else (False,):
-                if use_plain:
-                    os.environ["LLMCHAT_TVM_PIPELINE"] = "default"
                 t0 = time.time()
-                lib = compiler.get_library(cfg, DeviceSpec("cuda", 0), arch=arch)
-                os.environ.pop("LLMCHAT_TVM_PIPELINE", None)
+                with _environ({"LLMCHAT_TVM_PIPELINE": "default" if use_plain else None}):
+                    lib = compiler.get_library(cfg, DeviceSpec("cuda", 0), arch=arch)
                 log(
                     f"engine {name}{' (plain pipeline)' if use_plain else ''}: {lib.lib_path.name}, "
                     f"{lib.lib_path.stat().st_size:,} bytes, {time.time() - t0:.0f} s"
@@ -424,16 +430,8 @@ def _build_wgsl(profile: str, out: Path, manifest: dict[str, Any], log: Callable
             cfg = ModelConfig.load(write_tiny_model(Path(tmp) / name, family, quant, **overrides))
             manifest["models"].setdefault(model_key(cfg), parameter_specs(cfg))
             t0 = time.time()
-            saved = {switch: os.environ.get(switch) for switch in switches}
-            os.environ.update(switches)
-            try:
+            with _environ(dict(switches)):
                 lib = get_library(cfg, DeviceSpec("vulkan", 0), arch=profile)
-            finally:
-                for switch, value in saved.items():
-                    if value is None:
-                        os.environ.pop(switch, None)
-                    else:
-                        os.environ[switch] = value
             libraries[name] = _entry(out, lib.lib_path)
             size = lib.lib_path.stat().st_size
             log(f"wgsl {name} ({profile}): {lib.lib_path.name}, {size:,} bytes, {time.time() - t0:.0f} s")
